@@ -1,0 +1,81 @@
+"""Activities on a job's own task queue, served by the Temporal worker inside its coordinator.
+
+Thin: each turns one model into a call on `job_agent.incident.IncidentActions` and its errors into
+ApplicationErrors that carry the retry decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from job_agent.coordinator import JobFailed
+from job_agent.incident import IncidentActions, IncidentError
+from torchpass.ids import ErrorType, JobActivity
+from torchpass.models import (
+    CompleteInput,
+    ConfirmInput,
+    ConfirmResult,
+    FallbackInput,
+    FallbackResult,
+    FreezeResult,
+    IncidentRef,
+    RejoinResult,
+    ReserveResult,
+    TransferResult,
+)
+
+T = TypeVar("T")
+
+
+async def _guard(call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except IncidentError as e:
+        raise ApplicationError(str(e), type=e.kind, non_retryable=not e.retryable) from e
+    except JobFailed as e:
+        raise ApplicationError(str(e), type=ErrorType.JOB_GONE, non_retryable=True) from e
+    except TimeoutError as e:
+        raise ApplicationError(str(e), type="Timeout") from e
+
+
+class JobActivities:
+    """Built by the job worker with its coordinator's incident actions."""
+
+    def __init__(self, actions: IncidentActions) -> None:
+        self._a = actions
+
+    @activity.defn(name=JobActivity.CONFIRM_FAILURE)
+    async def confirm_failure(self, inp: ConfirmInput) -> ConfirmResult:
+        return await _guard(self._a.confirm(inp.incident.incident_id, inp.evidence))
+
+    @activity.defn(name=JobActivity.RESERVE_SPARE)
+    async def reserve_spare(self, inp: IncidentRef) -> ReserveResult:
+        return await _guard(self._a.reserve(inp.incident_id))
+
+    @activity.defn(name=JobActivity.RELEASE_SPARE)
+    async def release_spare(self, inp: IncidentRef) -> None:
+        await _guard(self._a.release(inp.incident_id))
+
+    @activity.defn(name=JobActivity.FREEZE_RANKS)
+    async def freeze_ranks(self, inp: IncidentRef) -> FreezeResult:
+        return await _guard(self._a.freeze(inp.incident_id))
+
+    @activity.defn(name=JobActivity.TRANSFER_STATE)
+    async def transfer_state(self, inp: IncidentRef) -> TransferResult:
+        return await _guard(self._a.transfer(inp.incident_id, tick=activity.heartbeat))
+
+    @activity.defn(name=JobActivity.REJOIN)
+    async def rejoin(self, inp: IncidentRef) -> RejoinResult:
+        return await _guard(self._a.rejoin(inp.incident_id))
+
+    @activity.defn(name=JobActivity.RESTART_FROM_CHECKPOINT)
+    async def restart_from_checkpoint(self, inp: FallbackInput) -> FallbackResult:
+        return await _guard(self._a.restart_from_checkpoint(inp.incident.incident_id, inp.reason))
+
+    @activity.defn(name=JobActivity.COMPLETE_INCIDENT)
+    async def complete_incident(self, inp: CompleteInput) -> None:
+        await _guard(self._a.complete(inp.incident.incident_id, inp.outcome))

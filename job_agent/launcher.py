@@ -1,0 +1,86 @@
+"""Starting, signalling and reaping a job's processes. The local launcher runs them on this host."""
+
+from __future__ import annotations
+
+import abc
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+
+class Launcher(abc.ABC):
+    """Where rank and spare processes run: this host, a Kubernetes pod, a Slurm step."""
+
+    @abc.abstractmethod
+    def spawn(self, agent_id: str, env: Mapping[str, str]) -> str:
+        """Start a process running the training script; returns its failure domain (node)."""
+
+    @abc.abstractmethod
+    def kill(self, agent_id: str) -> None:
+        """Fence: kill the process for good (idempotent, also when it is stopped)."""
+
+    @abc.abstractmethod
+    def suspend(self, agent_id: str) -> None:
+        """Stop the process without killing it (failure injection of a hang)."""
+
+    @abc.abstractmethod
+    def poll(self, agent_id: str) -> int | None:
+        """Exit code if the process has ended, else None."""
+
+    @abc.abstractmethod
+    def pid(self, agent_id: str) -> int | None: ...
+
+    @abc.abstractmethod
+    def shutdown(self, timeout: float) -> None:
+        """Stop every process still running, waiting at most `timeout` seconds before killing."""
+
+
+class LocalLauncher(Launcher):
+    """Processes on this host; each is its own failure domain, named host/agent."""
+
+    def __init__(self, script: str, args: Sequence[str], base_env: Mapping[str, str] | None = None) -> None:
+        self._cmd = [sys.executable, "-u", script, *args]
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._host = socket.gethostname()
+
+    def spawn(self, agent_id: str, env: Mapping[str, str]) -> str:
+        self._procs[agent_id] = subprocess.Popen(self._cmd, env={**self._base_env, **env})
+        return f"{self._host}/{agent_id}"
+
+    def _signal(self, agent_id: str, sig: signal.Signals) -> None:
+        proc = self._procs.get(agent_id)
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self, agent_id: str) -> None:
+        self._signal(agent_id, signal.SIGKILL)
+
+    def suspend(self, agent_id: str) -> None:
+        self._signal(agent_id, signal.SIGSTOP)
+
+    def poll(self, agent_id: str) -> int | None:
+        proc = self._procs.get(agent_id)
+        return None if proc is None else proc.poll()
+
+    def pid(self, agent_id: str) -> int | None:
+        proc = self._procs.get(agent_id)
+        return None if proc is None else proc.pid
+
+    def shutdown(self, timeout: float) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.send_signal(signal.SIGCONT)  # a suspended process acts on SIGTERM only once resumed
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

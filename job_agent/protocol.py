@@ -1,0 +1,97 @@
+"""The authenticated wire protocol between coordinator, ranks, spares and state-transfer peers.
+
+Frames are a 4-byte big-endian length and a JSON object. A connection starts with a mutual HMAC-SHA256
+challenge: each side proves it holds the job's secret without sending it, so a stray process, another
+job's rank or a port scanner is refused before it can send a command or read a byte of model state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+_LEN = struct.Struct(">I")
+MAX_FRAME = 16 * 2**20
+_NONCE_BYTES = 16
+_MAC_BYTES = 32
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol: bad frame, bad JSON, oversized message."""
+
+
+class AuthError(ProtocolError):
+    """The peer does not hold the job's secret."""
+
+
+def send_frame(sock: socket.socket, msg: dict[str, Any]) -> None:
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    sock.sendall(_LEN.pack(len(body)) + body)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        got += k
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> dict[str, Any]:
+    (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
+    try:
+        msg = json.loads(recv_exact(sock, n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"frame is not JSON: {e}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+        raise ProtocolError("frame is not an object with a string 't' field")
+    return msg
+
+
+def _mac(secret: bytes, label: bytes, *nonces: bytes) -> bytes:
+    return hmac.new(secret, label + b"".join(nonces), hashlib.sha256).digest()
+
+
+def authenticate_client(sock: socket.socket, secret: bytes) -> None:
+    """Client side of the mutual challenge. Raises AuthError if the server cannot prove the secret."""
+    server_nonce = recv_exact(sock, _NONCE_BYTES)
+    client_nonce = os.urandom(_NONCE_BYTES)
+    sock.sendall(client_nonce + _mac(secret, b"client", server_nonce, client_nonce))
+    proof = recv_exact(sock, _MAC_BYTES)
+    if not hmac.compare_digest(proof, _mac(secret, b"server", client_nonce, server_nonce)):
+        raise AuthError("server failed to prove the job secret")
+
+
+def authenticate_server(sock: socket.socket, secret: bytes) -> None:
+    """Server side of the mutual challenge. Raises AuthError if the client cannot prove the secret."""
+    server_nonce = os.urandom(_NONCE_BYTES)
+    sock.sendall(server_nonce)
+    reply = recv_exact(sock, _NONCE_BYTES + _MAC_BYTES)
+    client_nonce, mac = reply[:_NONCE_BYTES], reply[_NONCE_BYTES:]
+    if not hmac.compare_digest(mac, _mac(secret, b"client", server_nonce, client_nonce)):
+        raise AuthError("peer does not hold the job secret")
+    sock.sendall(_mac(secret, b"server", client_nonce, server_nonce))
+
+
+def connect(host: str, port: int, secret: bytes, timeout: float) -> socket.socket:
+    """Open an authenticated connection; the returned socket is blocking with no timeout."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        authenticate_client(sock, secret)
+    except BaseException:
+        sock.close()
+        raise
+    sock.settimeout(None)
+    return sock

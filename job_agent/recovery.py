@@ -1,0 +1,68 @@
+"""Pure decisions of the coordinator: who is hung, who donates state, who must receive it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the coordinator knows of one training rank's liveness and progress."""
+
+    slot: int
+    last_heartbeat: float
+    collective_step: int = -1
+    collective_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Hang:
+    slot: int
+    detail: str
+
+
+def find_hung(ranks: list[Progress], now: float, timeout: float) -> list[Hang]:
+    """Ranks that are hung: silent for `timeout`, or not in a collective their peers wait in.
+
+    A stopped process (SIGSTOP, a frozen node) stops heart-beating. A rank stuck in its own code or a
+    device kernel still heart-beats but never enters the collective every peer has been waiting in.
+    """
+    hung = [
+        Hang(r.slot, f"no heartbeat for {now - r.last_heartbeat:.1f} s")
+        for r in ranks
+        if now - r.last_heartbeat > timeout
+    ]
+    if hung or len(ranks) < 2:
+        return hung
+    front = max(r.collective_step for r in ranks)
+    waiting = [r for r in ranks if r.collective_step == front]
+    behind = [r for r in ranks if r.collective_step < front]
+    if not behind or front < 0:
+        return []
+    waited = now - max(r.collective_at for r in waiting)
+    if waited <= timeout:
+        return []
+    return [
+        Hang(r.slot, f"peers have waited {waited:.1f} s in the collective of step {front}; this rank never came")
+        for r in behind
+    ]
+
+
+def choose_donor(completed: Mapping[int, int], exclude: frozenset[int] = frozenset()) -> tuple[int, int]:
+    """(donor slot, target step): a survivor holding the most advanced completed step, lowest slot first.
+
+    In data parallelism every replica holds the same state after a completed step, so the most advanced
+    one is right for everybody: nobody rolls back and nothing completed is recomputed.
+    """
+    candidates = {s: k for s, k in completed.items() if s not in exclude}
+    if not candidates:
+        raise ValueError("no surviving replica to take state from")
+    target = max(candidates.values())
+    return min(s for s, k in candidates.items() if k == target), target
+
+
+def receivers(completed: Mapping[int, int], target: int, new_slots: frozenset[int]) -> list[int]:
+    """Slots that must receive the donor's state: the newcomers and any survivor left behind."""
+    behind = {s for s, k in completed.items() if k < target}
+    return sorted(behind | set(new_slots))

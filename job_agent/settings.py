@@ -1,0 +1,50 @@
+"""The rank agent's settings: set by `torchpass run` in each rank's and spare's environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AgentSettings(BaseSettings):
+    """Read once at start-up from TORCHPASS_* variables; nothing deeper reads os.environ."""
+
+    model_config = SettingsConfigDict(env_prefix="TORCHPASS_", extra="ignore")
+
+    job_id: str
+    agent_id: str = Field(description="unique per process; a fenced id is never let back in")
+    role: Literal["rank", "spare"]
+    slot: int = Field(default=-1, description="rank slot; -1 for a spare until it is assigned one")
+    world_size: int = Field(gt=0)
+    coordinator: str = Field(description="host:port of the coordinator's control channel")
+    store: str = Field(description="host:port of the rendezvous TCPStore hosted by the coordinator")
+    secret_file: Path
+    advertise_host: str = "127.0.0.1"
+    restore: Path | None = Field(default=None, description="checkpoint to restart from")
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints; 0: never")
+    seed: int = 0
+    threads: int = Field(default=1, gt=0, description="torch.set_num_threads, the same on every rank")
+    heartbeat_interval: float = Field(default=0.2, gt=0)
+    collective_timeout: float = Field(default=60.0, gt=0)
+    recovery_timeout: float = Field(default=300.0, gt=0)
+    device: str = Field(default="auto", description="'auto': cuda:<local rank> when a GPU is present")
+
+    @property
+    def coordinator_addr(self) -> tuple[str, int]:
+        return _split(self.coordinator)
+
+    @property
+    def store_addr(self) -> tuple[str, int]:
+        return _split(self.store)
+
+    def read_secret(self) -> bytes:
+        return bytes.fromhex(self.secret_file.read_text().strip())
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)

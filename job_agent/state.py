@@ -1,0 +1,185 @@
+"""A rank's training state as one ordered list of tensors plus a JSON header, and its digest.
+
+Model, optimizer, user extras (scheduler, grad scaler, data position) and the completed step flatten the
+same way on every rank, so a receiver can take each tensor *in place* into memory it already holds (a warm
+spare's own parameters and optimizer moments) and both sides can hash the same bytes for the proof.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+_TENSOR = "__tensor__"
+_MAP = "__map__"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
+
+
+class StateMismatch(Exception):
+    """The donor's state does not fit the receiver's model (different architecture or optimizer)."""
+
+
+def _flatten(obj: Any, path: str, out: list[tuple[str, torch.Tensor]]) -> Any:
+    """Replace every tensor by a placeholder, collecting (path, tensor) in a stable order."""
+    if isinstance(obj, torch.Tensor):
+        out.append((path, obj))
+        return {_TENSOR: path}
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) for k in obj):
+            return {k: _flatten(v, f"{path}.{k}", out) for k, v in obj.items()}
+        # Optimizer state is keyed by parameter index: keep the keys' types through JSON.
+        return {_MAP: [[k, _flatten(v, f"{path}.{k}", out)] for k, v in obj.items()]}
+    if isinstance(obj, list | tuple):
+        return [_flatten(v, f"{path}.{i}", out) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"cannot transfer {type(obj).__name__} at {path}: use tensors, numbers, strings")
+
+
+def _unflatten(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if _TENSOR in obj:
+            return tensors[obj[_TENSOR]]
+        if _MAP in obj:
+            return {k: _unflatten(v, tensors) for k, v in obj[_MAP]}
+        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    return obj
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A writable view of a contiguous CPU tensor's bytes, without copying (and without numpy)."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("byte_view needs a contiguous CPU tensor")
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+class Snapshot:
+    """The flattened state at one step: a JSON-able header and the tensors it refers to, in order."""
+
+    def __init__(self, header: dict[str, Any], tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.header = header
+        self.tensors = tensors
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, t in self.tensors)
+
+    def manifest(self) -> list[dict[str, Any]]:
+        return [
+            {"path": p, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            for p, t in self.tensors
+        ]
+
+    def header_bytes(self) -> bytes:
+        return json.dumps(
+            {"header": self.header, "manifest": self.manifest()}, sort_keys=True, separators=(",", ":")
+        ).encode()
+
+    def digest(self) -> str:
+        h = hashlib.sha256(self.header_bytes())
+        for chunk in self.host_chunks():
+            h.update(chunk)
+        return h.hexdigest()
+
+    def host_chunks(self) -> Iterator[memoryview]:
+        """Each tensor's bytes as seen from the host (GPU tensors are staged through host memory)."""
+        for _, t in self.tensors:
+            host = t if t.device.type == "cpu" and t.is_contiguous() else t.detach().contiguous().cpu()
+            yield byte_view(host)
+
+
+class TrackedState:
+    """The state a rank agent keeps consistent across migrations."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        extras: Mapping[str, Stateful] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.extras = dict(extras or {})
+
+    def snapshot(self, step: int) -> Snapshot:
+        tensors: list[tuple[str, torch.Tensor]] = []
+        header = {
+            "step": step,
+            "model": _flatten(self.model.state_dict(), "model", tensors),
+            "optimizer": _flatten(self.optimizer.state_dict(), "optimizer", tensors)
+            if self.optimizer is not None
+            else None,
+            "extras": {k: _flatten(v.state_dict(), f"extras.{k}", tensors) for k, v in self.extras.items()},
+        }
+        return Snapshot(header, tensors)
+
+    def receive_targets(self, manifest: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """Tensors to receive into, in manifest order: our own where they match, new ones otherwise."""
+        own = dict(self.snapshot(-1).tensors)
+        targets = []
+        for entry in manifest:
+            dtype = getattr(torch, entry["dtype"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise StateMismatch(f"unknown dtype {entry['dtype']!r} at {entry['path']}")
+            mine = own.get(entry["path"])
+            if mine is not None and mine.dtype == dtype and list(mine.shape) == entry["shape"]:
+                targets.append(mine)
+            else:
+                device = mine.device if mine is not None else torch.device("cpu")
+                targets.append(torch.empty(entry["shape"], dtype=dtype, device=device))
+        return targets
+
+    def load(self, header: dict[str, Any], tensors: Mapping[str, torch.Tensor]) -> int:
+        """Install a received or restored state; returns its step."""
+        try:
+            self.model.load_state_dict(_unflatten(header["model"], tensors))
+            if self.optimizer is not None and header["optimizer"] is not None:
+                self.optimizer.load_state_dict(_unflatten(header["optimizer"], tensors))
+            for name, obj in self.extras.items():
+                obj.load_state_dict(_unflatten(header["extras"][name], tensors))
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise StateMismatch(f"received state does not fit this rank: {e}") from e
+        return int(header["step"])
+
+    def warm(self) -> None:
+        """Create the optimizer's lazily built state now, so a spare can receive into it in place.
+
+        Only for spares: it takes one optimizer step on zero gradients, and everything it touches is
+        overwritten by the transfer.
+        """
+        if self.optimizer is None:
+            return
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # --- checkpoints: the fallback when live migration is impossible ---------------------------------
+
+    def save_checkpoint(self, path: Path, step: int) -> None:
+        snap = self.snapshot(step)
+        tmp = path.with_suffix(".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"header": snap.header, "tensors": dict(snap.tensors)}, tmp)
+        os.replace(tmp, path)  # atomic: a crash mid-write never leaves a torn checkpoint
+
+    def load_checkpoint(self, path: Path) -> int:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+        return self.load(data["header"], data["tensors"])

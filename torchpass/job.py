@@ -1,0 +1,57 @@
+"""What a job is: the spec `torchpass run` launches and the result it reports."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import Field, field_validator
+
+from torchpass.models import MigrationOutcome, Model
+
+
+def new_job_id() -> str:
+    return f"job-{secrets.token_hex(4)}"
+
+
+class JobSpec(Model):
+    """A training job under the agent: the script, its world and its warm spares."""
+
+    job_id: str = Field(default_factory=new_job_id, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    script: Path
+    args: tuple[str, ...] = ()
+    nproc: int = Field(default=2, ge=1, le=1024)
+    spares: int = Field(default=1, ge=0, le=64)
+    state_dir: Path
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+    hang_timeout: float = Field(default=2.0, gt=0, description="seconds without heartbeat or progress")
+    checkpoint_every: int = Field(default=50, ge=0)
+    seed: int = 0
+    threads: int = Field(default=1, ge=1)
+    startup_timeout: float = Field(default=120.0, gt=0)
+
+    @field_validator("script")
+    @classmethod
+    def _script_exists(cls, script: Path) -> Path:
+        if not script.is_file():
+            raise ValueError(f"training script not found: {script}")
+        return script
+
+    @property
+    def job_dir(self) -> Path:
+        return self.state_dir / "jobs" / self.job_id
+
+
+class JobResult(Model):
+    job_id: str
+    status: str = Field(description="'finished', 'user_error' or 'failed'")
+    steps_completed: int
+    final_digest: str | None = None
+    generation: int
+    incidents: tuple[MigrationOutcome, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished"

@@ -1,0 +1,1 @@
+"""Processes: the control worker, the job worker inside each coordinator."""

@@ -1,0 +1,56 @@
+"""The job worker: a coordinator plus the Temporal worker that serves its incidents' job-side activities.
+
+`torchpass run` runs this in the foreground; the ranks and spares are its children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.job import JobActivities
+from job_agent.coordinator import Coordinator
+from job_agent.incident import IncidentActions
+from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
+from torchpass.job import JobResult, JobSpec
+from torchpass.models import FailureReport
+
+
+def reporter(client: Client):  # type: ignore[no-untyped-def]
+    """Signal-with-start: the first report of a failure starts its incident, later ones fold into it."""
+
+    async def report(workflow_id: str, rep: FailureReport) -> None:
+        await client.start_workflow(
+            "MigrationWorkflow",
+            rep,
+            id=workflow_id,
+            task_queue=CONTROL_TASK_QUEUE,
+            start_signal="report",
+            start_signal_args=[rep],
+        )
+
+    return report
+
+
+async def run_job(spec: JobSpec, client: Client) -> JobResult:
+    coordinator = Coordinator(spec, reporter(client))
+    actions = IncidentActions(coordinator)
+    worker = Worker(
+        client,
+        task_queue=job_task_queue(spec.job_id),
+        activities=list(_activity_methods(JobActivities(actions))),
+    )
+    async with worker:
+        result = await coordinator.run()
+        # Let an incident still recording finish before the worker goes.
+        await asyncio.sleep(0)
+    return result
+
+
+def _activity_methods(acts: JobActivities):  # type: ignore[no-untyped-def]
+    for name in dir(acts):
+        fn = getattr(acts, name)
+        if hasattr(fn, "__temporal_activity_definition"):
+            yield fn
