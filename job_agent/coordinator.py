@@ -62,6 +62,8 @@ class Coordinator:
         self._done = asyncio.get_running_loop().create_future()
         self._injections: list[dict[str, Any]] = []
         self.checkpoints: list[tuple[int, str]] = []
+        self.recomputed: set[int] = set()
+        self._high_water = -1
         self.incidents: list[MigrationOutcome] = []
         self.incident: Incident | None = None
         self._queued: list[Evidence] = []
@@ -126,6 +128,7 @@ class Coordinator:
             steps_completed=max((m.completed for m in self.ranks()), default=-1) + 1,
             final_digest=digests.pop() if len(digests) == 1 else None,
             generation=self.generation,
+            steps_recomputed=len(self.recomputed),
             incidents=tuple(self.incidents),
             error=self.error,
         )
@@ -261,6 +264,11 @@ class Coordinator:
         if t == "step":
             m.step, m.step_at, m.step_wall, m.state = int(msg["k"]), now, ts, "training"
             m.completed = m.step - 1
+            # An independent count of what the outcome claims: a step entered again after any rank had
+            # completed it is recomputed work.
+            if m.step <= self._high_water:
+                self.recomputed.add(m.step)
+            self._high_water = max(self._high_water, m.completed)
             self._fire_injections(m)
         elif t == "coll":
             m.collective_step, m.collective_at = int(msg["k"]), now

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from job_agent.protocol import authenticate_server, connect, recv_frame, send_frame
+from job_agent.protocol import AuthError, ProtocolError, authenticate_server, connect, recv_frame, send_frame
 from job_agent.state import Snapshot, TrackedState, byte_view
 
 _SOCK_BUF = 8 * 2**20
@@ -77,31 +77,40 @@ class StateServer:
         digest: str | None = None
         self._listener.settimeout(timeout)
         try:
-            for _ in range(receivers):
+            served = 0
+            while served < receivers:
                 conn, _addr = self._listener.accept()
                 with conn:
                     conn.settimeout(timeout)
                     _tune(conn)
-                    authenticate_server(conn, self._secret)
-                    send_frame(conn, {"t": "state", "header": snap.header, "manifest": snap.manifest()})
-                    # Hash while sending, once: the snapshot is frozen for every receiver.
-                    hasher = _Hasher(snap.header_bytes()) if digest is None else None
-                    for chunk in snap.host_chunks():
-                        if hasher is not None:
-                            hasher.feed(chunk)
-                        conn.sendall(chunk)
-                        on_progress()
-                    if hasher is not None:
-                        digest = hasher.hexdigest()
-                    send_frame(conn, {"t": "end", "digest": digest})
-                    if recv_frame(conn).get("t") != "ok":
-                        raise TransferError("receiver did not confirm the state")
-        except (OSError, ConnectionError) as e:
+                    try:
+                        authenticate_server(conn, self._secret)
+                    except AuthError:
+                        continue  # not a peer of this job: it gets nothing, the real receivers still do
+                    digest = self._send(conn, snap, digest, on_progress)
+                    served += 1
+        except (OSError, ConnectionError, ProtocolError) as e:
             raise TransferError(f"serving state failed: {e}") from e
         finally:
             self._listener.close()
-        if digest is None:
-            digest = snap.digest()
+        return digest or snap.digest()
+
+    @staticmethod
+    def _send(conn: socket.socket, snap: Snapshot, digest: str | None, on_progress: Callable[[], None]) -> str:
+        send_frame(conn, {"t": "state", "header": snap.header, "manifest": snap.manifest()})
+        # Hash while sending, once: the snapshot is frozen for every receiver.
+        hasher = _Hasher(snap.header_bytes()) if digest is None else None
+        for chunk in snap.host_chunks():
+            if hasher is not None:
+                hasher.feed(chunk)
+            conn.sendall(chunk)
+            on_progress()
+        if hasher is not None:
+            digest = hasher.hexdigest()
+        send_frame(conn, {"t": "end", "digest": digest})
+        if recv_frame(conn).get("t") != "ok":
+            raise TransferError("receiver did not confirm the state")
+        assert digest is not None
         return digest
 
 
@@ -127,7 +136,7 @@ def receive_state(
     t0 = time.perf_counter()
     try:
         sock = connect(host, port, secret, timeout)
-    except OSError as e:
+    except (OSError, ProtocolError) as e:
         raise TransferError(f"cannot reach donor at {host}:{port}: {e}") from e
     with sock:
         sock.settimeout(timeout)
@@ -141,7 +150,7 @@ def receive_state(
             staged = _receive_tensors(sock, targets, hasher, on_progress)
             digest = hasher.hexdigest()
             end = recv_frame(sock)
-        except (OSError, ConnectionError, KeyError) as e:
+        except (OSError, ConnectionError, ProtocolError, KeyError) as e:
             raise TransferError(f"receiving state failed: {e}") from e
         if end.get("digest") != digest:
             raise TransferError(f"digest mismatch: donor {end.get('digest')}, received {digest}")

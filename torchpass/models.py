@@ -250,3 +250,11 @@ class MigrationOutcome(Model):
 class CompleteInput(Model):
     incident: IncidentRef
     outcome: MigrationOutcome
+
+
+class IncidentStatus(Model):
+    """What MigrationWorkflow's `status` query answers while the incident runs."""
+
+    phase: str
+    evidence_count: NonNegativeInt
+    disposition: Disposition | None = None

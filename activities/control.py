@@ -1,0 +1,15 @@
+"""Cluster-wide activities served by the control worker."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from torchpass.classify import classify
+from torchpass.ids import ControlActivity
+from torchpass.models import Classification, ClassifyInput
+
+
+class ControlActivities:
+    @activity.defn(name=ControlActivity.CLASSIFY_FAILURE)
+    async def classify_failure(self, inp: ClassifyInput) -> Classification:
+        return classify(inp)

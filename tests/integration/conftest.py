@@ -1,0 +1,110 @@
+"""Integration tier: the real Temporal dev server, the real control worker, real torch.distributed ranks.
+
+Nothing is mocked here: ranks are separate Python processes running gloo on CPU, failures are real
+SIGKILLs and SIGSTOPs, and every incident runs through MigrationWorkflow on a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.common import SearchAttributeKey
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from job_agent.jobs import request, running_jobs
+from torchpass.ids import SEARCH_ATTRIBUTES
+from torchpass.job import JobResult, JobSpec
+from torchpass.server import temporal_binary
+from workers.control import control_worker
+from workers.job import run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "train_dp.py"
+STEPS = 60
+SCRIPT_ARGS = ("--steps", str(STEPS), "--width", "128", "--depth", "2")
+
+
+@pytest.fixture(scope="session")
+async def client() -> AsyncIterator[Client]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        ip="127.0.0.1",
+        search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+    )
+    async with env, control_worker(env.client):
+        yield env.client
+
+
+def spec(state_dir: Path, job_id: str, spares: int = 1, **kw: object) -> JobSpec:
+    fields: dict[str, object] = {
+        "job_id": job_id,
+        "script": SCRIPT,
+        "args": SCRIPT_ARGS,
+        "nproc": 4,
+        "spares": spares,
+        "state_dir": state_dir,
+        "hang_timeout": 1.5,
+        "checkpoint_every": 20,
+        **kw,
+    }
+    return JobSpec.model_validate(fields)
+
+
+async def run_with(
+    client: Client, job: JobSpec, injections: Sequence[tuple[str, int, int]] = (), timeout: float = 150
+) -> JobResult:
+    """Run a job to its end, injecting (action, rank, at_step) through its coordinator's control channel."""
+    task = asyncio.create_task(run_job(job, client))
+    deadline = time.monotonic() + 60
+    while injections and not any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
+        assert time.monotonic() < deadline, "job never registered"
+        assert not task.done(), "job ended before it registered"
+        await asyncio.sleep(0.05)
+    for action, rank, step in injections:
+        msg = {"t": "inject", "action": action, "slot": rank, "after_step": step}
+        reply = await asyncio.to_thread(request, job.state_dir, job.job_id, msg)
+        assert reply["t"] == "ok", reply
+    return await asyncio.wait_for(task, timeout)
+
+
+@pytest.fixture(scope="session")
+async def reference(client: Client, tmp_path_factory: pytest.TempPathFactory) -> JobResult:
+    """The same job, never failed: the state every migrated run must match bit for bit."""
+    result = await run_with(client, spec(tmp_path_factory.mktemp("ref"), "reference", spares=0))
+    assert result.ok and result.final_digest and not result.incidents
+    return result
+
+
+def _training_children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = stat.rsplit(")", 1)[1].split()[1]
+        if ppid == me and b"train_dp.py" in cmd:
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    yield
+    deadline = time.monotonic() + 10
+    while _training_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _training_children() == [], "training processes left running after the test"

@@ -1,0 +1,67 @@
+"""Real failures of real ranks, live-migrated through MigrationWorkflow on the real dev server.
+
+Each test checks the final state is bitwise equal to an uninterrupted run, and that no completed step was
+recomputed (counted independently by the coordinator from the ranks' step reports).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from tests.integration.conftest import run_with, spec
+from torchpass.ids import SA_JOB_ID
+from torchpass.job import JobResult
+from torchpass.models import Disposition, FailureKind, Phase
+
+pytestmark = pytest.mark.integration
+
+
+def assert_migrated_live(result: JobResult, reference: JobResult, incidents: int) -> None:
+    assert result.ok, result.error
+    assert len(result.incidents) == incidents
+    for o in result.incidents:
+        assert o.disposition == Disposition.MIGRATED and o.success, o
+        assert o.steps_recomputed == 0
+        assert o.proof is not None and o.proof.donor_digest in o.proof.receiver_digests.values()
+        assert {p.phase for p in o.phases} >= {Phase.CONFIRM, Phase.FREEZE, Phase.TRANSFER, Phase.REJOIN}
+    assert result.steps_recomputed == 0
+    assert result.final_digest == reference.final_digest
+
+
+async def test_kill_of_a_nonzero_rank_is_migrated_live(client: Client, reference: JobResult, tmp_path: Path) -> None:
+    result = await run_with(client, spec(tmp_path, "kill-rank-2"), [("kill", 2, 20)])
+    assert_migrated_live(result, reference, 1)
+    o = result.incidents[0]
+    assert o.kind == FailureKind.PROCESS_EXIT and o.lost_slots == (2,)
+    assert o.classification.qualifying
+
+
+async def test_kill_of_rank_0_is_migrated_live(client: Client, reference: JobResult, tmp_path: Path) -> None:
+    result = await run_with(client, spec(tmp_path, "kill-rank-0"), [("kill", 0, 25)])
+    assert_migrated_live(result, reference, 1)
+    assert result.incidents[0].lost_slots == (0,)
+    assert result.incidents[0].proof is not None and result.incidents[0].proof.donor_slot != 0
+
+
+async def test_a_hung_rank_is_fenced_and_migrated_live(client: Client, reference: JobResult, tmp_path: Path) -> None:
+    result = await run_with(client, spec(tmp_path, "hang-rank-1"), [("hang", 1, 30)])
+    assert_migrated_live(result, reference, 1)
+    assert result.incidents[0].kind == FailureKind.HANG
+
+
+async def test_two_failures_in_one_run_are_both_migrated_live(
+    client: Client, reference: JobResult, tmp_path: Path
+) -> None:
+    result = await run_with(client, spec(tmp_path, "two-failures"), [("kill", 3, 15), ("hang", 0, 40)])
+    assert_migrated_live(result, reference, 2)
+    assert [o.lost_slots for o in result.incidents] == [(3,), (0,)]
+
+
+async def test_incidents_are_searchable_by_job(client: Client, reference: JobResult, tmp_path: Path) -> None:
+    result = await run_with(client, spec(tmp_path, "searchable"), [("kill", 1, 10)])
+    assert_migrated_live(result, reference, 1)
+    found = [wf.id async for wf in client.list_workflows(f"{SA_JOB_ID} = 'searchable'")]
+    assert found == [result.incidents[0].incident_id.split("/")[0]]

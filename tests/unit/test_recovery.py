@@ -1,0 +1,44 @@
+"""The coordinator's pure decisions: hang detection and donor choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from job_agent.recovery import Progress, choose_donor, find_hung, receivers
+
+
+def test_a_silent_rank_is_hung() -> None:
+    ranks = [Progress(0, 10.0), Progress(1, 7.0)]
+    assert [h.slot for h in find_hung(ranks, now=10.0, timeout=2.0)] == [1]
+
+
+def test_a_rank_that_never_enters_the_collective_its_peers_wait_in_is_hung() -> None:
+    ranks = [Progress(0, 10.0, 5, 6.0), Progress(1, 10.0, 5, 6.5), Progress(2, 10.0, 4, 5.0)]
+    hung = find_hung(ranks, now=10.0, timeout=2.0)
+    assert [h.slot for h in hung] == [2]
+    assert "step 5" in hung[0].detail
+
+
+def test_peers_that_only_just_started_waiting_are_not_a_hang() -> None:
+    ranks = [Progress(0, 10.0, 5, 9.5), Progress(1, 10.0, 4, 9.0)]
+    assert find_hung(ranks, now=10.0, timeout=2.0) == []
+
+
+def test_ranks_in_step_are_healthy() -> None:
+    ranks = [Progress(s, 10.0, 5, 1.0) for s in range(4)]
+    assert find_hung(ranks, now=10.0, timeout=2.0) == []
+
+
+def test_the_donor_is_the_most_advanced_survivor_lowest_slot_first() -> None:
+    assert choose_donor({0: 9, 1: 10, 3: 10}) == (1, 10)
+    assert choose_donor({2: 4, 3: 4}) == (2, 4)
+
+
+def test_no_survivor_means_no_donor() -> None:
+    with pytest.raises(ValueError):
+        choose_donor({})
+
+
+def test_receivers_are_the_newcomers_and_any_survivor_left_behind() -> None:
+    assert receivers({0: 9, 1: 10, 3: 10}, 10, frozenset({2})) == [0, 2]
+    assert receivers({0: 10, 1: 10}, 10, frozenset({2, 3})) == [2, 3]
