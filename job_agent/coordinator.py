@@ -197,6 +197,11 @@ class Coordinator:
             if m.slot < 0 and m.alive and m.state == "ready" and m.reserved_for is None
         ]
 
+    def starting_spares(self) -> int:
+        """Spares launched but not yet warm."""
+        connecting = [m for m in self.members.values() if m.slot < 0 and m.alive and m.state == "connected"]
+        return len(connecting) + sum(1 for a in self._pending if a.startswith("spare-"))
+
     def kill(self, m: Member) -> None:
         self._launcher.kill(m.agent_id)
 

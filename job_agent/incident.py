@@ -6,6 +6,7 @@ step from a clean point) and every wait is bounded. The workflow decides the ord
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,9 +63,14 @@ class IncidentActions:
     """The recovery steps, run on the coordinator's event loop by the job's activity worker."""
 
     def __init__(
-        self, coordinator: Coordinator, freeze_timeout: float = 30.0, transfer_timeout: float = 120.0
+        self,
+        coordinator: Coordinator,
+        freeze_timeout: float = 30.0,
+        transfer_timeout: float = 120.0,
+        spare_wait: float = 60.0,
     ) -> None:
         self.c = coordinator
+        self.spare_wait = spare_wait
         self.freeze_timeout = freeze_timeout
         self.transfer_timeout = transfer_timeout
 
@@ -110,8 +116,17 @@ class IncidentActions:
         t0 = time.perf_counter()
         inc = self._incident(incident_id)
         if not inc.spare_ids:
+            need = len(inc.lost)
+            # A spare still warming up (the pool refills after each migration) is worth a few seconds'
+            # wait: far cheaper than a checkpoint restart.
+            with contextlib.suppress(TimeoutError):
+                await self.c.wait_for(
+                    lambda: len(self.c.spares()) >= need or self.c.starting_spares() == 0,
+                    self.spare_wait,
+                    "a warm spare",
+                )
             free = self.c.spares()
-            if len(free) < len(inc.lost):
+            if len(free) < need:
                 raise IncidentError(
                     "NoSpareAvailable", f"{len(inc.lost)} spare(s) needed, {len(free)} warm", retryable=False
                 )

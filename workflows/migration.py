@@ -77,7 +77,7 @@ _RETRY = RetryPolicy(
 _TIMEOUTS: dict[str, tuple[float, float]] = {
     JobActivity.CONFIRM_FAILURE: (15, 60),
     ControlActivity.CLASSIFY_FAILURE: (10, 60),
-    JobActivity.RESERVE_SPARE: (10, 60),
+    JobActivity.RESERVE_SPARE: (90, 200),  # may wait for a spare still warming up
     JobActivity.RELEASE_SPARE: (15, 60),
     JobActivity.FREEZE_RANKS: (45, 150),
     JobActivity.TRANSFER_STATE: (150, 500),
