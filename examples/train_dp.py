@@ -27,7 +27,9 @@ def main() -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--fail-at", type=int, default=-1, help="raise an error at this step (a bug in the script)")
+    p.add_argument(
+        "--fail-at", type=int, default=-1, help="raise an error at this step (a bug in the script)"
+    )
     args = p.parse_args()
 
     agent = RankAgent()  # torchpass

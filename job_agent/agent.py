@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -61,7 +61,7 @@ class RankAgent:
     """One per training process (rank or warm spare); talks to the job's coordinator."""
 
     def __init__(self, settings: AgentSettings | None = None) -> None:
-        self.settings = s = settings or AgentSettings()  # type: ignore[call-arg]
+        self.settings = s = settings or AgentSettings.model_validate({})
         torch.set_num_threads(s.threads)
         self.slot = s.slot
         self.world_size = s.world_size
@@ -76,10 +76,13 @@ class RankAgent:
         self._finished = threading.Event()
         self._coll_timeout = timedelta(seconds=s.collective_timeout)
         host, port = s.store_addr
-        self._store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=s.recovery_timeout))
+        self._store = dist.TCPStore(
+            host, port, is_master=False, timeout=timedelta(seconds=s.recovery_timeout)
+        )
         self._sock = protocol.connect(*s.coordinator_addr, self._secret, timeout=30.0)
         protocol.send_frame(
-            self._sock, {"t": "hello", "agent_id": s.agent_id, "role": s.role, "slot": s.slot, "pid": os.getpid()}
+            self._sock,
+            {"t": "hello", "agent_id": s.agent_id, "role": s.role, "slot": s.slot, "pid": os.getpid()},
         )
         reply = protocol.recv_frame(self._sock)
         if reply["t"] != "welcome":
@@ -115,14 +118,16 @@ class RankAgent:
             flat = torch._utils._flatten_dense_tensors([p.grad for p in bucket])
             self.all_reduce(flat)
             flat.div_(self.world_size)
-            for p, g in zip(bucket, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in bucket])):
+            for p, g in zip(
+                bucket, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in bucket]), strict=True
+            ):
                 assert p.grad is not None
                 p.grad.copy_(g)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum in place over all ranks, with a real per-collective timeout; raises CollectiveFailure."""
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
+        opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]
         opts.timeout = self._coll_timeout
         try:
             dist.distributed_c10d._get_default_group().allreduce([tensor], opts).wait()
@@ -173,7 +178,9 @@ class RankAgent:
         # Outside the except block, so no traceback keeps the old group's sockets alive (which would
         # leave peers blocked until the group timeout).
         self._drop_group()
-        self._send({"t": "frozen", "completed": self.completed_step, "in_flight": in_flight, "reason": reason})
+        self._send(
+            {"t": "frozen", "completed": self.completed_step, "in_flight": in_flight, "reason": reason}
+        )
         self._obey_until_regrouped()
 
     def _check_inbox(self) -> None:
@@ -201,7 +208,9 @@ class RankAgent:
         """Carry out one coordinator command; True once the group is re-formed."""
         t = msg["t"]
         if t == "freeze":
-            self._send({"t": "frozen", "completed": self.completed_step, "in_flight": None, "reason": "freeze"})
+            self._send(
+                {"t": "frozen", "completed": self.completed_step, "in_flight": None, "reason": "freeze"}
+            )
         elif t == "assign":
             self.slot = int(msg["slot"])
         elif t == "serve":
@@ -228,7 +237,9 @@ class RankAgent:
         except TransferError as e:
             self._send({"t": "transfer_failed", "error": str(e)})
             return
-        self._send({"t": "served", "digest": digest, "bytes": snap.nbytes, "seconds": time.perf_counter() - t0})
+        self._send(
+            {"t": "served", "digest": digest, "bytes": snap.nbytes, "seconds": time.perf_counter() - t0}
+        )
 
     def _receive(self, host: str, port: int, timeout: float) -> None:
         assert self._tracked is not None
@@ -239,8 +250,13 @@ class RankAgent:
             return
         self.completed_step = stats.step
         self._send(
-            {"t": "received", "digest": stats.digest, "bytes": stats.nbytes, "seconds": stats.seconds,
-             "step": stats.step}
+            {
+                "t": "received",
+                "digest": stats.digest,
+                "bytes": stats.nbytes,
+                "seconds": stats.seconds,
+                "step": stats.step,
+            }
         )
 
     def _regroup(self, generation: int, world_size: int) -> None:
@@ -333,7 +349,7 @@ class RankAgent:
                 return
 
 
-def _bucketize(params: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
+def _bucketize(params: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
     buckets: list[list[torch.Tensor]] = [[]]
     size = 0
     for p in params:

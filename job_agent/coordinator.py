@@ -9,6 +9,7 @@ The recovery steps themselves (`job_agent.incident.IncidentActions`) are driven 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -161,7 +162,7 @@ class Coordinator:
 
     def spawn(self, role: str, slot: int, restore: str | None = None) -> str:
         self._spawned += 1
-        agent_id = f"{role}-{self._spawned}"
+        agent_id = f"{role}{slot if slot >= 0 else ''}-{self._spawned}"
         s = self.spec
         env = {
             "TORCHPASS_JOB_ID": self.job_id,
@@ -186,7 +187,9 @@ class Coordinator:
 
     def ranks(self, *states: str) -> list[Member]:
         """Live members holding a slot (optionally in given states), by slot."""
-        out = [m for m in self.members.values() if m.slot >= 0 and m.alive and (not states or m.state in states)]
+        out = [
+            m for m in self.members.values() if m.slot >= 0 and m.alive and (not states or m.state in states)
+        ]
         return sorted(out, key=lambda m: m.slot)
 
     def spares(self) -> list[Member]:
@@ -209,7 +212,11 @@ class Coordinator:
         return next((m for m in self.ranks() if m.slot == slot), None)
 
     async def wait_for(
-        self, pred: Callable[[], bool], timeout: float | None, what: str, tick: Callable[[], None] | None = None
+        self,
+        pred: Callable[[], bool],
+        timeout: float | None,
+        what: str,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         """Wait until `pred()` holds; every wait is bounded (None only under an outer timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -220,10 +227,8 @@ class Coordinator:
             if left is not None and left <= 0:
                 raise TimeoutError(f"timed out after {timeout:.1f} s waiting for {what}")
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(left or 1.0, 1.0))
-            except TimeoutError:
-                pass
             if tick is not None:
                 tick()
 
@@ -247,7 +252,9 @@ class Coordinator:
             agent_id = str(msg["agent_id"])
             node = self._pending.pop(agent_id, None)
             if node is None:
-                _send_raw(conn, {"t": "reject", "reason": f"{agent_id} is not a process of this job (or fenced)"})
+                _send_raw(
+                    conn, {"t": "reject", "reason": f"{agent_id} is not a process of this job (or fenced)"}
+                )
                 return
             m = Member(agent_id, str(msg["role"]), int(msg["slot"]), int(msg["pid"]), node, conn)
             self.members[agent_id] = m
@@ -303,7 +310,7 @@ class Coordinator:
 
     def _on_close(self, conn: socket.socket, info: dict[str, Any], ts: float) -> None:
         m = self._conns.pop(conn, None)
-        if m is None or not m.alive or m.state == "done" and self.state == "finished":
+        if m is None or not m.alive or (m.state == "done" and self.state == "finished"):
             return
         self._bg(self._lost(m, ts, info.get("reason", "")))
         self._changed.set()
@@ -342,7 +349,9 @@ class Coordinator:
             if self.state != "training" or self.incident is not None:
                 continue
             training = [m for m in self.ranks("training") if not m.fenced]
-            progress = [Progress(m.slot, m.last_heartbeat, m.collective_step, m.collective_at) for m in training]
+            progress = [
+                Progress(m.slot, m.last_heartbeat, m.collective_step, m.collective_at) for m in training
+            ]
             for hang in find_hung(progress, now, self.spec.hang_timeout):
                 m = self.member_at(hang.slot)
                 if m is not None:
@@ -354,7 +363,9 @@ class Coordinator:
             code = self._launcher.poll(agent_id)
             if code is not None:
                 del self._pending[agent_id]
-                self._fail(f"{agent_id} exited ({_signal_name(code)}) before joining the job; see its output above")
+                self._fail(
+                    f"{agent_id} exited ({_signal_name(code)}) before joining the job; see its output above"
+                )
 
     def report(self, m: Member, kind: FailureKind, detail: str, observed: float, code: int | None) -> None:
         """Turn a detection into evidence for the incident workflow (folded by workflow id)."""
@@ -374,14 +385,18 @@ class Coordinator:
     def add_evidence(self, ev: Evidence) -> None:
         inc = self.incident
         if inc is None:
-            inc = self.incident = Incident(incident_workflow_id(self.job_id, ev.failure_domain, self.generation))
+            inc = self.incident = Incident(
+                incident_workflow_id(self.job_id, ev.failure_domain, self.generation)
+            )
         elif inc.past_freeze:
             # The world of this incident is already decided: the next incident takes it.
             self._queued.append(ev)
             return
         inc.evidence.append(ev)
         inc.lost.update(ev.slots)
-        report = FailureReport(evidence=ev, job_task_queue=job_task_queue(self.job_id), generation=self.generation)
+        report = FailureReport(
+            evidence=ev, job_task_queue=job_task_queue(self.job_id), generation=self.generation
+        )
         self._bg(self._reporter(inc.workflow_id, report))
 
     def end_incident(self, outcome: MigrationOutcome) -> None:
@@ -411,7 +426,10 @@ class Coordinator:
         if action not in ("kill", "hang"):
             return {"t": "error", "reason": f"unknown injection {action!r}: use kill or hang"}
         if not isinstance(slot, int) or not 0 <= slot < self.world_size:
-            return {"t": "error", "reason": f"job {self.job_id} has ranks 0-{self.world_size - 1}, not {slot!r}"}
+            return {
+                "t": "error",
+                "reason": f"job {self.job_id} has ranks 0-{self.world_size - 1}, not {slot!r}",
+            }
         after = msg.get("after_step")
         self._injections.append({"action": action, "slot": slot, "after_step": after})
         m = self.member_at(slot)
@@ -435,7 +453,9 @@ class Coordinator:
             "state": self.state,
             "generation": self.generation,
             "world_size": self.world_size,
-            "ranks": [{"slot": m.slot, "agent": m.agent_id, "state": m.state, "step": m.step} for m in self.ranks()],
+            "ranks": [
+                {"slot": m.slot, "agent": m.agent_id, "state": m.state, "step": m.step} for m in self.ranks()
+            ],
             "spares": len(self.spares()),
             "incident": self.incident.workflow_id if self.incident else None,
         }
@@ -447,8 +467,5 @@ class Coordinator:
 
 
 def _send_raw(conn: socket.socket, msg: dict[str, Any]) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the peer already hung up: nothing to tell it
         protocol.send_frame(conn, msg)
-    except OSError:
-        pass
-

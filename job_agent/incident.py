@@ -99,7 +99,9 @@ class IncidentActions:
                 m.fenced = True
                 self.c.kill(m)
             fenced.append(slot)
-        await self.c.wait_for(lambda: all(self.c.member_at(s) is None for s in inc.lost), 10.0, "fenced ranks to die")
+        await self.c.wait_for(
+            lambda: all(self.c.member_at(s) is None for s in inc.lost), 10.0, "fenced ranks to die"
+        )
         return ConfirmResult(
             confirmed=bool(inc.lost),
             lost_slots=tuple(sorted(inc.lost)),
@@ -160,7 +162,9 @@ class IncidentActions:
         for m in survivors:
             m.send({"t": "freeze"})
         await self.c.wait_for(
-            lambda: all(m.state == "frozen" or not m.alive for m in survivors), self.freeze_timeout, "ranks to freeze"
+            lambda: all(m.state == "frozen" or not m.alive for m in survivors),
+            self.freeze_timeout,
+            "ranks to freeze",
         )
         gone = [m.slot for m in survivors if not m.alive]
         if gone:
@@ -199,12 +203,20 @@ class IncidentActions:
             )
 
         def finished() -> bool:
-            return all({"served", "received", "transfer_failed"} & m.replies.keys() or not m.alive for m in members)
+            return all(
+                {"served", "received", "transfer_failed"} & m.replies.keys() or not m.alive for m in members
+            )
 
         await self.c.wait_for(finished, self.transfer_timeout, "the state transfer", tick)
-        failed = [f"{m.slot}: {m.replies['transfer_failed']['error']}" for m in members if "transfer_failed" in m.replies]
+        failed = [
+            f"{m.slot}: {m.replies['transfer_failed']['error']}"
+            for m in members
+            if "transfer_failed" in m.replies
+        ]
         if failed or not all(m.alive for m in members):
-            raise IncidentError("TransferFailed", f"state transfer failed ({'; '.join(failed) or 'peer lost'})")
+            raise IncidentError(
+                "TransferFailed", f"state transfer failed ({'; '.join(failed) or 'peer lost'})"
+            )
         donor_digest = donor.replies["served"]["digest"]
         got = {s: self._member(s).replies["received"]["digest"] for s in targets}
         if any(d != donor_digest for d in got.values()):
@@ -255,7 +267,9 @@ class IncidentActions:
 
     async def _regroup_and_resume(self, resume: int, timeout: float) -> tuple[int, datetime]:
         if len(self.c.ranks()) != self.c.world_size:
-            raise IncidentError("RejoinFailed", f"only {len(self.c.ranks())} of {self.c.world_size} ranks alive")
+            raise IncidentError(
+                "RejoinFailed", f"only {len(self.c.ranks())} of {self.c.world_size} ranks alive"
+            )
         generation = self.c.regroup()
         ranks = self.c.ranks()
 
@@ -282,7 +296,9 @@ class IncidentActions:
         for slot in range(self.c.world_size):
             self.c.spawn("rank", slot, restore=path)
         await self.c.wait_for(
-            lambda: len(self.c.ranks("ready")) == self.c.world_size, self.c.spec.startup_timeout, "restarted ranks"
+            lambda: len(self.c.ranks("ready")) == self.c.world_size,
+            self.c.spec.startup_timeout,
+            "restarted ranks",
         )
         _, resumed_at = await self._regroup_and_resume(restored_step + 1, self.transfer_timeout)
         inc.fallback = FallbackResult(
@@ -304,4 +320,3 @@ class IncidentActions:
                 if self.c.members[agent_id].slot >= 0:
                     self.c.spawn("spare", -1)  # refill the pool at once
         self.c.end_incident(outcome)
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import signal
 import socket
@@ -54,10 +55,8 @@ class LocalLauncher(Launcher):
     def _signal(self, agent_id: str, sig: signal.Signals) -> None:
         proc = self._procs.get(agent_id)
         if proc is not None and proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it exited in between
                 proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
 
     def kill(self, agent_id: str) -> None:
         self._signal(agent_id, signal.SIGKILL)

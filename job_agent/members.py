@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -43,10 +44,9 @@ class Member:
     def send(self, msg: dict[str, Any]) -> None:
         if self.conn is None:
             return
-        try:
+        # The reader thread reports the loss; a send to a dying process is not an error here.
+        with contextlib.suppress(OSError):
             protocol.send_frame(self.conn, msg)
-        except OSError:
-            pass  # the reader thread reports the loss; a send to a dying process is not an error here
 
 
 Handler = Callable[[socket.socket, dict[str, Any], float], None]
@@ -85,7 +85,9 @@ class ControlServer:
             conn.settimeout(None)
         except (OSError, ConnectionError, protocol.ProtocolError) as e:
             # A peer without the job's secret: refused before it can say anything.
-            self._loop.call_soon_threadsafe(self._on_close, conn, {"t": "refused", "reason": str(e)}, time.time())
+            self._loop.call_soon_threadsafe(
+                self._on_close, conn, {"t": "refused", "reason": str(e)}, time.time()
+            )
             conn.close()
             return
         reason = "closed"

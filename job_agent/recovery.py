@@ -44,7 +44,10 @@ def find_hung(ranks: list[Progress], now: float, timeout: float) -> list[Hang]:
     if waited <= timeout:
         return []
     return [
-        Hang(r.slot, f"peers have waited {waited:.1f} s in the collective of step {front}; this rank never came")
+        Hang(
+            r.slot,
+            f"peers have waited {waited:.1f} s in the collective of step {front}; this rank never came",
+        )
         for r in behind
     ]
 

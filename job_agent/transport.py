@@ -96,7 +96,9 @@ class StateServer:
         return digest or snap.digest()
 
     @staticmethod
-    def _send(conn: socket.socket, snap: Snapshot, digest: str | None, on_progress: Callable[[], None]) -> str:
+    def _send(
+        conn: socket.socket, snap: Snapshot, digest: str | None, on_progress: Callable[[], None]
+    ) -> str:
         send_frame(conn, {"t": "state", "header": snap.header, "manifest": snap.manifest()})
         # Hash while sending, once: the snapshot is frozen for every receiver.
         hasher = _Hasher(snap.header_bytes()) if digest is None else None

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torchpass.models import QUALIFYING_CATEGORIES, Category, Classification, ClassifyInput, Evidence, FailureKind
+from torchpass.models import (
+    QUALIFYING_CATEGORIES,
+    Category,
+    Classification,
+    ClassifyInput,
+    Evidence,
+    FailureKind,
+)
 
 K = FailureKind
 CATEGORY: dict[FailureKind, Category] = {
@@ -75,7 +82,7 @@ def classify(inp: ClassifyInput) -> Classification:
     if inp.redundancy and len(inp.lost_slots) >= inp.redundancy:
         return result(
             Category.UNABLE_TO_RECOVER,
-            f"{len(inp.lost_slots)} ranks lost with parallelism redundancy {inp.redundancy}: no healthy replica",
+            f"{len(inp.lost_slots)} ranks lost, parallelism redundancy {inp.redundancy}: no healthy replica",
         )
     if 0 in inp.lost_slots and any(e.scheduler == "slurm" for e in inp.evidence):
         return result(Category.UNABLE_TO_RECOVER, "node 0 failed under Slurm")

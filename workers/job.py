@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -18,7 +20,7 @@ from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport
 
 
-def reporter(client: Client):  # type: ignore[no-untyped-def]
+def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
     """Signal-with-start: the first report of a failure starts its incident, later ones fold into it."""
 
     async def report(workflow_id: str, rep: FailureReport) -> None:
@@ -49,7 +51,7 @@ async def run_job(spec: JobSpec, client: Client) -> JobResult:
     return result
 
 
-def _activity_methods(acts: JobActivities):  # type: ignore[no-untyped-def]
+def _activity_methods(acts: JobActivities) -> Iterator[Callable[..., Any]]:
     for name in dir(acts):
         fn = getattr(acts, name)
         if hasattr(fn, "__temporal_activity_definition"):

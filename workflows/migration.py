@@ -105,7 +105,9 @@ class MigrationWorkflow:
         """Fold another report of this incident; duplicates and other jobs' reports are ignored."""
         ev = rep.evidence
         if self._job_id and ev.job_id != self._job_id:
-            workflow.logger.warning("report for job %s ignored by an incident of job %s", ev.job_id, self._job_id)
+            workflow.logger.warning(
+                "report for job %s ignored by an incident of job %s", ev.job_id, self._job_id
+            )
             return
         if ev not in self._evidence:
             self._evidence.append(ev)
@@ -125,14 +127,23 @@ class MigrationWorkflow:
         queue = first.job_task_queue
         detected = min(e.observed_at for e in self._evidence)
         started = workflow.now()
-        self._phases.append(PhaseTiming(phase=Phase.DETECT, seconds=max(0.0, (started - detected).total_seconds())))
+        self._phases.append(
+            PhaseTiming(phase=Phase.DETECT, seconds=max(0.0, (started - detected).total_seconds()))
+        )
         workflow.upsert_search_attributes(
-            [_JOB_ID.value_set(self._job_id), _KIND.value_set(first.evidence.kind.value), _OUTCOME.value_set("running")]
+            [
+                _JOB_ID.value_set(self._job_id),
+                _KIND.value_set(first.evidence.kind.value),
+                _OUTCOME.value_set("running"),
+            ]
         )
 
         confirm = await self._call(
-            Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, ConfirmInput(incident=ref, evidence=tuple(self._evidence)),
-            ConfirmResult, queue,
+            Phase.CONFIRM,
+            JobActivity.CONFIRM_FAILURE,
+            ConfirmInput(incident=ref, evidence=tuple(self._evidence)),
+            ConfirmResult,
+            queue,
         )
         classification = await self._call(
             Phase.CLASSIFY,
@@ -195,7 +206,11 @@ class MigrationWorkflow:
                 queue,
             )
         except _Failed as e:
-            return {"disposition": Disposition.FAILED, "success": False, "error": f"{reason}; fallback: {e.__cause__ or e}"}
+            return {
+                "disposition": Disposition.FAILED,
+                "success": False,
+                "error": f"{reason}; fallback: {e.__cause__ or e}",
+            }
         return {
             "disposition": Disposition.FALLBACK_RESTART,
             "success": False,
@@ -231,8 +246,12 @@ class MigrationWorkflow:
         )
         self._disposition = result.disposition
         self._phase = "record"
-        if not await self._try(JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=result), queue):
-            result = result.model_copy(update={"error": (result.error or "") + " (job did not take the record)"})
+        if not await self._try(
+            JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=result), queue
+        ):
+            result = result.model_copy(
+                update={"error": (result.error or "") + " (job did not take the record)"}
+            )
         workflow.upsert_search_attributes(
             [
                 _KIND.value_set(result.kind.value),
@@ -289,4 +308,3 @@ class MigrationWorkflow:
 def _error_type(e: BaseException) -> str | None:
     cause = e.__cause__
     return cause.type if isinstance(cause, ApplicationError) else None
-

@@ -31,7 +31,9 @@ def assert_migrated_live(result: JobResult, reference: JobResult, incidents: int
     assert result.final_digest == reference.final_digest
 
 
-async def test_kill_of_a_nonzero_rank_is_migrated_live(client: Client, reference: JobResult, tmp_path: Path) -> None:
+async def test_kill_of_a_nonzero_rank_is_migrated_live(
+    client: Client, reference: JobResult, tmp_path: Path
+) -> None:
     result = await run_with(client, spec(tmp_path, "kill-rank-2"), [("kill", 2, 20)])
     assert_migrated_live(result, reference, 1)
     o = result.incidents[0]
@@ -46,7 +48,9 @@ async def test_kill_of_rank_0_is_migrated_live(client: Client, reference: JobRes
     assert result.incidents[0].proof is not None and result.incidents[0].proof.donor_slot != 0
 
 
-async def test_a_hung_rank_is_fenced_and_migrated_live(client: Client, reference: JobResult, tmp_path: Path) -> None:
+async def test_a_hung_rank_is_fenced_and_migrated_live(
+    client: Client, reference: JobResult, tmp_path: Path
+) -> None:
     result = await run_with(client, spec(tmp_path, "hang-rank-1"), [("hang", 1, 30)])
     assert_migrated_live(result, reference, 1)
     assert result.incidents[0].kind == FailureKind.HANG

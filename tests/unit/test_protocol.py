@@ -45,7 +45,9 @@ def test_a_frame_without_type_is_refused() -> None:
             protocol.recv_frame(b)
 
 
-def _handshake(server_secret: bytes, client_secret: bytes) -> tuple[BaseException | None, BaseException | None]:
+def _handshake(
+    server_secret: bytes, client_secret: bytes
+) -> tuple[BaseException | None, BaseException | None]:
     a, b = _pair()
     errors: dict[str, BaseException | None] = {"server": None, "client": None}
 

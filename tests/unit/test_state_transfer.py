@@ -35,7 +35,9 @@ def _fresh(seed: int, width: int = 32) -> TrackedState:
     return state
 
 
-def _serve(state: TrackedState, step: int, receivers: int = 1, secret: bytes = SECRET) -> tuple[StateServer, dict]:
+def _serve(
+    state: TrackedState, step: int, receivers: int = 1, secret: bytes = SECRET
+) -> tuple[StateServer, dict]:
     server = StateServer(SECRET)
     out: dict = {}
 
