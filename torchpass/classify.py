@@ -1,91 +1,164 @@
-"""Classification of a failure against the brief's tables of qualifying and disqualifying events. Pure."""
+"""The event-classification table: evidence of a failure -> a row of the product brief.
+
+A pure function, no Temporal and no I/O, so that every example in the brief's qualifying and disqualifying
+tables is one unit test. The rules, first match wins:
+
+1. any shared-infrastructure evidence (fabric outage, filesystem, host memory) -> disqualifying;
+2. lost slots reach the parallelism redundancy (no healthy replica left to rebuild from) -> unable to recover;
+3. a failure of node 0 (slot 0) under Slurm -> unable to recover;
+4. no spare available -> unable to recover;
+5. silent data corruption -> unable to recover;
+6. otherwise the most specific qualifying row: host/GPU/fabric beats interruption beats planned, because a
+   node power loss is also reported as dropped connections and exited processes.
+
+The result never depends on the order in which evidence arrived.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from torchpass.models import (
     QUALIFYING_CATEGORIES,
     Category,
     Classification,
     ClassifyInput,
+    EventSource,
     Evidence,
     FailureKind,
 )
 
 K = FailureKind
-CATEGORY: dict[FailureKind, Category] = {
-    K.NODE_CORDON: Category.PLANNED,
-    K.NODE_DRAIN: Category.PLANNED,
-    K.PROCESS_EXIT: Category.INTERRUPTION,
-    K.CONNECTION_LOST: Category.INTERRUPTION,
-    K.HEARTBEAT_LOST: Category.INTERRUPTION,
-    K.HANG: Category.INTERRUPTION,
-    K.POD_DELETED: Category.INTERRUPTION,
-    K.KERNEL_PANIC: Category.INTERRUPTION,
-    K.OOM_KILL: Category.INTERRUPTION,
-    K.CUDA_ERROR: Category.INTERRUPTION,
-    K.NCCL_ERROR: Category.INTERRUPTION,
-    K.GPU_FELL_OFF_BUS: Category.HOST_GPU_FABRIC,
-    K.GPU_ECC_UNCORRECTABLE: Category.HOST_GPU_FABRIC,
-    K.GPU_LOST: Category.HOST_GPU_FABRIC,
-    K.GPU_TEMPERATURE: Category.HOST_GPU_FABRIC,
-    K.NVLINK_ERROR: Category.HOST_GPU_FABRIC,
-    K.NIC_ERROR: Category.HOST_GPU_FABRIC,
-    K.NODE_POWER_LOSS: Category.HOST_GPU_FABRIC,
-    K.NODE_NOT_READY: Category.HOST_GPU_FABRIC,
-    K.NODE_FAILURE: Category.HOST_GPU_FABRIC,
-    K.FABRIC_OUTAGE: Category.SHARED_INFRASTRUCTURE,
-    K.FILESYSTEM_UNMOUNTED: Category.SHARED_INFRASTRUCTURE,
-    K.FILESYSTEM_FULL: Category.SHARED_INFRASTRUCTURE,
-    K.HOST_MEMORY_EXHAUSTED: Category.SHARED_INFRASTRUCTURE,
-    K.SILENT_DATA_CORRUPTION: Category.UNABLE_TO_RECOVER,
+
+# Each category lists its kinds from the most to the least specific: the first one present names the
+# incident (a power loss explains the connection losses and process exits that come with it).
+KINDS_BY_CATEGORY: dict[Category, tuple[FailureKind, ...]] = {
+    Category.SHARED_INFRASTRUCTURE: (
+        K.FABRIC_OUTAGE,
+        K.FILESYSTEM_UNMOUNTED,
+        K.FILESYSTEM_FULL,
+        K.HOST_MEMORY_EXHAUSTED,
+    ),
+    Category.UNABLE_TO_RECOVER: (K.SILENT_DATA_CORRUPTION,),
+    Category.HOST_GPU_FABRIC: (
+        K.GPU_FELL_OFF_BUS,
+        K.GPU_ECC_UNCORRECTABLE,
+        K.NVLINK_ERROR,
+        K.NIC_ERROR,
+        K.GPU_TEMPERATURE,
+        K.GPU_LOST,
+        K.NODE_POWER_LOSS,
+        K.NODE_FAILURE,
+        K.NODE_NOT_READY,
+    ),
+    Category.INTERRUPTION: (
+        K.KERNEL_PANIC,
+        K.OOM_KILL,
+        K.CUDA_ERROR,
+        K.NCCL_ERROR,
+        K.HANG,
+        K.POD_DELETED,
+        K.PROCESS_EXIT,
+        K.HEARTBEAT_LOST,
+        K.CONNECTION_LOST,
+    ),
+    Category.PLANNED: (K.NODE_DRAIN, K.NODE_CORDON),
 }
-# When one failure is seen several ways (a power loss also drops connections and ends processes), the
-# most specific observation names it.
-_PRECEDENCE = (
+
+CATEGORY_OF: dict[FailureKind, Category] = {
+    kind: category for category, kinds in KINDS_BY_CATEGORY.items() for kind in kinds
+}
+
+# Which category names an incident when evidence is mixed; disqualifying evidence first.
+_PRECEDENCE: tuple[Category, ...] = (
     Category.SHARED_INFRASTRUCTURE,
     Category.UNABLE_TO_RECOVER,
     Category.HOST_GPU_FABRIC,
     Category.INTERRUPTION,
     Category.PLANNED,
 )
-_ROW = {
-    Category.PLANNED: "Planned migration via cordon, drain or another supported signal",
+
+_RANK: dict[FailureKind, int] = {
+    kind: i for i, kind in enumerate(k for c in _PRECEDENCE for k in KINDS_BY_CATEGORY[c])
+}
+
+# The brief's row titles, quoted so that a reason can be traced to the contract.
+ROW_TITLE: dict[Category, str] = {
+    Category.PLANNED: (
+        "Planned migration via Cordon (K8s) or DRAIN state (Slurm) or other supported signal"
+    ),
     Category.INTERRUPTION: "Job, process or training execution interruption",
-    Category.HOST_GPU_FABRIC: "Host, GPU or local fabric failure",
+    Category.HOST_GPU_FABRIC: "Host, GPU, or local fabric failure",
     Category.SHARED_INFRASTRUCTURE: "Shared infrastructure failure",
     Category.UNABLE_TO_RECOVER: "Unable to recover",
 }
 
+NO_SPARE_REASON = "no spare available (failures due to spare resources not being available)"
 
-def primary_kind(evidence: Sequence[Evidence]) -> FailureKind:
-    """The observation that determines the category: the first of the highest-precedence category."""
-    if not evidence:
+
+def primary_kind(evidence: Iterable[Evidence]) -> FailureKind:
+    """The kind that determined the category: the most specific kind of the winning category."""
+    kinds = {e.kind for e in evidence}
+    if not kinds:
         raise ValueError("no evidence")
-    return min(evidence, key=lambda e: (_PRECEDENCE.index(CATEGORY[e.kind]), e.observed_at)).kind
+    return min(kinds, key=_RANK.__getitem__)
 
 
 def classify(inp: ClassifyInput) -> Classification:
+    """Map the evidence of one incident to a row of the brief's tables, with a reason naming the row."""
     kind = primary_kind(inp.evidence)
-    category = CATEGORY[kind]
+    category = CATEGORY_OF[kind]
+    if category is Category.SHARED_INFRASTRUCTURE:
+        return _disqualified(category, f"{_kinds(inp.evidence, category)} affects more than this job")
+    for reason in _unable_reasons(inp):
+        return unable_to_recover(reason)
+    return Classification(
+        category=category,
+        qualifying=True,
+        reason=f"{ROW_TITLE[category]} (qualifying): {_kinds(inp.evidence, category)}"
+        f" on {_domains(inp.evidence)}",
+    )
 
-    def result(cat: Category, why: str) -> Classification:
-        qualifying = cat in QUALIFYING_CATEGORIES
-        label = "qualifying" if qualifying else "disqualifying"
-        return Classification(category=cat, qualifying=qualifying, reason=f"{_ROW[cat]} ({label}): {why}.")
 
-    if category == Category.SHARED_INFRASTRUCTURE:
-        return result(category, f"{kind.value} affects shared infrastructure, not one node")
-    if category == Category.UNABLE_TO_RECOVER:
-        return result(category, f"{kind.value}")
-    if inp.redundancy and len(inp.lost_slots) >= inp.redundancy:
-        return result(
-            Category.UNABLE_TO_RECOVER,
-            f"{len(inp.lost_slots)} ranks lost, parallelism redundancy {inp.redundancy}: no healthy replica",
+def unable_to_recover(reason: str) -> Classification:
+    """The disqualifying 'Unable to recover' row with its specific reason."""
+    return _disqualified(Category.UNABLE_TO_RECOVER, reason)
+
+
+def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
+    lost = set(inp.lost_slots)
+    # With no lost slot (a planned move) the leaving rank is its own donor: redundancy does not matter.
+    if lost and len(lost) >= inp.redundancy:
+        yield (
+            f"failures exceeding parallelism redundancy: {len(lost)} slot(s) lost"
+            f" {sorted(lost)} with redundancy {inp.redundancy}, no healthy replica left"
         )
-    if 0 in inp.lost_slots and any(e.scheduler == "slurm" for e in inp.evidence):
-        return result(Category.UNABLE_TO_RECOVER, "node 0 failed under Slurm")
+    if _slurm_node0(inp):
+        # The batch script and job step live on the allocation's first node: losing it ends the job.
+        yield "node 0 failures with Slurm: slot 0 runs on the allocation's first node"
     if not inp.spare_available:
-        return result(Category.UNABLE_TO_RECOVER, "no spare resources were available")
-    return result(category, f"{kind.value} observed on {inp.evidence[0].failure_domain}")
+        yield NO_SPARE_REASON
+    if any(e.kind is K.SILENT_DATA_CORRUPTION for e in inp.evidence):
+        yield "silent data corruption: no replica's state can be trusted to rebuild from"
+
+
+def _slurm_node0(inp: ClassifyInput) -> bool:
+    slurm = any(e.scheduler == "slurm" or e.source is EventSource.SLURM for e in inp.evidence)
+    affected = set(inp.lost_slots).union(*(e.slots for e in inp.evidence))
+    return slurm and 0 in affected
+
+
+def _disqualified(category: Category, reason: str) -> Classification:
+    assert category not in QUALIFYING_CATEGORIES
+    return Classification(
+        category=category, qualifying=False, reason=f"{ROW_TITLE[category]} (disqualifying): {reason}"
+    )
+
+
+def _kinds(evidence: Iterable[Evidence], category: Category) -> str:
+    kinds = sorted({e.kind for e in evidence if CATEGORY_OF[e.kind] is category}, key=_RANK.__getitem__)
+    return ", ".join(kinds)
+
+
+def _domains(evidence: Iterable[Evidence]) -> str:
+    return ", ".join(sorted({e.failure_domain for e in evidence}))

@@ -1,0 +1,32 @@
+"""Workflow tier: the real time-skipping test server, job-side activities mocked under their real names."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from torchpass.ids import SEARCH_ATTRIBUTES
+from torchpass.server import temporal_binary
+
+
+@pytest.fixture(scope="session")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=temporal_binary("temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    )
+    async with env:
+        # The workflow sets torchpass's search attributes; a server must know them (torchpass server
+        # registers them on the dev server; here the test registers them).
+        await env.client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=env.client.namespace,
+                search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in SEARCH_ATTRIBUTES},
+            )
+        )
+        yield env
