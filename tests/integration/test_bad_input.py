@@ -1,0 +1,95 @@
+"""Bad input gets a clear error and loses nothing: script bugs, unknown jobs or ranks, wrong secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from job_agent import protocol
+from job_agent.jobs import UnknownJob, request, running_jobs
+from tests.integration.conftest import SCRIPT, spec
+from torchpass.job import JobSpec
+from workers.job import run_job
+
+pytestmark = pytest.mark.integration
+TORCHPASS = [sys.executable, "-m", "torchpass.cli"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TORCHPASS, *args], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+
+
+async def test_a_bug_in_the_training_script_is_not_a_migration(
+    client: Client, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    job = spec(tmp_path, "user-bug", args=("--steps", "60", "--width", "64", "--fail-at", "12"))
+    result = await asyncio.wait_for(run_job(job, client), 120)
+    assert result.status == "user_error" and not result.incidents
+    assert result.error and "ValueError: bug in the training script at step 12" in result.error
+    assert "Traceback" in capfd.readouterr().err  # the user sees their own traceback
+
+
+async def test_a_peer_without_the_secret_is_refused_and_the_job_goes_on(
+    client: Client, tmp_path: Path
+) -> None:
+    job = spec(tmp_path, "intruder", spares=0)
+    task = asyncio.create_task(run_job(job, client))
+    while not running_jobs(tmp_path):
+        await asyncio.sleep(0.05)
+    info = running_jobs(tmp_path)[0]
+    host, _, port = info["coordinator"].rpartition(":")
+    with pytest.raises((protocol.AuthError, ConnectionError, OSError)):
+        sock = protocol.connect(host, int(port), b"not the secret" * 3, 5.0)
+        protocol.send_frame(sock, {"t": "inject", "action": "kill", "slot": 0})
+        protocol.recv_frame(sock)
+    bad_rank = await asyncio.to_thread(
+        request, tmp_path, "intruder", {"t": "inject", "action": "kill", "slot": 9}
+    )
+    assert bad_rank["t"] == "error" and "ranks 0-3" in bad_rank["reason"]
+    result = await asyncio.wait_for(task, 120)
+    assert result.ok and not result.incidents
+
+
+def test_inject_into_an_unknown_job_names_the_running_ones(tmp_path: Path) -> None:
+    with pytest.raises(UnknownJob, match="no running job 'nope'"):
+        request(tmp_path, "nope", {"t": "inject", "action": "kill", "slot": 0})
+    out = _cli(
+        "inject",
+        "kill",
+        "--job",
+        "nope",
+        "--rank",
+        "1",
+        env={"TORCHPASS_STATE_DIR": str(tmp_path), "PATH": ""},
+    )
+    assert out.returncode == 2 and "no running job 'nope'" in out.stderr
+
+
+def test_wrong_cli_arguments_get_a_clear_error(tmp_path: Path) -> None:
+    out = _cli("inject", "explode", "--job", "x", "--rank", "0")
+    assert out.returncode == 2 and "invalid choice" in out.stderr
+    out = _cli("run", "--nproc", "0", "--address", "127.0.0.1:1", str(SCRIPT))
+    assert out.returncode == 2 and "nproc" in out.stderr and "Traceback" not in out.stderr
+    out = _cli("run", str(tmp_path / "missing.py"))
+    assert out.returncode == 2 and "training script not found" in out.stderr
+
+
+def test_run_without_a_reachable_temporal_says_how_to_start_one() -> None:
+    # Flags after the script belong to the script, as with torchrun.
+    out = _cli("run", "--nproc", "2", "--address", "127.0.0.1:1", str(SCRIPT))
+    assert out.returncode == 2, out.stderr
+    assert "cannot reach Temporal at 127.0.0.1:1" in out.stderr and "torchpass server" in out.stderr
+
+
+def test_jobspec_rejects_bad_values(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="job_id"):
+        JobSpec(job_id="bad id!", script=SCRIPT, state_dir=tmp_path)
+    assert json.loads(JobSpec(script=SCRIPT, state_dir=tmp_path).model_dump_json())["nproc"] == 2
