@@ -46,18 +46,20 @@ def main() -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        params = [p for p in model.parameters()]
+        from job_agent.agent import _bucketize  # the agent's own bucketing: the same all-reduce
+
+        buckets = _bucketize(list(model.parameters()), 25 * 2**20)
         for step in range(args.steps):
             starts.append(time.perf_counter())
             torch.manual_seed(step * 1000 + rank)
             compute(step)
-            flat = torch._utils._flatten_dense_tensors([p.grad for p in params])
-            dist.all_reduce(flat)
-            flat.div_(world)
-            for q, g in zip(
-                params, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in params]), strict=True
-            ):
-                q.grad.copy_(g)  # type: ignore[union-attr]
+            for bucket in buckets:
+                grads = [p.grad for p in bucket]
+                flat = torch._utils._flatten_dense_tensors(grads)
+                dist.all_reduce(flat)
+                flat.div_(world)
+                for g, r in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+                    g.copy_(r)  # type: ignore[union-attr]
             opt.step()
         starts.append(time.perf_counter())
         dist.destroy_process_group()

@@ -65,7 +65,7 @@ class RankAgent:
         torch.set_num_threads(s.threads)
         self.slot = s.slot
         self.world_size = s.world_size
-        self.device = _pick_device(s.device)
+        self.device = _pick_device(s.device, s.local_rank)
         self.completed_step = -1
         self.generation = -1
         self._secret = s.read_secret()
@@ -362,9 +362,9 @@ def _bucketize(params: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torc
     return buckets
 
 
-def _pick_device(name: str) -> torch.device:
+def _pick_device(name: str, local_rank: int) -> torch.device:
     if name != "auto":
         return torch.device(name)
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")

@@ -32,6 +32,9 @@ class AgentSettings(BaseSettings):
     collective_timeout: float = Field(default=60.0, gt=0)
     recovery_timeout: float = Field(default=300.0, gt=0)
     device: str = Field(default="auto", description="'auto': cuda:<local rank> when a GPU is present")
+    local_rank: int = Field(
+        default=0, ge=0, validation_alias="LOCAL_RANK", description="GPU index on the node"
+    )
 
     @property
     def coordinator_addr(self) -> tuple[str, int]:
