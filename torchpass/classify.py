@@ -5,7 +5,7 @@ tables is one unit test. The rules, first match wins:
 
 1. any shared-infrastructure evidence (fabric outage, filesystem, host memory) -> disqualifying;
 2. lost slots reach the parallelism redundancy (no healthy replica left to rebuild from) -> unable to recover;
-3. a failure of node 0 (slot 0) under Slurm -> unable to recover;
+3. a failure (not a planned drain) of node 0, i.e. slot 0, under Slurm -> unable to recover;
 4. no spare available -> unable to recover;
 5. silent data corruption -> unable to recover;
 6. otherwise the most specific qualifying row: host/GPU/fabric beats interruption beats planned, because a
@@ -84,9 +84,7 @@ _RANK: dict[FailureKind, int] = {
 
 # The brief's row titles, quoted so that a reason can be traced to the contract.
 ROW_TITLE: dict[Category, str] = {
-    Category.PLANNED: (
-        "Planned migration via Cordon (K8s) or DRAIN state (Slurm) or other supported signal"
-    ),
+    Category.PLANNED: "Planned migration via Cordon (K8s) or DRAIN state (Slurm) or other supported signal",
     Category.INTERRUPTION: "Job, process or training execution interruption",
     Category.HOST_GPU_FABRIC: "Host, GPU, or local fabric failure",
     Category.SHARED_INFRASTRUCTURE: "Shared infrastructure failure",
@@ -144,8 +142,9 @@ def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
 
 def _slurm_node0(inp: ClassifyInput) -> bool:
     slurm = any(e.scheduler == "slurm" or e.source is EventSource.SLURM for e in inp.evidence)
-    affected = set(inp.lost_slots).union(*(e.slots for e in inp.evidence))
-    return slurm and 0 in affected
+    # A drain of node 0 is planned, not a failure: node 0 keeps running while its ranks move.
+    failed = (e.slots for e in inp.evidence if CATEGORY_OF[e.kind] is not Category.PLANNED)
+    return slurm and 0 in set(inp.lost_slots).union(*failed)
 
 
 def _disqualified(category: Category, reason: str) -> Classification:

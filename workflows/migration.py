@@ -1,23 +1,34 @@
 """MigrationWorkflow: one durable workflow per incident, from the first report to the recorded outcome.
 
-Started by signal-with-start under an id made of job, failure domain and world generation, so every
-report of one failure (the rank's exit, its dropped connection, a node watch) folds into one incident.
-Only orchestration lives here: job-side steps run as activities on the job's own task queue, served by
-the worker inside the job's coordinator; classification runs on the control queue.
+Started by signal-with-start under an id made of job, failure domain and world generation
+(`torchpass.ids.incident_workflow_id`), so every report of one failure (the rank's exit, its dropped
+connection, a node watch, NVML) folds into one incident. Reports that arrive while a step runs are folded
+too: nothing waits for more evidence, the next step simply sees all of it.
+
+Only orchestration lives here. Job-side steps are activities on the job's own task queue, served by the
+worker inside its coordinator, and referenced by name; classification runs on the control queue, as an
+activity, so that a change to the table changes future incidents without breaking the replay of old ones.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.classify import primary_kind
-    from torchpass.decisions import RecoveryAction, plan_recovery
+    from torchpass.classify import (
+        CATEGORY_OF,
+        NO_SPARE_REASON,
+        ROW_TITLE,
+        primary_kind,
+        unable_to_recover,
+    )
+    from torchpass.decisions import ACTIVITY_TIMEOUTS, RETRY_POLICY, RecoveryAction, plan_recovery
     from torchpass.ids import (
         CONTROL_TASK_QUEUE,
         SA_JOB_ID,
@@ -29,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         JobActivity,
     )
     from torchpass.models import (
-        Category,
+        QUALIFYING_CATEGORIES,
         Classification,
         ClassifyInput,
         CompleteInput,
@@ -48,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         PhaseTiming,
         RejoinResult,
         ReserveResult,
+        TransferProof,
         TransferResult,
     )
 
@@ -58,45 +70,41 @@ _KIND = SearchAttributeKey.for_keyword(SA_KIND)
 _OUTCOME = SearchAttributeKey.for_keyword(SA_OUTCOME)
 _QUALIFYING = SearchAttributeKey.for_keyword(SA_QUALIFYING)
 
-_NON_RETRYABLE = [
-    ErrorType.NO_SPARE,
-    ErrorType.JOB_GONE,
-    ErrorType.NO_CHECKPOINT,
-    ErrorType.INVALID_INPUT,
-    "UnknownIncident",
-    "FreezeFailed",
-]
-_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=5),
-    maximum_attempts=3,
-    non_retryable_error_types=_NON_RETRYABLE,
-)
-# (start_to_close, schedule_to_close): the second bounds a job whose coordinator is gone.
-_TIMEOUTS: dict[str, tuple[float, float]] = {
-    JobActivity.CONFIRM_FAILURE: (15, 60),
-    ControlActivity.CLASSIFY_FAILURE: (10, 60),
-    JobActivity.RESERVE_SPARE: (90, 200),  # may wait for a spare still warming up
-    JobActivity.RELEASE_SPARE: (15, 60),
-    JobActivity.FREEZE_RANKS: (45, 150),
-    JobActivity.TRANSFER_STATE: (150, 500),
-    JobActivity.REJOIN: (150, 500),
-    JobActivity.RESTART_FROM_CHECKPOINT: (300, 900),
-    JobActivity.COMPLETE_INCIDENT: (15, 60),
-}
+# A flapping detector must not grow the history without bound; a real incident has a handful of reports.
+MAX_EVIDENCE = 256
 
 
 class _Failed(Exception):
-    """A step of the migration failed past its retries."""
+    """A step failed past its retries (or with a non-retryable error)."""
+
+    def __init__(self, name: str, err: ActivityError) -> None:
+        cause = err.cause
+        self.error_type = cause.type if isinstance(cause, ApplicationError) else None
+        super().__init__(f"{name} failed: {cause or err}")
 
 
-@workflow.defn
+@dataclass
+class _Result:
+    """How the incident ended, before it becomes a MigrationOutcome."""
+
+    disposition: Disposition
+    success: bool = False
+    proof: TransferProof | None = None
+    fallback: FallbackResult | None = None
+    recovered_at: datetime | None = None
+    steps_recomputed: int = 0
+    error: str | None = None
+
+
+@workflow.defn(name="MigrationWorkflow")
 class MigrationWorkflow:
-    def __init__(self) -> None:
-        self._evidence: list[Evidence] = []
-        self._job_id = ""
-        self._phase = "detect"
+    @workflow.init
+    def __init__(self, first: FailureReport) -> None:
+        # Known before the first signal is handled: signal-with-start delivers its signal with the start.
+        self._job_id = first.evidence.job_id
+        self._queue = first.job_task_queue
+        self._evidence: list[Evidence] = [first.evidence]
+        self._phase = Phase.DETECT
         self._disposition: Disposition | None = None
         self._phases: list[PhaseTiming] = []
 
@@ -104,207 +112,216 @@ class MigrationWorkflow:
     def report(self, rep: FailureReport) -> None:
         """Fold another report of this incident; duplicates and other jobs' reports are ignored."""
         ev = rep.evidence
-        if self._job_id and ev.job_id != self._job_id:
+        if ev.job_id != self._job_id:
             workflow.logger.warning(
                 "report for job %s ignored by an incident of job %s", ev.job_id, self._job_id
             )
+        elif ev in self._evidence:
             return
-        if ev not in self._evidence:
+        elif len(self._evidence) >= MAX_EVIDENCE:
+            workflow.logger.warning("report ignored: incident already holds %d reports", MAX_EVIDENCE)
+        else:
             self._evidence.append(ev)
 
     @workflow.query
     def status(self) -> IncidentStatus:
         return IncidentStatus(
-            phase=self._phase, evidence_count=len(self._evidence), disposition=self._disposition
+            phase=self._phase.value, evidence_count=len(self._evidence), disposition=self._disposition
         )
 
     @workflow.run
     async def run(self, first: FailureReport) -> MigrationOutcome:
-        self._job_id = first.evidence.job_id
-        self.report(first)
         info = workflow.info()
         ref = IncidentRef(incident_id=f"{info.workflow_id}/{info.run_id}", job_id=self._job_id)
-        queue = first.job_task_queue
-        detected = min(e.observed_at for e in self._evidence)
-        started = workflow.now()
-        self._phases.append(
-            PhaseTiming(phase=Phase.DETECT, seconds=max(0.0, (started - detected).total_seconds()))
-        )
         workflow.upsert_search_attributes(
             [
                 _JOB_ID.value_set(self._job_id),
-                _KIND.value_set(first.evidence.kind.value),
+                _KIND.value_set(primary_kind(self._evidence).value),
                 _OUTCOME.value_set("running"),
             ]
         )
+        confirm, confirm_error = await self._confirm(ref)
+        evidence = tuple(self._evidence)  # what the classification (and so the outcome's kind) is based on
+        classification = await self._classify(evidence, confirm)
+        if confirm is None:
+            # The job did not answer: live migration needs it, a restart may still work.
+            result = await self._fall_back(ref, confirm_error or "confirm failed")
+        else:
+            action = plan_recovery(classification, confirm)
+            if action is RecoveryAction.MIGRATE:
+                classification, result = await self._migrate(ref, classification)
+            elif action is RecoveryAction.FALLBACK:
+                result = await self._fall_back(ref, classification.reason)
+            else:
+                result = _Result(disposition=Disposition.NOT_A_FAILURE)
+        outcome = self._outcome(ref, evidence, classification, confirm, result)
+        return await self._complete(ref, outcome)
 
-        confirm = await self._call(
-            Phase.CONFIRM,
-            JobActivity.CONFIRM_FAILURE,
-            ConfirmInput(incident=ref, evidence=tuple(self._evidence)),
-            ConfirmResult,
-            queue,
+    async def _confirm(self, ref: IncidentRef) -> tuple[ConfirmResult | None, str | None]:
+        inp = ConfirmInput(incident=ref, evidence=tuple(self._evidence))
+        try:
+            return await self._call(Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, inp, ConfirmResult), None
+        except _Failed as e:
+            return None, str(e)
+
+    async def _classify(
+        self, evidence: tuple[Evidence, ...], confirm: ConfirmResult | None
+    ) -> Classification:
+        inp = ClassifyInput(
+            evidence=evidence,
+            lost_slots=confirm.lost_slots if confirm else (),
+            world_size=confirm.world_size if confirm else 0,
+            redundancy=confirm.redundancy if confirm else 0,
         )
-        classification = await self._call(
-            Phase.CLASSIFY,
-            ControlActivity.CLASSIFY_FAILURE,
-            ClassifyInput(
-                evidence=tuple(self._evidence),
-                lost_slots=confirm.lost_slots,
-                world_size=confirm.world_size,
-                redundancy=confirm.redundancy,
-            ),
-            Classification,
-            CONTROL_TASK_QUEUE,
-        )
-        action = plan_recovery(classification, confirm)
-        outcome: dict[str, Any] = {"disposition": Disposition.NOT_A_FAILURE, "success": False}
-        if action == RecoveryAction.MIGRATE:
-            classification, outcome = await self._migrate(ref, queue, classification)
-        elif action == RecoveryAction.FALLBACK:
-            outcome = await self._fall_back(ref, queue, classification.reason)
-        return await self._record(ref, queue, confirm, classification, detected, outcome)
+        try:
+            c = await self._call(
+                Phase.CLASSIFY, ControlActivity.CLASSIFY_FAILURE, inp, Classification, CONTROL_TASK_QUEUE
+            )
+        except _Failed as e:
+            # Our own step failed: never let that disqualify the customer's failure, judge by its kind.
+            category = CATEGORY_OF[primary_kind(evidence)]
+            c = Classification(
+                category=category,
+                qualifying=category in QUALIFYING_CATEGORIES,
+                reason=f"{ROW_TITLE[category]}, judged by the failure's kind alone ({e})",
+            )
+        self._set_classification(evidence, c)
+        return c
 
     async def _migrate(
-        self, ref: IncidentRef, queue: str, classification: Classification
-    ) -> tuple[Classification, dict[str, Any]]:
+        self, ref: IncidentRef, classification: Classification
+    ) -> tuple[Classification, _Result]:
         try:
-            await self._call(Phase.RESERVE, JobActivity.RESERVE_SPARE, ref, ReserveResult, queue)
+            await self._call(Phase.RESERVE, JobActivity.RESERVE_SPARE, ref, ReserveResult)
         except _Failed as e:
-            if _error_type(e) != ErrorType.NO_SPARE:
-                return classification, await self._fall_back(ref, queue, str(e.__cause__ or e))
-            classification = Classification(
-                category=Category.UNABLE_TO_RECOVER,
-                qualifying=False,
-                reason="Unable to recover: no compatible spare resources were available (disqualifying).",
-            )
-            return classification, await self._fall_back(ref, queue, "no spare available")
+            if e.error_type != ErrorType.NO_SPARE:
+                # The reservation may have half-happened: give back whatever was taken.
+                await self._try(JobActivity.RELEASE_SPARE, ref)
+                return classification, await self._fall_back(ref, str(e))
+            classification = unable_to_recover(NO_SPARE_REASON)
+            workflow.upsert_search_attributes([_QUALIFYING.value_set("false")])
+            return classification, await self._fall_back(ref, classification.reason)
         try:
-            await self._call(Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult, queue)
-            transfer = await self._call(
-                Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult, queue, heartbeat=True
-            )
-            rejoin = await self._call(Phase.REJOIN, JobActivity.REJOIN, ref, RejoinResult, queue)
+            await self._call(Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult)
+            transfer = await self._call(Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult)
+            rejoin = await self._call(Phase.REJOIN, JobActivity.REJOIN, ref, RejoinResult)
         except _Failed as e:
-            # Compensation: the spare goes back (or is replaced), then the classic restart.
-            await self._try(JobActivity.RELEASE_SPARE, ref, queue)
-            return classification, await self._fall_back(ref, queue, str(e.__cause__ or e))
-        return classification, {
-            "disposition": Disposition.MIGRATED,
-            "success": True,
-            "proof": transfer.proof,
-            "recovered_at": rejoin.resumed_at,
-        }
+            # Compensation: the spare goes back to the pool, then the classic restart.
+            await self._try(JobActivity.RELEASE_SPARE, ref)
+            return classification, await self._fall_back(ref, str(e))
+        result = _Result(
+            Disposition.MIGRATED, success=True, proof=transfer.proof, recovered_at=rejoin.resumed_at
+        )
+        return classification, result
 
-    async def _fall_back(self, ref: IncidentRef, queue: str, reason: str) -> dict[str, Any]:
+    async def _fall_back(self, ref: IncidentRef, reason: str) -> _Result:
+        inp = FallbackInput(incident=ref, reason=reason)
         try:
-            fb = await self._call(
-                Phase.FALLBACK,
-                JobActivity.RESTART_FROM_CHECKPOINT,
-                FallbackInput(incident=ref, reason=reason),
-                FallbackResult,
-                queue,
-            )
+            fb = await self._call(Phase.FALLBACK, JobActivity.RESTART_FROM_CHECKPOINT, inp, FallbackResult)
         except _Failed as e:
-            return {
-                "disposition": Disposition.FAILED,
-                "success": False,
-                "error": f"{reason}; fallback: {e.__cause__ or e}",
-            }
-        return {
-            "disposition": Disposition.FALLBACK_RESTART,
-            "success": False,
-            "fallback": fb,
-            "steps_recomputed": fb.steps_recomputed,
-            "recovered_at": fb.resumed_at,
-            "error": reason,
-        }
+            return _Result(Disposition.FAILED, error=f"{reason}; fallback: {e}")
+        return _Result(
+            Disposition.FALLBACK_RESTART,
+            fallback=fb,
+            recovered_at=fb.resumed_at,
+            steps_recomputed=fb.steps_recomputed,
+            error=reason,
+        )
 
-    async def _record(
+    def _outcome(
         self,
         ref: IncidentRef,
-        queue: str,
-        confirm: ConfirmResult,
+        evidence: tuple[Evidence, ...],
         classification: Classification,
-        detected: datetime,
-        outcome: dict[str, Any],
+        confirm: ConfirmResult | None,
+        r: _Result,
     ) -> MigrationOutcome:
-        recovered = outcome.get("recovered_at")
-        result = MigrationOutcome(
+        detected = min(e.observed_at for e in self._evidence)
+        started = workflow.info().workflow_start_time
+        detect = PhaseTiming(phase=Phase.DETECT, seconds=max(0.0, (started - detected).total_seconds()))
+        recovered = r.recovered_at
+        return MigrationOutcome(
             incident_id=ref.incident_id,
             job_id=self._job_id,
             failure_domain=self._evidence[0].failure_domain,
-            kind=primary_kind(tuple(self._evidence)),
+            kind=primary_kind(evidence),
             evidence_count=len(self._evidence),
             classification=classification,
-            covered=confirm.covered,
-            lost_slots=confirm.lost_slots,
-            phases=tuple(self._phases),
+            covered=confirm.covered if confirm else False,
+            disposition=r.disposition,
+            success=r.success,
+            lost_slots=confirm.lost_slots if confirm else (),
+            steps_recomputed=r.steps_recomputed,
+            phases=(detect, *self._phases),
+            proof=r.proof,
+            fallback=r.fallback,
+            error=r.error,
             detected_at=detected,
-            recovery_seconds=(recovered - detected).total_seconds() if recovered else None,
-            **outcome,
+            recovered_at=recovered,
+            recovery_seconds=max(0.0, (recovered - detected).total_seconds()) if recovered else None,
         )
-        self._disposition = result.disposition
-        self._phase = "record"
-        if not await self._try(
-            JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=result), queue
-        ):
-            result = result.model_copy(
-                update={"error": (result.error or "") + " (job did not take the record)"}
-            )
+
+    async def _complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> MigrationOutcome:
+        """The job persists the record and refills its spare pool; the outcome stands even if it cannot."""
+        self._disposition = outcome.disposition
+        self._phase = Phase.RECORD
+        t0 = workflow.now()
+        stored = await self._try(JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=outcome))
+        record = PhaseTiming(phase=Phase.RECORD, seconds=(workflow.now() - t0).total_seconds())
+        update: dict[str, Any] = {"phases": (*outcome.phases, record)}
+        if stored is not None:
+            update["error"] = f"{outcome.error}; {stored}" if outcome.error else stored
+        workflow.upsert_search_attributes([_OUTCOME.value_set(outcome.disposition.value)])
+        return outcome.model_copy(update=update)
+
+    def _set_classification(self, evidence: tuple[Evidence, ...], c: Classification) -> None:
         workflow.upsert_search_attributes(
             [
-                _KIND.value_set(result.kind.value),
-                _OUTCOME.value_set(result.disposition.value),
-                _QUALIFYING.value_set(str(classification.qualifying).lower()),
+                _KIND.value_set(primary_kind(evidence).value),
+                _QUALIFYING.value_set("true" if c.qualifying else "false"),
             ]
         )
-        return result
 
     async def _call(
-        self, phase: Phase, name: str, arg: Any, result_type: type[R], queue: str, heartbeat: bool = False
+        self, phase: Phase, name: str, arg: Any, result_type: type[R], queue: str | None = None
     ) -> R:
-        self._phase = phase.value
+        """One step: the activity by name, its timeouts and retries, and its timing."""
+        self._phase = phase
+        t = ACTIVITY_TIMEOUTS[name]
         t0 = workflow.now()
-        start, total = _TIMEOUTS[name]
+        work: float | None = None
         try:
             result = await workflow.execute_activity(
                 name,
                 arg,
-                task_queue=queue,
+                task_queue=queue or self._queue,
                 result_type=result_type,
-                start_to_close_timeout=timedelta(seconds=start),
-                schedule_to_close_timeout=timedelta(seconds=total),
-                heartbeat_timeout=timedelta(seconds=20) if heartbeat else None,
-                retry_policy=_RETRY,
+                start_to_close_timeout=t.start_to_close,
+                schedule_to_close_timeout=t.schedule_to_close,
+                heartbeat_timeout=t.heartbeat,
+                retry_policy=RETRY_POLICY,
             )
+            work = getattr(result, "work_seconds", None)
+            return result
         except ActivityError as e:
-            raise _Failed(f"{name} failed") from e.cause
+            raise _Failed(name, e) from e
         finally:
-            self._phases.append(PhaseTiming(phase=phase, seconds=(workflow.now() - t0).total_seconds()))
-        work_seconds = getattr(result, "work_seconds", None)
-        if work_seconds is not None:
-            self._phases[-1] = self._phases[-1].model_copy(update={"work_seconds": work_seconds})
-        return result
+            seconds = (workflow.now() - t0).total_seconds()
+            self._phases.append(PhaseTiming(phase=phase, seconds=seconds, work_seconds=work))
 
-    async def _try(self, name: str, arg: Any, queue: str) -> bool:
-        """Best-effort steps (compensation, the job's record): failure is noted, never fatal."""
-        start, total = _TIMEOUTS[name]
+    async def _try(self, name: str, arg: Any) -> str | None:
+        """A best-effort job step (compensation, the job's record): returns the error instead of raising."""
+        t = ACTIVITY_TIMEOUTS[name]
         try:
             await workflow.execute_activity(
                 name,
                 arg,
-                task_queue=queue,
-                start_to_close_timeout=timedelta(seconds=start),
-                schedule_to_close_timeout=timedelta(seconds=total),
-                retry_policy=_RETRY,
+                task_queue=self._queue,
+                start_to_close_timeout=t.start_to_close,
+                schedule_to_close_timeout=t.schedule_to_close,
+                retry_policy=RETRY_POLICY,
             )
         except ActivityError as e:
-            workflow.logger.warning("%s failed: %s", name, e.cause)
-            return False
-        return True
-
-
-def _error_type(e: BaseException) -> str | None:
-    cause = e.__cause__
-    return cause.type if isinstance(cause, ApplicationError) else None
+            workflow.logger.warning("%s failed: %s", name, e.cause or e)
+            return str(_Failed(name, e))
+        return None

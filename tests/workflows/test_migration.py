@@ -1,8 +1,10 @@
 """MigrationWorkflow's orchestration, on the time-skipping server, with the job side replaced by fakes.
 
 The fakes are registered under the real activity names on a per-test job queue; the real classification
-activity runs on the control queue. With TORCHPASS_SAVE_HISTORIES=1 each test saves its history for the
-replay test.
+activity runs with the workflow on the control queue. The job worker starts only after every report was
+sent, so reports always arrive while the first step is pending, as they do when a node dies. With
+TORCHPASS_SAVE_HISTORIES=1 each test saves its history to tests/histories/<test name>.json for the replay
+test.
 """
 
 from __future__ import annotations
@@ -10,17 +12,31 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 from temporalio import activity
 from temporalio.client import WorkflowHandle
+from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
-from torchpass.ids import CONTROL_TASK_QUEUE, ErrorType, JobActivity, incident_workflow_id
+from torchpass.decisions import RETRY_MAX_ATTEMPTS
+from torchpass.ids import (
+    CONTROL_TASK_QUEUE,
+    SA_JOB_ID,
+    SA_KIND,
+    SA_OUTCOME,
+    SA_QUALIFYING,
+    ErrorType,
+    JobActivity,
+    incident_workflow_id,
+)
 from torchpass.models import (
     Category,
     CompleteInput,
@@ -46,142 +62,181 @@ from workflows.migration import MigrationWorkflow
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+DOMAIN = "node-7"
 
 
 class FakeJob:
     """The job side of an incident, scripted: counts calls, fails where told to."""
 
-    def __init__(
-        self, spare: bool = True, transfer_fails: bool = False, fallback_fails: bool = False
-    ) -> None:
+    def __init__(self, **fail: bool) -> None:
+        unknown = set(fail) - {
+            "confirm",
+            "not_confirmed",
+            "no_spare",
+            "transfer",
+            "fallback",
+            "complete",
+            "gone",
+        }
+        assert not unknown, unknown
+        self.fail = fail
         self.calls: Counter[str] = Counter()
-        self.spare, self.transfer_fails, self.fallback_fails = spare, transfer_fails, fallback_fails
         self.completed: list[MigrationOutcome] = []
 
-    def activities(self) -> list:
+    def _enter(self, name: str) -> None:
+        self.calls[name] += 1
+        if self.fail.get("gone"):
+            raise ApplicationError("coordinator is gone", type=ErrorType.JOB_GONE, non_retryable=True)
+
+    def activities(self) -> list[Any]:
         @activity.defn(name=JobActivity.CONFIRM_FAILURE)
         async def confirm(inp: ConfirmInput) -> ConfirmResult:
-            self.calls["confirm"] += 1
-            slots = sorted({s for e in inp.evidence for s in e.slots})
+            self._enter("confirm")
+            if self.fail.get("confirm"):
+                raise ApplicationError("coordinator unreachable")
+            slots = tuple(sorted({s for e in inp.evidence for s in e.slots}))
             return ConfirmResult(
-                confirmed=True,
-                lost_slots=tuple(slots),
-                fenced_slots=tuple(slots),
+                confirmed=not self.fail.get("not_confirmed"),
+                lost_slots=slots,
+                fenced_slots=slots,
                 world_size=4,
                 redundancy=4,
                 generation=0,
-                covered=False,
+                covered=True,
+                work_seconds=0.01,
             )
 
         @activity.defn(name=JobActivity.RESERVE_SPARE)
         async def reserve(inp: IncidentRef) -> ReserveResult:
-            self.calls["reserve"] += 1
-            if not self.spare:
-                raise ApplicationError("0 warm", type=ErrorType.NO_SPARE, non_retryable=True)
-            return ReserveResult(spare_ids=("spare-1",))
+            self._enter("reserve")
+            if self.fail.get("no_spare"):
+                raise ApplicationError("0 warm spares", type=ErrorType.NO_SPARE, non_retryable=True)
+            return ReserveResult(spare_ids=("spare-1",), work_seconds=0.01)
 
         @activity.defn(name=JobActivity.RELEASE_SPARE)
         async def release(inp: IncidentRef) -> None:
-            self.calls["release"] += 1
+            self._enter("release")
 
         @activity.defn(name=JobActivity.FREEZE_RANKS)
         async def freeze(inp: IncidentRef) -> FreezeResult:
-            self.calls["freeze"] += 1
-            return FreezeResult(completed_steps={0: 9, 1: 9, 3: 9}, target_step=9)
+            self._enter("freeze")
+            return FreezeResult(completed_steps={0: 9, 1: 9, 3: 9}, target_step=9, work_seconds=0.01)
 
         @activity.defn(name=JobActivity.TRANSFER_STATE)
         async def transfer(inp: IncidentRef) -> TransferResult:
-            self.calls["transfer"] += 1
-            if self.transfer_fails:
+            self._enter("transfer")
+            activity.heartbeat("streaming")
+            if self.fail.get("transfer"):
                 raise ApplicationError("donor lost mid-transfer", type=ErrorType.TRANSFER_FAILED)
-            proof = TransferProof(
-                donor_slot=0,
-                receiver_slots=(2,),
-                donor_digest="d",
-                receiver_digests={2: "d"},
-                step_before=9,
-                step_after=9,
-                bytes=100,
-                seconds=0.01,
-            )
-            return TransferResult(proof=proof)
+            return TransferResult(proof=_proof(), work_seconds=0.01)
 
         @activity.defn(name=JobActivity.REJOIN)
         async def rejoin(inp: IncidentRef) -> RejoinResult:
-            self.calls["rejoin"] += 1
+            self._enter("rejoin")
             return RejoinResult(generation=1, resumed_step=10, resumed_at=T0 + timedelta(seconds=1))
 
         @activity.defn(name=JobActivity.RESTART_FROM_CHECKPOINT)
         async def restart(inp: FallbackInput) -> FallbackResult:
-            self.calls["restart"] += 1
-            if self.fallback_fails:
+            self._enter("restart")
+            if self.fail.get("fallback"):
                 raise ApplicationError("no checkpoint", type=ErrorType.NO_CHECKPOINT, non_retryable=True)
-            return FallbackResult(restored_step=4, failed_at_step=9, steps_recomputed=5, resumed_at=T0)
+            return FallbackResult(
+                restored_step=4, failed_at_step=9, steps_recomputed=5, resumed_at=T0 + timedelta(seconds=30)
+            )
 
         @activity.defn(name=JobActivity.COMPLETE_INCIDENT)
         async def complete(inp: CompleteInput) -> None:
-            self.calls["complete"] += 1
+            self._enter("complete")
+            if self.fail.get("complete"):
+                raise ApplicationError("record store unreachable")
             self.completed.append(inp.outcome)
 
         return [confirm, reserve, release, freeze, transfer, rejoin, restart, complete]
 
 
-def _report(
-    job_id: str, queue: str, kind: FailureKind = FailureKind.PROCESS_EXIT, slot: int = 2
-) -> FailureReport:
+def _proof() -> TransferProof:
+    return TransferProof(
+        donor_slot=0,
+        receiver_slots=(2,),
+        donor_digest="d",
+        receiver_digests={2: "d"},
+        step_before=9,
+        step_after=9,
+        bytes=100,
+        seconds=0.01,
+    )
+
+
+def _report(job_id: str, kind: FailureKind = FailureKind.PROCESS_EXIT, slot: int = 2) -> FailureReport:
     ev = Evidence(
         kind=kind,
         source=EventSource.COORDINATOR,
         job_id=job_id,
-        failure_domain="node-7",
+        failure_domain=DOMAIN,
         slots=(slot,),
         detail=f"{kind} on rank {slot}",
         observed_at=T0,
     )
-    return FailureReport(evidence=ev, job_task_queue=queue, generation=0)
+    return FailureReport(evidence=ev, job_task_queue=f"job-queue-{job_id}", generation=0)
 
 
-async def _run(
-    env: WorkflowEnvironment, job: FakeJob, name: str, reports: int = 1
-) -> tuple[MigrationOutcome, WorkflowHandle]:
-    job_id = f"job-{uuid.uuid4().hex[:8]}"
-    queue = f"job-queue-{job_id}"
-    wid = incident_workflow_id(job_id, "node-7", 0)
-    kinds = [FailureKind.CONNECTION_LOST, FailureKind.PROCESS_EXIT, FailureKind.NODE_POWER_LOSS][:reports]
-    async with (
-        Worker(
-            env.client,
-            task_queue=CONTROL_TASK_QUEUE,
-            workflows=[MigrationWorkflow],
-            activities=[ControlActivities().classify_failure],
-        ),
-        Worker(env.client, task_queue=queue, activities=job.activities()),
-    ):
-        handle = None
-        for kind in kinds or [FailureKind.PROCESS_EXIT]:
-            rep = _report(job_id, queue, kind)
-            handle = await env.client.start_workflow(
-                MigrationWorkflow.run,
-                rep,
-                id=wid,
-                task_queue=CONTROL_TASK_QUEUE,
-                start_signal="report",
-                start_signal_args=[rep],
-            )
-        assert handle is not None
-        outcome = await handle.result()
+def _control_worker(env: WorkflowEnvironment) -> Worker:
+    return Worker(
+        env.client,
+        task_queue=CONTROL_TASK_QUEUE,
+        workflows=[MigrationWorkflow],
+        activities=[ControlActivities().classify_failure],
+    )
+
+
+async def _signal_with_start(env: WorkflowEnvironment, rep: FailureReport) -> WorkflowHandle[Any, Any]:
+    return await env.client.start_workflow(
+        MigrationWorkflow.run,
+        rep,
+        id=incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation),
+        task_queue=CONTROL_TASK_QUEUE,
+        start_signal="report",
+        start_signal_args=[rep],
+    )
+
+
+async def _finish(
+    env: WorkflowEnvironment, handle: WorkflowHandle[Any, Any], job: FakeJob, name: str, queue: str
+) -> MigrationOutcome:
+    """Serve the job queue, wait for the outcome, save the history if asked."""
+    async with Worker(env.client, task_queue=queue, activities=job.activities()):
+        outcome: MigrationOutcome = await handle.result()
     if os.environ.get("TORCHPASS_SAVE_HISTORIES") == "1":
         HISTORIES.mkdir(exist_ok=True)
         (HISTORIES / f"{name}.json").write_text((await handle.fetch_history()).to_json())
-    return outcome, handle
+    return outcome
 
 
-async def test_a_confirmed_failure_is_migrated_live(env: WorkflowEnvironment) -> None:
+async def _incident(
+    env: WorkflowEnvironment,
+    job: FakeJob,
+    name: str,
+    kinds: Sequence[FailureKind] = (FailureKind.PROCESS_EXIT,),
+) -> tuple[MigrationOutcome, list[WorkflowHandle[Any, Any]]]:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    async with _control_worker(env):
+        handles = [await _signal_with_start(env, _report(job_id, kind)) for kind in kinds]
+        outcome = await _finish(env, handles[0], job, name, _report(job_id).job_task_queue)
+    return outcome, handles
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    return str(request.node.name)
+
+
+async def test_a_confirmed_failure_is_migrated_live(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob()
-    outcome, _ = await _run(env, job, "migrated")
+    outcome, (handle,) = await _incident(env, job, name)
     assert outcome.disposition == Disposition.MIGRATED and outcome.success
-    assert outcome.steps_recomputed == 0 and outcome.proof is not None
+    assert outcome.steps_recomputed == 0 and outcome.proof == _proof() and outcome.fallback is None
     assert outcome.classification.qualifying and outcome.classification.category == Category.INTERRUPTION
+    assert outcome.kind == FailureKind.PROCESS_EXIT and outcome.covered and outcome.lost_slots == (2,)
     assert [p.phase for p in outcome.phases] == [
         Phase.DETECT,
         Phase.CONFIRM,
@@ -190,73 +245,142 @@ async def test_a_confirmed_failure_is_migrated_live(env: WorkflowEnvironment) ->
         Phase.FREEZE,
         Phase.TRANSFER,
         Phase.REJOIN,
+        Phase.RECORD,
     ]
-    assert outcome.recovery_seconds is not None
+    timed = {p.phase: p for p in outcome.phases}
+    assert timed[Phase.TRANSFER].work_seconds == 0.01 and timed[Phase.DETECT].seconds >= 0
+    assert outcome.recovered_at == T0 + timedelta(seconds=1) and outcome.recovery_seconds == 1.0
+    assert outcome.incident_id == f"{handle.id}/{handle.result_run_id}" and outcome.error is None
     assert job.calls["release"] == 0 and job.calls["restart"] == 0
-    assert job.completed == [outcome]
+    assert [o.model_copy(update={"phases": outcome.phases}) for o in job.completed] == [outcome]
+    attrs = (await handle.describe()).typed_search_attributes
+    assert attrs.get(SearchAttributeKey.for_keyword(SA_JOB_ID)) == outcome.job_id
+    assert attrs.get(SearchAttributeKey.for_keyword(SA_KIND)) == "process_exit"
+    assert attrs.get(SearchAttributeKey.for_keyword(SA_OUTCOME)) == "migrated"
+    assert attrs.get(SearchAttributeKey.for_keyword(SA_QUALIFYING)) == "true"
 
 
-async def test_no_spare_disqualifies_and_falls_back_to_a_checkpoint_restart(env: WorkflowEnvironment) -> None:
-    job = FakeJob(spare=False)
-    outcome, _ = await _run(env, job, "no_spare")
+async def test_no_spare_disqualifies_and_falls_back_to_a_checkpoint_restart(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    job = FakeJob(no_spare=True)
+    outcome, (handle,) = await _incident(env, job, name)
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
     assert outcome.classification.category == Category.UNABLE_TO_RECOVER
-    assert not outcome.classification.qualifying and "spare" in outcome.classification.reason
-    assert outcome.steps_recomputed == 5
-    assert job.calls["reserve"] == 1 and job.calls["freeze"] == 0
-    assert job.calls["release"] == 0  # nothing was reserved, nothing to give back
+    assert not outcome.classification.qualifying and "no spare" in outcome.classification.reason
+    assert outcome.steps_recomputed == 5 and outcome.fallback is not None
+    assert job.calls["reserve"] == 1 and job.calls["freeze"] == 0 and job.calls["restart"] == 1
+    assert job.calls["release"] == 0  # nothing was reserved, nothing to give back (and never twice)
+    attrs = (await handle.describe()).typed_search_attributes
+    assert attrs.get(SearchAttributeKey.for_keyword(SA_QUALIFYING)) == "false"
+    assert attrs.get(SearchAttributeKey.for_keyword(SA_OUTCOME)) == "fallback_restart"
 
 
-async def test_spare_is_released_when_transfer_keeps_failing(env: WorkflowEnvironment) -> None:
-    job = FakeJob(transfer_fails=True)
-    outcome, _ = await _run(env, job, "transfer_fails")
-    assert job.calls["transfer"] == 3  # retried to the policy's limit
-    assert job.calls["release"] == 1 and job.calls["restart"] == 1
+async def test_spare_is_released_when_transfer_keeps_failing(env: WorkflowEnvironment, name: str) -> None:
+    job = FakeJob(transfer=True)
+    outcome, _ = await _incident(env, job, name)
+    assert job.calls["transfer"] == RETRY_MAX_ATTEMPTS  # retried to the policy's limit, no further
+    assert job.calls["release"] == 1 and job.calls["restart"] == 1 and job.calls["rejoin"] == 0
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
     assert outcome.classification.qualifying  # a qualifying failure we failed to migrate: counts against us
     assert outcome.fallback is not None and outcome.steps_recomputed == 5
+    assert outcome.recovered_at == T0 + timedelta(seconds=30)
+    assert outcome.error and "donor lost mid-transfer" in outcome.error
+    assert Phase.TRANSFER in {p.phase for p in outcome.phases}
 
 
-async def test_a_failed_fallback_is_recorded_as_failed(env: WorkflowEnvironment) -> None:
-    job = FakeJob(transfer_fails=True, fallback_fails=True)
-    outcome, _ = await _run(env, job, "fallback_fails")
+async def test_a_failed_fallback_is_recorded_as_failed(env: WorkflowEnvironment, name: str) -> None:
+    job = FakeJob(transfer=True, fallback=True)
+    outcome, _ = await _incident(env, job, name)
     assert outcome.disposition == Disposition.FAILED and not outcome.success
     assert outcome.error and "no checkpoint" in outcome.error
-    assert job.completed == [outcome]
+    assert outcome.recovered_at is None and outcome.recovery_seconds is None
+    assert job.calls["release"] == 1 and job.calls["complete"] == 1
 
 
-async def test_duplicate_and_correlated_reports_fold_into_one_incident(env: WorkflowEnvironment) -> None:
+async def test_duplicate_and_correlated_reports_fold_into_one_incident(
+    env: WorkflowEnvironment, name: str
+) -> None:
     job = FakeJob()
-    outcome, handle = await _run(env, job, "correlated", reports=3)
+    kinds = (FailureKind.CONNECTION_LOST, FailureKind.PROCESS_EXIT, FailureKind.NODE_POWER_LOSS)
+    outcome, handles = await _incident(env, job, name, kinds=(*kinds, FailureKind.PROCESS_EXIT))
+    assert len({h.result_run_id for h in handles}) == 1  # one run: the later starts were signals
     assert job.calls["confirm"] == 1 and job.calls["complete"] == 1
-    assert outcome.evidence_count == 3
+    assert outcome.evidence_count == 3  # the repeated process_exit report was folded away
     assert outcome.kind == FailureKind.NODE_POWER_LOSS
-    assert outcome.classification.category == Category.HOST_GPU_FABRIC
-    assert handle.first_execution_run_id is None or outcome.incident_id.endswith(
-        handle.first_execution_run_id
-    )
+    assert outcome.classification.category == Category.HOST_GPU_FABRIC and outcome.success
 
 
-async def test_a_malformed_signal_does_not_break_the_incident(env: WorkflowEnvironment) -> None:
+async def test_a_malformed_signal_does_not_break_the_incident(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob()
     job_id = f"job-{uuid.uuid4().hex[:8]}"
-    queue = f"q-{job_id}"
-    rep = _report(job_id, queue)
-    async with (
-        Worker(
-            env.client,
-            task_queue=CONTROL_TASK_QUEUE,
-            workflows=[MigrationWorkflow],
-            activities=[ControlActivities().classify_failure],
-        ),
-        Worker(env.client, task_queue=queue, activities=job.activities()),
-    ):
-        handle = await env.client.start_workflow(
-            MigrationWorkflow.run,
-            rep,
-            id=incident_workflow_id(job_id, "node-7", 0),
-            task_queue=CONTROL_TASK_QUEUE,
-        )
+    async with _control_worker(env):
+        handle = await _signal_with_start(env, _report(job_id))
         await handle.signal("report", {"evidence": {"kind": "not-a-kind"}, "job_task_queue": 3})
-        outcome = await handle.result()
-    assert outcome.success and outcome.evidence_count == 1
+        await handle.signal("report", _report(job_id).model_dump(mode="json") | {"surprise": 1})
+        await handle.signal("report", _report("another-job", FailureKind.NODE_POWER_LOSS))
+        status = await handle.query(MigrationWorkflow.status)
+        assert status.evidence_count == 1 and status.disposition is None
+        outcome = await _finish(env, handle, job, name, _report(job_id).job_task_queue)
+        status = await handle.query(MigrationWorkflow.status)  # a closed workflow's query needs a worker
+    assert outcome.success and outcome.evidence_count == 1 and outcome.kind == FailureKind.PROCESS_EXIT
+    assert status.phase == Phase.RECORD and status.disposition == Disposition.MIGRATED
+
+
+async def test_a_false_alarm_changes_nothing(env: WorkflowEnvironment, name: str) -> None:
+    job = FakeJob(not_confirmed=True)
+    outcome, _ = await _incident(env, job, name)
+    assert outcome.disposition == Disposition.NOT_A_FAILURE and not outcome.success
+    assert job.calls["reserve"] == 0 and job.calls["restart"] == 0 and job.calls["complete"] == 1
+
+
+async def test_a_job_that_cannot_confirm_still_gets_a_restart(env: WorkflowEnvironment, name: str) -> None:
+    job = FakeJob(confirm=True)
+    outcome, _ = await _incident(env, job, name)
+    assert job.calls["confirm"] == RETRY_MAX_ATTEMPTS and job.calls["reserve"] == 0
+    assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
+    assert not outcome.covered and outcome.error and "confirm_failure failed" in outcome.error
+    assert outcome.classification.qualifying  # our failure to reach the job must not disqualify it
+
+
+async def test_every_step_is_bounded_in_time_and_retries(env: WorkflowEnvironment, name: str) -> None:
+    # The time-skipping server does not skip time while an activity is outstanding, so a job that never
+    # answers cannot be waited out here; the history shows that no step could wait forever.
+    job = FakeJob(transfer=True)
+    outcome, (handle,) = await _incident(env, job, name)
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        async for e in handle.fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert {a.activity_type.name for a in scheduled} >= {
+        JobActivity.CONFIRM_FAILURE,
+        JobActivity.TRANSFER_STATE,
+        JobActivity.RELEASE_SPARE,
+        JobActivity.RESTART_FROM_CHECKPOINT,
+        JobActivity.COMPLETE_INCIDENT,
+    }
+    for a in scheduled:
+        assert a.start_to_close_timeout.ToSeconds() > 0, a.activity_type.name
+        assert 0 < a.schedule_to_close_timeout.ToSeconds() <= 900, a.activity_type.name
+        assert 3 <= a.retry_policy.maximum_attempts <= 5
+        assert a.retry_policy.initial_interval.ToMilliseconds() == 200
+        assert ErrorType.NO_SPARE in a.retry_policy.non_retryable_error_types
+        if a.activity_type.name == JobActivity.TRANSFER_STATE:
+            assert a.heartbeat_timeout.ToSeconds() > 0
+    assert outcome.disposition == Disposition.FALLBACK_RESTART
+
+
+async def test_a_job_that_is_gone_is_not_retried(env: WorkflowEnvironment, name: str) -> None:
+    job = FakeJob(gone=True)
+    outcome, _ = await _incident(env, job, name)
+    assert outcome.disposition == Disposition.FAILED
+    assert job.calls == Counter(confirm=1, restart=1, complete=1)
+
+
+async def test_the_outcome_stands_when_the_job_cannot_record_it(env: WorkflowEnvironment, name: str) -> None:
+    job = FakeJob(complete=True)
+    outcome, _ = await _incident(env, job, name)
+    assert outcome.success and outcome.disposition == Disposition.MIGRATED
+    assert job.calls["complete"] == RETRY_MAX_ATTEMPTS
+    assert outcome.error and "record store unreachable" in outcome.error

@@ -1,6 +1,6 @@
 """Saved MigrationWorkflow histories replay against today's code: a non-deterministic change fails here.
 
-Regenerate them (after an intended, patched change) with
+Regenerate them (after an intended change, once no old run can still be in flight) with
 `TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py`.
 """
 
@@ -13,17 +13,25 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from tests.workflows import test_migration
 from workflows.migration import MigrationWorkflow
 
 HISTORIES = sorted((Path(__file__).resolve().parents[1] / "histories").glob("*.json"))
 
 
 def test_there_are_histories_to_replay() -> None:
-    assert len(HISTORIES) >= 5, "tests/histories/ lost its saved histories"
+    # An empty folder would turn the replay test below into a silent skip: fail loudly instead.
+    assert HISTORIES, "tests/histories/ has no saved histories"
+
+
+def test_every_workflow_test_has_a_saved_history() -> None:
+    tests = {n for n in dir(test_migration) if n.startswith("test_")}
+    assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_saved_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     replayer = Replayer(workflows=[MigrationWorkflow], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    assert result.replay_failure is None
