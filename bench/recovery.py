@@ -23,16 +23,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from temporalio.common import SearchAttributeKey
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-
-from torchpass.ids import SEARCH_ATTRIBUTES
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import MigrationOutcome
-from torchpass.server import temporal_binary
 from workers.control import control_worker
 from workers.job import run_job
+from workers.temporal import start_dev_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "train_bench.py"
@@ -143,13 +138,7 @@ def _phase_table(outcomes: list[MigrationOutcome]) -> list[str]:
 
 
 async def main() -> int:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        ip="127.0.0.1",
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-    )
+    env = await start_dev_server()
     with tempfile.TemporaryDirectory(prefix="torchpass-bench-") as tmp:
         d = Path(tmp)
         async with env, control_worker(env.client):

@@ -15,17 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from temporalio.common import SearchAttributeKey
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-
 from job_agent.jobs import request, running_jobs
-from torchpass.ids import SEARCH_ATTRIBUTES
 from torchpass.incidents_cli import format_outcome
 from torchpass.job import JobResult, JobSpec
-from torchpass.server import temporal_binary
 from workers.control import control_worker
 from workers.job import run_job
+from workers.temporal import start_dev_server
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_dp.py"
 STEPS = 160
@@ -83,15 +78,7 @@ def _verdict(result: JobResult, reference: JobResult, ui: str) -> bool:
 
 async def main() -> int:
     ui_port = _free_port()
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        ip="127.0.0.1",
-        ui=True,
-        ui_port=ui_port,
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-    )
+    env = await start_dev_server(ui_port)
     ui = f"http://127.0.0.1:{ui_port}"
     print(f"demo: Temporal dev server up, web UI at {ui}", flush=True)
     with tempfile.TemporaryDirectory(prefix="torchpass-demo-") as tmp:

@@ -14,16 +14,12 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 from job_agent.jobs import request, running_jobs
-from torchpass.ids import SEARCH_ATTRIBUTES
 from torchpass.job import JobResult, JobSpec
-from torchpass.server import temporal_binary
 from workers.control import control_worker
 from workers.job import run_job
+from workers.temporal import start_dev_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_dp.py"
@@ -33,13 +29,7 @@ SCRIPT_ARGS = ("--steps", str(STEPS), "--width", "128", "--depth", "2")
 
 @pytest.fixture(scope="session")
 async def client() -> AsyncIterator[Client]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        ip="127.0.0.1",
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-    )
+    env = await start_dev_server()
     async with env, control_worker(env.client):
         yield env.client
 
