@@ -399,6 +399,10 @@ class Coordinator:
         )
         self._bg(self._reporter(inc.workflow_id, report))
 
+    def _replaced(self, slots: tuple[int, ...]) -> bool:
+        """A queued loss was already repaired (say by a fallback restart): a healthy rank holds its slot."""
+        return any((m := self.member_at(s)) is not None and not m.fenced for s in slots)
+
     def end_incident(self, outcome: MigrationOutcome) -> None:
         """The incident's workflow is done with the job; detection resumes, queued failures go next."""
         if all(o.incident_id != outcome.incident_id for o in self.incidents):
@@ -408,9 +412,8 @@ class Coordinator:
         self.incident = None
         queued, self._queued = self._queued, []
         for ev in queued:
-            if any(self.member_at(s) is not None and not self.member_at(s).fenced for s in ev.slots):  # type: ignore[union-attr]
-                continue  # that rank was replaced meanwhile
-            self.add_evidence(ev)
+            if not self._replaced(ev.slots):
+                self.add_evidence(ev)
 
     def _maybe_finished(self) -> None:
         ranks = self.ranks()
