@@ -30,6 +30,16 @@ def incident_workflow_id(job_id: str, failure_domain: str, generation: int) -> s
     return f"torchpass-incident-{job_id}-{domain}-g{generation}"
 
 
+def contract_workflow_id(customer_id: str, contract_id: str) -> str:
+    """Workflow id of a contract: one long-lived ContractWorkflow per customer contract."""
+    return f"torchpass-contract-{_SAFE.sub('_', customer_id)}-{_SAFE.sub('_', contract_id)}"
+
+
+def validation_workflow_id(contract_id: str, job_id: str) -> str:
+    """Workflow id of an environment validation run for one job under one contract."""
+    return f"torchpass-validate-{_SAFE.sub('_', contract_id)}-{_SAFE.sub('_', job_id)}"
+
+
 # Search attributes registered on the server (see torchpass.server) and set by MigrationWorkflow.
 SA_JOB_ID = "TorchpassJobId"
 SA_KIND = "TorchpassKind"
@@ -49,12 +59,14 @@ class JobActivity:
     REJOIN = "rejoin"
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     COMPLETE_INCIDENT = "complete_incident"
+    DESCRIBE_JOB = "describe_job"
 
 
 class ControlActivity:
     """Names of the activities served by the control worker."""
 
     CLASSIFY_FAILURE = "classify_failure"
+    DELIVER_CREDIT = "deliver_credit"
 
 
 class ErrorType:
