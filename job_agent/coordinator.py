@@ -64,7 +64,8 @@ class Coordinator:
         self._injections: list[dict[str, Any]] = []
         self.checkpoints: list[tuple[int, str]] = []
         self.recomputed: set[int] = set()
-        self._high_water = -1
+        self._high_water = -1  # the most advanced step any rank has completed
+        self._settled = -1  # ... as of the start of the current generation
         self.incidents: list[MigrationOutcome] = []
         self.incident: Incident | None = None
         self._queued: list[Evidence] = []
@@ -102,6 +103,7 @@ class Coordinator:
     def regroup(self) -> int:
         """Form the next generation of the world with every current rank; returns its number."""
         self.generation += 1
+        self._settled = self._high_water
         for m in self.ranks():
             m.state = "joining"
             m.replies.pop("joined", None)
@@ -274,12 +276,14 @@ class Coordinator:
         if t == "hb":
             return
         if t == "step":
-            m.step, m.step_at, m.step_wall, m.state = int(msg["k"]), now, ts, "training"
-            m.completed = m.step - 1
+            step = int(msg["k"])
             # An independent count of what the outcome claims: a step entered again after any rank had
-            # completed it is recomputed work.
-            if m.step <= self._high_water:
-                self.recomputed.add(m.step)
+            # completed it is recomputed work. Across ranks only completions before this generation count:
+            # within one, frames of different ranks may be read out of order.
+            if step <= self._settled or step <= m.completed:
+                self.recomputed.add(step)
+            m.step, m.step_at, m.step_wall, m.state = step, now, ts, "training"
+            m.completed = step - 1
             self._high_water = max(self._high_water, m.completed)
             self._fire_injections(m)
         elif t == "coll":
@@ -395,7 +399,10 @@ class Coordinator:
         inc.evidence.append(ev)
         inc.lost.update(ev.slots)
         report = FailureReport(
-            evidence=ev, job_task_queue=job_task_queue(self.job_id), generation=self.generation
+            evidence=ev,
+            job_task_queue=job_task_queue(self.job_id),
+            generation=self.generation,
+            contract=self.spec.contract,
         )
         self._bg(self._reporter(inc.workflow_id, report))
 
