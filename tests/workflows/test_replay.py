@@ -1,7 +1,9 @@
-"""Saved MigrationWorkflow histories replay against today's code: a non-deterministic change fails here.
+"""Saved MigrationWorkflow and ContractWorkflow histories replay against today's code: a non-deterministic
+change fails here.
 
 Regenerate them (after an intended change, once no old run can still be in flight) with
-`TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py`.
+`TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py` (or
+`test_contract.py`, whose histories are `contract_<test>_run<k>.json`, one per run of a contract).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.workflows import test_migration
+from tests.workflows import test_contract, test_migration
+from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.migration import MigrationWorkflow
 
 HISTORIES = sorted((Path(__file__).resolve().parents[1] / "histories").glob("*.json"))
@@ -29,9 +32,17 @@ def test_every_workflow_test_has_a_saved_history() -> None:
     assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
 
 
+def test_every_contract_test_has_saved_histories() -> None:
+    tests = {f"contract_{n}_run0" for n in dir(test_contract) if n.startswith("test_")}
+    assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
+
+
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_saved_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[MigrationWorkflow], data_converter=pydantic_data_converter)
+    # The replayer picks each history's workflow by its type name.
+    replayer = Replayer(
+        workflows=[MigrationWorkflow, *CONTRACT_WORKFLOWS], data_converter=pydantic_data_converter
+    )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None

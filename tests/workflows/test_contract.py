@@ -1,0 +1,326 @@
+"""ContractWorkflow on the time-skipping server, through the client helpers, with billing mocked.
+
+Two contract years pass in seconds: outcomes are signalled the way MigrationWorkflow sends them, expansions
+and renewals are updates, the renewal date is the workflow's own durable timer, and the credit goes to a
+fake `deliver_credit` activity registered under the real name (it refuses the first attempt, so the retry
+policy is exercised). With TORCHPASS_SAVE_HISTORIES=1 every run of each test is saved to
+tests/histories/contract_<test>_run<k>.json for the replay test.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from torchpass import contract_client as cc
+from torchpass.contract import add_months, day_start
+from torchpass.contract_models import ContractErrorType, ContractTerms, EntryStatus, ExpandInput, RenewInput
+from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
+from torchpass.ids import ControlActivity, contract_workflow_id
+from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
+from torchpass.validation import CheckResult, ValidationReport
+from workflows.contract import CONTRACT_WORKFLOWS
+
+HISTORIES = Path(__file__).resolve().parents[1] / "histories"
+CUSTOMER = "acme-labs"
+QUALIFYING = Classification(category=Category.HOST_GPU_FABRIC, qualifying=True, reason="XID 79")
+
+
+def usd(amount: str) -> Money:
+    return Money(amount=Decimal(amount), currency="USD")
+
+
+class FakeBilling:
+    """Billing that refuses each notice once, then acknowledges it."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, int] = {}
+        self.accepted: list[CreditNotice] = []
+
+    @activity.defn(name=ControlActivity.DELIVER_CREDIT)
+    async def deliver(self, notice: CreditNotice) -> CreditDelivery:
+        n = self.attempts[notice.idempotency_key] = self.attempts.get(notice.idempotency_key, 0) + 1
+        if n == 1:
+            raise RuntimeError("billing webhook answered 503")
+        self.accepted.append(notice)
+        return CreditDelivery(
+            idempotency_key=notice.idempotency_key, webhook_status=202, delivered_at=datetime.now(UTC)
+        )
+
+
+class Contract:
+    """One contract under test: its queue, its ids, helpers that speak through contract_client."""
+
+    def __init__(self, env: WorkflowEnvironment, start: date, cas_after: int = 2000) -> None:
+        self.env, self.client = env, env.client
+        self.queue = f"contract-{uuid.uuid4().hex[:8]}"
+        self.id = f"c-{uuid.uuid4().hex[:8]}"
+        self.terms = ContractTerms(
+            customer_id=CUSTOMER,
+            contract_id=self.id,
+            start=start,
+            renewal_date=add_months(start, 12),
+            annual_fee=usd("120000.00"),
+            continue_as_new_after=cas_after,
+        )
+        self.n = 0
+
+    async def create(self) -> WorkflowHandle[Any, Any]:
+        return await cc.create_contract(self.client, self.terms, task_queue=self.queue)
+
+    async def cover(self, job: str, passed: bool = True) -> None:
+        await cc.opt_in(self.client, CUSTOMER, self.id, job)
+        now = await self.env.get_current_time()
+        check = CheckResult(name="torch_backend", passed=passed)
+        report = ValidationReport(
+            contract_id=self.id, job_id=job, passed=passed, checks=(check,), validated_at=now
+        )
+        await cc.record_validation(self.client, CUSTOMER, report)
+
+    def outcome(self, at: datetime, success: bool = True, job: str = "job-a") -> MigrationOutcome:
+        self.n += 1
+        return MigrationOutcome(
+            incident_id=f"torchpass-incident-{job}-node-{self.n % 16}-g{self.n}/{uuid.uuid4()}",
+            job_id=job,
+            failure_domain=f"node-{self.n % 16}",
+            kind=FailureKind.GPU_FELL_OFF_BUS,
+            evidence_count=2,
+            classification=QUALIFYING,
+            covered=True,
+            disposition=Disposition.MIGRATED if success else Disposition.FALLBACK_RESTART,
+            success=success,
+            detected_at=at,
+        )
+
+    async def send(
+        self, since: datetime, count: int, failures: int, job: str = "job-a"
+    ) -> list[MigrationOutcome]:
+        """`count` outcomes spread over the time from `since` to now, the first `failures` failed."""
+        now = await self.env.get_current_time()
+        step = (now - since) / (count + 1)
+        sent = [self.outcome(since + step * (i + 1), success=i >= failures, job=job) for i in range(count)]
+        for o in sent:
+            await cc.record_outcome(self.client, CUSTOMER, self.id, o)
+        return sent
+
+    async def advance_to(self, d: date, hours: int = 1) -> datetime:
+        target = day_start(d) + timedelta(hours=hours)
+        await self.env.sleep(target - await self.env.get_current_time())
+        return await self.env.get_current_time()
+
+    async def save(self, name: str, first_run: str) -> None:
+        """Every run of the contract, following continue-as-new from the first."""
+        if os.environ.get("TORCHPASS_SAVE_HISTORIES") != "1":
+            return
+        HISTORIES.mkdir(exist_ok=True)
+        run: str | None = first_run
+        k = 0
+        while run:
+            history = await self.client.get_workflow_handle(
+                contract_workflow_id(CUSTOMER, self.id), run_id=run
+            ).fetch_history()
+            (HISTORIES / f"contract_{name}_run{k}.json").write_text(history.to_json())
+            last = history.events[-1]
+            cont = last.workflow_execution_continued_as_new_event_attributes
+            run = (
+                cont.new_execution_run_id
+                if last.HasField("workflow_execution_continued_as_new_event_attributes")
+                else None
+            )
+            k += 1
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    return str(request.node.name)
+
+
+async def _start_day(env: WorkflowEnvironment) -> date:
+    return (await env.get_current_time()).date()
+
+
+async def _wait_delivered(c: Contract, keys: int) -> cc.Standing:
+    for _ in range(60):
+        s = await cc.get_standing(c.client, CUSTOMER, c.id)
+        if len(s.delivered_credits) >= keys:
+            return s
+        await c.env.sleep(timedelta(seconds=30))
+    raise AssertionError("credit never delivered")
+
+
+async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    start = await _start_day(env)
+    c = Contract(env, start, cas_after=60)
+    billing = FakeBilling()
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver]
+    ):
+        handle = await c.create()
+        await c.cover("job-a")
+        t = await env.get_current_time()
+
+        # Month 2: an expansion measured over under 3 months is recorded, not evaluated.
+        t2 = await c.advance_to(add_months(start, 2))
+        first = await c.send(t, 30, failures=0)
+        exp2 = await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=t2.date(), annual_fee=usd("130000")))
+        assert not exp2.evaluated and exp2.credit is None
+
+        # Month 5: evaluated, 68/70 = 97%, no credit. The fee in force then (130k) was the one measured.
+        t5 = await c.advance_to(add_months(start, 5))
+        await c.send(t2, 40, failures=2)
+        await cc.record_outcome(c.client, CUSTOMER, c.id, first[0])  # a duplicate, after a continue-as-new
+        exp5 = await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=t5.date(), annual_fee=usd("150000")))
+        assert exp5.evaluated and (exp5.qualifying, exp5.successful) == (70, 68) and exp5.credit is None
+        assert exp5.fee == usd("130000")
+
+        # Months 5-11: 130 more, 20 failed: the year ends at 178/200 = 89% -> one credit at renewal.
+        await c.advance_to(add_months(start, 11))
+        await c.send(t5, 130, failures=20)
+        await c.send(t5, 5, failures=5, job="job-uncovered")
+        standing = await cc.get_standing(c.client, CUSTOMER, c.id)
+        assert (standing.qualifying, standing.successful) == (200, 178)
+        assert standing.projected_credit == usd("37500.00") and standing.duplicates == 1
+        assert standing.excluded == {EntryStatus.NOT_OPTED_IN: 5}
+        ledger = await cc.get_ledger(c.client, CUSTOMER, c.id, offset=200, limit=100)
+        await cc.renew(c.client, CUSTOMER, c.id, RenewInput())
+        renewal1 = c.terms.renewal_date
+        await c.advance_to(renewal1, hours=2)
+        await _wait_delivered(c, 1)
+
+        # Year 2: 95 of 100 live-migrated; not renewed, so the contract is evaluated and ends.
+        y2 = await env.get_current_time()
+        await c.advance_to(add_months(start, 23))
+        await c.send(y2, 100, failures=5)
+        await c.advance_to(add_months(start, 24), hours=3)
+        final: cc.Standing = await handle.result()
+        last = await cc.get_ledger(c.client, CUSTOMER, c.id, offset=0, limit=1000)
+    await c.save(name, handle.result_run_id or "")
+
+    assert len(billing.accepted) == 1 and billing.attempts == {billing.accepted[0].idempotency_key: 2}
+    notice = billing.accepted[0]
+    assert notice.idempotency_key == credit_idempotency_key(c.id, renewal1)
+    assert (notice.contract_id, notice.customer_id, notice.trigger) == (c.id, CUSTOMER, "renewal")
+    assert (notice.period_start, notice.period_end) == (start, renewal1)
+    assert (notice.qualifying, notice.successful, notice.success_rate) == (200, 178, Decimal("0.89"))
+    assert notice.amount == usd("37500.00") and notice.apply_to == f"renewal on {renewal1}"
+    triggers = [(e.trigger.value, e.evaluated, e.credit is not None) for e in final.evaluations]
+    assert triggers == [
+        ("expansion", False, False),
+        ("expansion", True, False),
+        ("renewal", True, True),
+        ("renewal", True, False),
+    ]
+    y2_eval = final.evaluations[-1]
+    assert (y2_eval.qualifying, y2_eval.successful, y2_eval.term) == (100, 95, 1)
+    assert final.delivered_credits == (notice.idempotency_key,) and final.pending_credits == 0
+    # What no future window could count was dropped from the carried state; year 2 is all there.
+    assert last.pruned > 0 and last.total + last.pruned == 305
+    assert final.runs >= 3 and final.duplicates == 1 and final.next_evaluation is None
+    # Pages of the ledger; the 5 outcomes of an uncovered job are kept, with their reason, not counted.
+    assert ledger.total == 205 and len(ledger.rows) == 5 and ledger.next_offset is None
+    uncovered = [r for r in ledger.rows if r.job_id == "job-uncovered"]
+    assert len(uncovered) == 5 and all(
+        not r.counted and r.reason and "not opted in" in r.reason for r in uncovered
+    )
+
+
+async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    start = await _start_day(env)
+    c = Contract(env, start)
+    billing = FakeBilling()
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver]
+    ):
+        handle = await c.create()
+        with pytest.raises(cc.ContractExists):
+            await c.create()
+        today = (await env.get_current_time()).date()
+
+        async def rejected(inp: ExpandInput) -> str:
+            with pytest.raises(cc.ContractRejected) as e:
+                await cc.expand(c.client, CUSTOMER, c.id, inp)
+            return e.value.error_type
+
+        assert await rejected(ExpandInput(on=today, annual_fee=usd("-10"))) == ContractErrorType.INVALID_FEE
+        later = today + timedelta(days=3)
+        assert (
+            await rejected(ExpandInput(on=later, annual_fee=usd("10")))
+            == ContractErrorType.DATES_OUT_OF_ORDER
+        )
+        eur = Money(amount=Decimal("10"), currency="EUR")
+        assert await rejected(ExpandInput(on=today, annual_fee=eur)) == ContractErrorType.CURRENCY_MISMATCH
+        await c.cover("job-a")
+        with pytest.raises(cc.ContractRejected) as e:
+            await cc.opt_out(c.client, CUSTOMER, c.id, "job-unknown")
+        assert e.value.error_type == ContractErrorType.UNKNOWN_JOB
+        report = ValidationReport(
+            contract_id=c.id,
+            job_id="job-unknown",
+            passed=True,
+            checks=(CheckResult(name="agent_present", passed=True),),
+            validated_at=await env.get_current_time(),
+        )
+        with pytest.raises(cc.ContractRejected) as e:
+            await cc.record_validation(c.client, CUSTOMER, report)
+        assert e.value.error_type == ContractErrorType.UNKNOWN_JOB
+        with pytest.raises(cc.ContractRejected) as e:
+            await cc.renew(c.client, CUSTOMER, c.id, RenewInput(next_renewal=start))
+        assert e.value.error_type == ContractErrorType.DATES_OUT_OF_ORDER
+        with pytest.raises(WorkflowUpdateFailedError):  # not even a model: rejected before the validator
+            await handle.execute_update("expand", {"on": "yesterday", "annual_fee": 5})
+        for client_call in (
+            cc.get_standing(c.client, CUSTOMER, "no-such-contract"),
+            cc.opt_in(c.client, CUSTOMER, "no-such-contract", "job-a"),
+        ):
+            with pytest.raises(cc.UnknownContract):
+                await client_call
+
+        now = await env.get_current_time()
+        await handle.signal("record_outcome", {"incident_id": 7, "detected_at": "soon"})
+        o = c.outcome(now, success=False, job="job-a")
+        await cc.record_outcome(c.client, CUSTOMER, c.id, o)
+        await cc.record_outcome(c.client, CUSTOMER, c.id, o)
+        await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(now, job="job-nobody-knows"))
+        standing = await cc.get_standing(c.client, CUSTOMER, c.id)
+        ledger = await cc.get_ledger(c.client, CUSTOMER, c.id)
+        await handle.terminate("test done")
+    await c.save(name, handle.result_run_id or "")
+
+    assert standing.rejected_signals == 1 and standing.duplicates == 1
+    assert (standing.qualifying, standing.successful) == (1, 0)  # the duplicate counted once
+    assert standing.covered_jobs == ("job-a",)
+    assert standing.evaluations == () and standing.annual_fee == usd("120000.00")
+    rows = {r.job_id: r for r in ledger.rows}
+    assert ledger.total == 2 and rows["job-a"].duplicates == 1
+    assert (
+        rows["job-nobody-knows"].status is EntryStatus.NOT_OPTED_IN and not rows["job-nobody-knows"].counted
+    )
+    assert billing.accepted == []
+
+
+async def test_a_failed_validation_leaves_outcomes_uncovered(env: WorkflowEnvironment, name: str) -> None:
+    c = Contract(env, await _start_day(env))
+    async with Worker(env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS):
+        handle = await c.create()
+        await c.cover("job-b", passed=False)
+        now = await env.get_current_time()
+        await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(now, success=False, job="job-b"))
+        standing = await cc.get_standing(c.client, CUSTOMER, c.id)
+        await handle.terminate("test done")
+    await c.save(name, handle.result_run_id or "")
+    assert standing.qualifying == 0 and standing.excluded == {EntryStatus.VALIDATION_FAILED: 1}
+    assert "no qualifying failures" in standing.summary and standing.projected_credit is None
