@@ -13,6 +13,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from job_agent.coordinator import JobFailed
+from job_agent.describe import describe
 from job_agent.incident import IncidentActions, IncidentError
 from torchpass.ids import ErrorType, JobActivity
 from torchpass.models import (
@@ -27,6 +28,7 @@ from torchpass.models import (
     ReserveResult,
     TransferResult,
 )
+from torchpass.validation import JobDescription, ValidationTarget
 
 T = TypeVar("T")
 
@@ -79,3 +81,13 @@ class JobActivities:
     @activity.defn(name=JobActivity.COMPLETE_INCIDENT)
     async def complete_incident(self, inp: CompleteInput) -> None:
         await _guard(self._a.complete(inp.incident.incident_id, inp.outcome))
+
+    @activity.defn(name=JobActivity.DESCRIBE_JOB)
+    async def describe_job(self, inp: ValidationTarget) -> JobDescription:
+        if inp.job_id != self._a.c.job_id:  # a queue name pointing at the wrong job: no retry helps
+            raise ApplicationError(
+                f"this is job {self._a.c.job_id}, not {inp.job_id}",
+                type=ErrorType.INVALID_INPUT,
+                non_retryable=True,
+            )
+        return describe(self._a.c)

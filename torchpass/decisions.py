@@ -80,4 +80,5 @@ ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
     JobActivity.REJOIN: _t(150, 500),
     JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900),
     JobActivity.COMPLETE_INCIDENT: _t(15, 60),
+    JobActivity.DESCRIBE_JOB: _t(10, 20),  # validation: a job that does not answer soon is not covered
 }

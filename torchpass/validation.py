@@ -2,11 +2,21 @@
 
 Only a job whose latest report passed is covered by the guarantee (product brief: "Opt in to the YOCO
 Guarantee and we will validate your environment").
+
+Activities gather facts (`JobDescription` from the job's coordinator, `ControlPlaneFacts` and
+`SchedulerFacts` from the control worker); the pure functions here judge them into `CheckResult`s, so that
+every pass rule is unit-tested without Temporal, torch or a cluster. Nothing here imports temporalio: the
+job agent builds `JobDescription` too.
 """
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime, Field
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime, Field, NonNegativeInt
 
 from torchpass.models import Model
 
@@ -27,3 +37,308 @@ class ValidationReport(Model):
     passed: bool = Field(description="every check passed")
     checks: tuple[CheckResult, ...] = Field(min_length=1)
     validated_at: AwareDatetime
+
+
+class Check:
+    """Names of the checks, in the order a report lists them."""
+
+    TEMPORAL = "temporal_reachable"
+    CONTROL_TORCH = "control_plane_torch"
+    SCHEDULER = "scheduler"
+    AGENT = "agent_present"
+    TORCH = "torch_version"
+    BACKEND = "comm_backend"
+    SPARES = "spare_pool"
+    REDUNDANCY = "redundancy"
+    RECORDED = "recorded_on_contract"
+
+
+class ValidationActivity:
+    """Names of the validation activities served by the control worker (describe_job is a JobActivity)."""
+
+    CHECK_CONTROL_PLANE = "check_control_plane"
+    DETECT_SCHEDULER = "detect_scheduler"
+    RECORD_VALIDATION = "record_validation_on_contract"
+
+
+SUPPORTED_TORCH = ">=2.6,<3"
+"""The torch range torchpass supports; the same as pyproject's dependency (a unit test keeps them equal)."""
+
+MIN_REDUNDANCY = 2
+"""A shard held by a single rank cannot be rebuilt from a peer when that rank is lost."""
+
+
+# --- the facts activities gather ----------------------------------------------------------------------
+
+
+class ValidationTarget(Model):
+    """The job a validation activity looks at."""
+
+    job_id: str = Field(min_length=1)
+
+
+class ValidateInput(Model):
+    """Input of EnvironmentValidationWorkflow."""
+
+    contract_id: str = Field(min_length=1)
+    customer_id: str = Field(min_length=1)
+    job_id: str = Field(min_length=1)
+    job_task_queue: str = Field(default="", description="empty: torchpass.ids.job_task_queue(job_id)")
+    job_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="how long the job's agent has to answer, retries included"
+    )
+    allow_local: bool = Field(
+        default=False,
+        description="development override: pass the scheduler check with neither Kubernetes nor Slurm "
+        "(the control worker's TORCHPASS_VALIDATION_ALLOW_LOCAL does the same for every request)",
+    )
+
+
+class RecordValidationInput(Model):
+    """A report to record on its contract (ContractWorkflow's `record_validation` update)."""
+
+    customer_id: str = Field(min_length=1)
+    report: ValidationReport
+
+
+class RecordValidationResult(Model):
+    """Whether the contract took the report; `detail` says what it answered."""
+
+    recorded: bool
+    detail: str = Field(default="", max_length=2000)
+
+
+class JobDescription(Model):
+    """What a job's coordinator says about itself (the `describe_job` activity)."""
+
+    job_id: str
+    agent_version: str = Field(description="torchpass.__version__ of the job's agent")
+    state: str = Field(description="coordinator state: starting, training, finished, failed, ...")
+    generation: int
+    world_size: int = Field(ge=1)
+    ranks_connected: NonNegativeInt = Field(description="live rank slots held by a connected agent")
+    spares_ready: NonNegativeInt = Field(description="warm spares free to be reserved")
+    spares_warming: NonNegativeInt = Field(description="spares launched but not yet warm")
+    backend: Literal["gloo", "nccl"]
+    backend_available: bool
+    torch_version: str
+    cuda_available: bool
+    nccl_version: str | None = None
+    parallelism: Literal["data_parallel"] = "data_parallel"
+    shard_replicas: dict[str, int] = Field(description="shard -> number of ranks holding a replica of it")
+
+
+class ControlPlaneFacts(Model):
+    """What the control worker running the validation sees of itself and of Temporal."""
+
+    task_queue: str
+    namespace: str
+    temporal_server_version: str | None = None
+    temporal_error: str | None = None
+    torch_version: str | None = Field(default=None, description="None: torch could not be imported")
+    torch_error: str | None = None
+    gloo_available: bool = False
+    nccl_available: bool = False
+    cuda_available: bool = False
+    nccl_version: str | None = None
+
+
+class SchedulerProbe(Model):
+    """One scheduler looked for: found or not, and what was seen."""
+
+    scheduler: Literal["slurm", "kubernetes"]
+    found: bool
+    detail: str = Field(max_length=2000)
+
+
+class SchedulerFacts(Model):
+    probes: tuple[SchedulerProbe, ...]
+    allow_local: bool = Field(default=False, description="development override: no scheduler is accepted")
+
+
+# --- versions -----------------------------------------------------------------------------------------
+
+_RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
+_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """The release numbers of a version: '2.13.0+cpu' -> (2, 13, 0); local and pre-release tags dropped."""
+    m = _RELEASE.match(text)
+    if m is None:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def version_in_range(version: str, spec: str = SUPPORTED_TORCH) -> bool:
+    """Whether `version` satisfies every clause of `spec` (a comma-separated '>=2.6,<3')."""
+    v = parse_version(version)
+    for clause in spec.split(","):
+        m = _CLAUSE.match(clause)
+        if m is None:
+            raise ValueError(f"bad version clause {clause!r} in {spec!r}")
+        op, bound = m.group(1), parse_version(m.group(2))
+        width = max(len(v), len(bound))
+        a, b = v + (0,) * (width - len(v)), bound + (0,) * (width - len(bound))
+        ok = {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _torch_in_range(version: str) -> tuple[bool, str]:
+    try:
+        ok = version_in_range(version)
+    except ValueError as e:
+        return False, str(e)
+    return ok, f"torch {version} {'is' if ok else 'is not'} in the supported range {SUPPORTED_TORCH}"
+
+
+# --- the pass rules -----------------------------------------------------------------------------------
+
+
+def evaluate_job(desc: JobDescription | None, unreachable: str = "") -> list[CheckResult]:
+    """The job's own checks: agent present, its torch and backend, its spare pool, its redundancy.
+
+    `desc` is None when the job did not answer `describe_job`: the agent check fails with `unreachable`
+    and the checks that need the job's answer fail as not checked.
+    """
+    if desc is None:
+        why = unreachable or "no answer"
+        return [
+            CheckResult(name=Check.AGENT, passed=False, detail=f"the job's agent did not answer: {why}"),
+            *(
+                CheckResult(name=n, passed=False, detail="not checked: the job's agent did not answer")
+                for n in (Check.TORCH, Check.BACKEND, Check.SPARES, Check.REDUNDANCY)
+            ),
+        ]
+    return [_agent(desc), _job_torch(desc), _backend(desc), _spares(desc), _redundancy(desc)]
+
+
+def _agent(d: JobDescription) -> CheckResult:
+    seen = (
+        f"coordinator of {d.job_id} (torchpass {d.agent_version}, state {d.state}, generation "
+        f"{d.generation}): {d.ranks_connected} of {d.world_size} rank slots held by a connected agent"
+    )
+    ok = d.ranks_connected == d.world_size and d.state == "training"
+    if not ok:
+        seen += "; every rank must run under the agent and the job must be training"
+    return CheckResult(name=Check.AGENT, passed=ok, detail=seen)
+
+
+def _job_torch(d: JobDescription) -> CheckResult:
+    ok, detail = _torch_in_range(d.torch_version)
+    return CheckResult(name=Check.TORCH, passed=ok, detail=f"job: {detail}")
+
+
+def _backend(d: JobDescription) -> CheckResult:
+    detail = f"job backend {d.backend}: {'available' if d.backend_available else 'NOT available'} in torch"
+    ok = d.backend_available
+    if d.backend == "nccl":
+        if d.nccl_version is None:
+            ok, detail = False, detail + "; NCCL version unknown"
+        else:
+            detail += f", NCCL {d.nccl_version}"
+    elif d.cuda_available:
+        ok, detail = False, detail + "; CUDA is available, so the ranks must use nccl"
+    return CheckResult(name=Check.BACKEND, passed=ok, detail=detail)
+
+
+def _spares(d: JobDescription) -> CheckResult:
+    detail = f"{d.spares_ready} warm spare(s) ready, {d.spares_warming} warming"
+    ok = d.spares_ready >= 1
+    if not ok:
+        detail += (
+            "; an empty pool means no migration is possible (a disqualifying event), validate again once a "
+            "spare is warm"
+            if d.spares_warming
+            else "; an empty pool means no migration is possible (a disqualifying event): run with --spares"
+        )
+    return CheckResult(name=Check.SPARES, passed=ok, detail=detail)
+
+
+def _redundancy(d: JobDescription) -> CheckResult:
+    if not d.shard_replicas:
+        return CheckResult(name=Check.REDUNDANCY, passed=False, detail="the job reported no shards")
+    low = {s: n for s, n in sorted(d.shard_replicas.items()) if n < MIN_REDUNDANCY}
+    layout = ", ".join(f"{s}: {n}" for s, n in sorted(d.shard_replicas.items()))
+    detail = f"{d.parallelism}, replicas per shard {{{layout}}}"
+    if low:
+        detail += (
+            f"; shard(s) {', '.join(low)} below {MIN_REDUNDANCY} replicas: a lost rank could not be "
+            "rebuilt from a peer (failures exceeding parallelism redundancy are not covered)"
+        )
+    return CheckResult(name=Check.REDUNDANCY, passed=not low, detail=detail[:4000])
+
+
+def evaluate_control_plane(f: ControlPlaneFacts) -> list[CheckResult]:
+    """Temporal reachable from the worker running the validation, and its torch and backends."""
+    if f.temporal_error is None:
+        server = f.temporal_server_version or "version not reported"
+        temporal = CheckResult(
+            name=Check.TEMPORAL,
+            passed=True,
+            detail=f"worker on task queue {f.task_queue} in namespace {f.namespace} ran the check; "
+            f"server {server}",
+        )
+    else:
+        temporal = CheckResult(
+            name=Check.TEMPORAL, passed=False, detail=f"Temporal server did not answer: {f.temporal_error}"
+        )
+    if f.torch_version is None:
+        torch = CheckResult(
+            name=Check.CONTROL_TORCH, passed=False, detail=f"torch is not importable: {f.torch_error}"
+        )
+    else:
+        ok, detail = _torch_in_range(f.torch_version)
+        backends = [b for b, on in (("gloo", f.gloo_available), ("nccl", f.nccl_available)) if on]
+        detail += f"; backends: {', '.join(backends) or 'none'}"
+        if f.cuda_available:
+            detail += f"; CUDA available, NCCL {f.nccl_version or 'unknown'}"
+        ok = ok and bool(backends) and (not f.cuda_available or f.nccl_available)
+        torch = CheckResult(name=Check.CONTROL_TORCH, passed=ok, detail=f"control plane: {detail}")
+    return [temporal, torch]
+
+
+def evaluate_scheduler(f: SchedulerFacts) -> CheckResult:
+    """Kubernetes or Slurm must be found; a local run passes only under the explicit development override."""
+    found = [p for p in f.probes if p.found]
+    seen = "; ".join(f"{p.scheduler}: {p.detail}" for p in f.probes) or "nothing probed"
+    if found:
+        names = " and ".join(p.scheduler for p in found)
+        return CheckResult(name=Check.SCHEDULER, passed=True, detail=f"{names} detected ({seen})"[:4000])
+    if f.allow_local:
+        return CheckResult(
+            name=Check.SCHEDULER,
+            passed=True,
+            detail=(
+                f"no Kubernetes or Slurm found ({seen}); passed only under the local-development "
+                "override (allow_local, TORCHPASS_VALIDATION_ALLOW_LOCAL): a local run is not a "
+                "TorchPass-supported environment"
+            )[:4000],
+        )
+    return CheckResult(
+        name=Check.SCHEDULER,
+        passed=False,
+        detail=f"neither Kubernetes nor Slurm found ({seen}); TorchPass supports jobs under one of them"[
+            :4000
+        ],
+    )
+
+
+def build_report(
+    contract_id: str, job_id: str, checks: Sequence[CheckResult], at: datetime
+) -> ValidationReport:
+    """The report: passed only when every check passed."""
+    return ValidationReport(
+        contract_id=contract_id,
+        job_id=job_id,
+        passed=all(c.passed for c in checks),
+        checks=tuple(checks),
+        validated_at=at,
+    )
+
+
+def with_check(report: ValidationReport, check: CheckResult) -> ValidationReport:
+    """The report with one more check (its verdict recomputed)."""
+    return build_report(report.contract_id, report.job_id, (*report.checks, check), report.validated_at)

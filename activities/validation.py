@@ -1,0 +1,210 @@
+"""Validation activities served by the control worker: the control plane, the cluster scheduler, and the
+recording of a report on its contract.
+
+The first two gather facts; `torchpass.validation` judges them. The job's own facts come from
+`describe_job` on the job's task queue (activities/job.py). Every external call is bounded: the Temporal
+RPCs by their timeout, Slurm commands through `run_slurm`, the Kubernetes API by `_request_timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from temporalio import activity
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from torchpass import contract_client
+from torchpass.validation import (
+    ControlPlaneFacts,
+    RecordValidationInput,
+    RecordValidationResult,
+    SchedulerFacts,
+    SchedulerProbe,
+    ValidationActivity,
+    ValidationTarget,
+)
+
+
+class ValidationSettings(BaseSettings):
+    """TORCHPASS_VALIDATION_* for torchpass's own knobs; the scheduler's standard variables by their names."""
+
+    model_config = SettingsConfigDict(env_prefix="TORCHPASS_VALIDATION_", extra="ignore")
+
+    allow_local: bool = Field(
+        default=False,
+        description="development only: pass the scheduler check with neither Kubernetes nor Slurm",
+    )
+    command_timeout: float = Field(default=10.0, gt=0, description="seconds per scontrol/sinfo call")
+    api_timeout: float = Field(default=10.0, gt=0, description="seconds per Kubernetes/Temporal call")
+    slurm_job_id: str | None = Field(default=None, validation_alias="SLURM_JOB_ID")
+    kubernetes_service_host: str | None = Field(default=None, validation_alias="KUBERNETES_SERVICE_HOST")
+    kubeconfig: str | None = Field(default=None, validation_alias="KUBECONFIG")
+
+
+class SlurmUnavailable(Exception):
+    """A Slurm command is not installed here or did not answer in time."""
+
+
+def run_slurm(args: Sequence[str], timeout: float) -> str:
+    """Run one Slurm client command, bounded and without a shell; its stdout, or SlurmUnavailable."""
+    exe = shutil.which(args[0])
+    if exe is None:
+        raise SlurmUnavailable(f"{args[0]} is not on PATH")
+    try:
+        done = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e
+    except OSError as e:
+        raise SlurmUnavailable(f"{' '.join(args)} could not run: {e}") from e
+    if done.returncode != 0:
+        err = (done.stderr or done.stdout).strip()[:300]
+        raise SlurmUnavailable(f"{' '.join(args)} exited {done.returncode}: {err}")
+    return done.stdout.strip()
+
+
+def probe_slurm(s: ValidationSettings) -> SchedulerProbe:
+    """Slurm is there when its controller answers `scontrol ping` as UP."""
+    in_job = f"; SLURM_JOB_ID={s.slurm_job_id}" if s.slurm_job_id else ""
+    try:
+        ping = run_slurm(["scontrol", "ping"], s.command_timeout)
+    except SlurmUnavailable as e:
+        return SchedulerProbe(scheduler="slurm", found=False, detail=f"{e}{in_job}")
+    if " is UP" not in ping:
+        return SchedulerProbe(
+            scheduler="slurm", found=False, detail=f"controller not up: {ping[:300]}{in_job}"
+        )
+    try:
+        version = run_slurm(["sinfo", "--version"], s.command_timeout)
+    except SlurmUnavailable as e:
+        version = f"version unknown ({e})"
+    return SchedulerProbe(scheduler="slurm", found=True, detail=f"{ping[:300]}; {version[:100]}{in_job}")
+
+
+def _kubeconfig(s: ValidationSettings) -> Path | None:
+    candidates = [Path(p) for p in (s.kubeconfig or "").split(":") if p] or [Path.home() / ".kube" / "config"]
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def probe_kubernetes(s: ValidationSettings) -> SchedulerProbe:
+    """Kubernetes is there when its API server answers /version, in-cluster or through a kubeconfig."""
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    cfg = client.Configuration()
+    where = "in-cluster configuration"
+    try:
+        if s.kubernetes_service_host:
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            path = _kubeconfig(s)
+            if path is None:
+                return SchedulerProbe(
+                    scheduler="kubernetes",
+                    found=False,
+                    detail="not in a cluster (KUBERNETES_SERVICE_HOST unset) and no kubeconfig found",
+                )
+            where = f"kubeconfig {path}"
+            config.load_kube_config(config_file=str(path), client_configuration=cfg, persist_config=False)
+        cfg.retries = 1  # one retry: a flaky connection is not a missing cluster, a dead one is quick to see
+        with client.ApiClient(cfg) as api:
+            info = client.VersionApi(api).get_code(_request_timeout=s.api_timeout)
+    except (ConfigException, ApiException, HTTPError, OSError, ValueError) as e:
+        detail = f"{where}: {type(e).__name__}: {e}"
+        return SchedulerProbe(scheduler="kubernetes", found=False, detail=detail[:2000])
+    return SchedulerProbe(
+        scheduler="kubernetes",
+        found=True,
+        detail=f"API server {cfg.host} version {info.git_version} ({where})",
+    )
+
+
+def _torch_facts() -> dict[str, Any]:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:  # a control plane without torch fails the check, it does not crash
+        return {"torch_error": f"{type(e).__name__}: {e}"}
+    cuda = torch.cuda.is_available()
+    nccl = dist.is_available() and dist.is_nccl_available()
+    facts: dict[str, Any] = {
+        "torch_version": str(torch.__version__),
+        "gloo_available": dist.is_available() and dist.is_gloo_available(),
+        "nccl_available": nccl,
+        "cuda_available": cuda,
+    }
+    if cuda and nccl:
+        v = torch.cuda.nccl.version()
+        facts["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return facts
+
+
+class ValidationActivities:
+    """Built by the control worker; `client` describes the Temporal server (default: the worker's own)."""
+
+    def __init__(self, settings: ValidationSettings | None = None, client: Client | None = None) -> None:
+        self.settings = settings or ValidationSettings()
+        self._client = client
+
+    @activity.defn(name=ValidationActivity.CHECK_CONTROL_PLANE)
+    async def check_control_plane(self, inp: ValidationTarget) -> ControlPlaneFacts:
+        # Running at all proves this worker polls Temporal; asking the server for its version proves the
+        # client can still reach it now, and names the server in the report.
+        info = activity.info()
+        client = self._client or activity.client()
+        version, error = None, None
+        try:
+            resp = await client.workflow_service.get_system_info(
+                GetSystemInfoRequest(), timeout=timedelta(seconds=self.settings.api_timeout)
+            )
+            version = resp.server_version or None
+        except RPCError as e:
+            error = f"{e.status.name}: {e.message}"
+        return ControlPlaneFacts(
+            task_queue=info.task_queue,
+            namespace=info.workflow_namespace,
+            temporal_server_version=version,
+            temporal_error=error,
+            **await asyncio.to_thread(_torch_facts),
+        )
+
+    @activity.defn(name=ValidationActivity.DETECT_SCHEDULER)
+    async def detect_scheduler(self, inp: ValidationTarget) -> SchedulerFacts:
+        slurm, kube = await asyncio.gather(
+            asyncio.to_thread(probe_slurm, self.settings),
+            asyncio.to_thread(probe_kubernetes, self.settings),
+        )
+        return SchedulerFacts(probes=(slurm, kube), allow_local=self.settings.allow_local)
+
+    @activity.defn(name=ValidationActivity.RECORD_VALIDATION)
+    async def record_validation(self, inp: RecordValidationInput) -> RecordValidationResult:
+        """Run ContractWorkflow's `record_validation` update; a missing or refusing contract is an answer,
+        not an error (only an unreachable server is retried)."""
+        client = self._client or activity.client()
+        try:
+            coverage = await contract_client.record_validation(client, inp.customer_id, inp.report)
+        except contract_client.UnknownContract as e:
+            return RecordValidationResult(recorded=False, detail=f"no running contract: {e}"[:2000])
+        except contract_client.ContractRejected as e:
+            return RecordValidationResult(recorded=False, detail=f"the contract refused it: {e}"[:2000])
+        status = coverage.changes[-1].status.value if coverage.changes else "unknown"
+        return RecordValidationResult(recorded=True, detail=f"job {coverage.job_id} now {status}")
+
+
+def validation_activities(
+    settings: ValidationSettings | None = None, client: Client | None = None
+) -> list[Callable[..., Any]]:
+    """The activity callables for the control worker."""
+    acts = ValidationActivities(settings, client)
+    return [acts.check_control_plane, acts.detect_scheduler, acts.record_validation]

@@ -1,0 +1,55 @@
+"""What a running job says about itself for environment validation: its world, spares, torch and layout.
+
+Read on the coordinator's event loop (the `describe_job` activity); it changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+import torchpass
+from torchpass.validation import JobDescription
+
+if TYPE_CHECKING:
+    from job_agent.coordinator import Coordinator
+
+# Pure data parallel: the whole model is one shard and every rank holds a replica of it.
+_DP_SHARD = "model"
+
+
+def describe(c: Coordinator) -> JobDescription:
+    """The job as its coordinator sees it now.
+
+    The backend is the one the ranks choose (`RankAgent` uses nccl when CUDA is present, else gloo); the
+    local launcher runs the ranks on this host, so this host's torch answers for them.
+    """
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    available = dist.is_nccl_available() if cuda else dist.is_gloo_available()
+    return JobDescription(
+        job_id=c.job_id,
+        agent_version=torchpass.__version__,
+        state=c.state,
+        generation=c.generation,
+        world_size=c.world_size,
+        ranks_connected=len(c.ranks()),
+        spares_ready=len(c.spares()),
+        spares_warming=c.starting_spares(),
+        backend=backend,
+        backend_available=available,
+        torch_version=str(torch.__version__),
+        cuda_available=cuda,
+        nccl_version=_nccl_version() if cuda else None,
+        shard_replicas={_DP_SHARD: c.world_size},
+    )
+
+
+def _nccl_version() -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except (RuntimeError, AttributeError):  # a build without NCCL
+        return None
+    return ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)

@@ -1,0 +1,116 @@
+"""Environment validation of a real running job, recorded on a real ContractWorkflow.
+
+The job is a real 4-rank gloo job with one warm spare (tests/integration/conftest.py) whose coordinator's
+worker serves the real `describe_job`. EnvironmentValidationWorkflow, the real control-side activities and
+the real ContractWorkflow run on a worker of this test against the real dev server. No scheduler runs on
+this machine: the scheduler check passes only through the explicit local-development override.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.validation import ValidationSettings, validation_activities
+from job_agent.jobs import UnknownJob, request
+from tests.integration.conftest import spec
+from torchpass import contract_client as cc
+from torchpass.contract import add_months
+from torchpass.contract_models import ContractTerms
+from torchpass.credit import Money
+from torchpass.ids import job_task_queue
+from torchpass.job import JobResult
+from torchpass.validation import Check, ValidateInput, ValidationReport
+from workers.job import run_job
+from workflows.contract import CONTRACT_WORKFLOWS
+from workflows.validation import VALIDATION_WORKFLOWS, EnvironmentValidationWorkflow
+
+pytestmark = pytest.mark.integration
+
+# About 90 steps/s here: long enough to be validated while training, short enough to finish quickly.
+ARGS = ("--steps", "1000", "--width", "32", "--depth", "1")
+
+
+async def wait_until_training_with_a_warm_spare(
+    state_dir: Path, job_id: str, task: asyncio.Task[JobResult]
+) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        assert time.monotonic() < deadline, "job never trained with a warm spare"
+        assert not task.done(), "job ended before it was validated"
+        try:
+            st = await asyncio.to_thread(request, state_dir, job_id, {"t": "status"})
+        except UnknownJob:  # not registered yet
+            st = {}
+        if st.get("state") == "training" and st.get("spares", 0) >= 1:
+            return
+        await asyncio.sleep(0.2)
+
+
+async def validate(
+    client: Client, queue: str, customer: str, contract_id: str, job_id: str
+) -> ValidationReport:
+    return await client.execute_workflow(
+        EnvironmentValidationWorkflow.run,
+        ValidateInput(
+            contract_id=contract_id,
+            customer_id=customer,
+            job_id=job_id,
+            job_task_queue=job_task_queue(job_id),
+        ),
+        id=f"validate-{uuid.uuid4()}",
+        task_queue=queue,
+        execution_timeout=timedelta(seconds=60),
+    )
+
+
+async def test_a_running_job_is_validated_and_recorded_on_its_contract(
+    client: Client, tmp_path: Path
+) -> None:
+    job = spec(tmp_path, "validate-me", args=ARGS)
+    queue, customer = f"validation-{uuid.uuid4()}", f"cust-{uuid.uuid4().hex[:8]}"
+    today = datetime.now(UTC).date()
+    terms = ContractTerms(
+        customer_id=customer,
+        contract_id="c-1",
+        start=today,
+        renewal_date=add_months(today, 12),
+        annual_fee=Money(amount=Decimal("120000.00"), currency="USD"),
+    )
+    acts = validation_activities(ValidationSettings(allow_local=True))
+    task = asyncio.create_task(run_job(job, client))
+    try:
+        async with Worker(
+            client, task_queue=queue, workflows=[*VALIDATION_WORKFLOWS, *CONTRACT_WORKFLOWS], activities=acts
+        ):
+            contract = await cc.create_contract(client, terms, task_queue=queue)
+            await cc.opt_in(client, customer, "c-1", job.job_id)
+            await wait_until_training_with_a_warm_spare(tmp_path, job.job_id, task)
+            report = await validate(client, queue, customer, "c-1", job.job_id)
+            standing = await cc.get_standing(client, customer, "c-1")
+            unrecorded = await validate(client, queue, f"nobody-{uuid.uuid4().hex[:8]}", "c-1", job.job_id)
+            await contract.terminate("test over")
+    finally:
+        result = await asyncio.wait_for(task, 120)
+    assert result.ok, result.error
+
+    checks = {c.name: c for c in report.checks}
+    assert report.passed, [c for c in report.checks if not c.passed]
+    assert "4 of 4 rank slots" in checks[Check.AGENT].detail
+    assert "1 warm spare(s) ready" in checks[Check.SPARES].detail
+    assert "model: 4" in checks[Check.REDUNDANCY].detail
+    assert "gloo: available" in checks[Check.BACKEND].detail
+    assert "server 1." in checks[Check.TEMPORAL].detail
+    assert standing.covered_jobs == (job.job_id,)
+
+    assert not unrecorded.passed
+    assert [c.name for c in unrecorded.checks if not c.passed] == [Check.RECORDED]
+    assert "no running contract" in unrecorded.checks[-1].detail
