@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +43,22 @@ def request(state_dir: Path, job_id: str, msg: dict[str, Any], timeout: float = 
         sock.settimeout(timeout)
         protocol.send_frame(sock, msg)
         return protocol.recv_frame(sock)
+
+
+def wait_until_ready(state_dir: Path, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Block until the job is training with a warm spare (what validation checks); its status.
+
+    For scripts, demos and tests that opt a job in right after launching it.
+    """
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            last = request(state_dir, job_id, {"t": "status"})
+        except (UnknownJob, OSError, protocol.ProtocolError):
+            pass  # not registered yet, or between two accepts
+        else:
+            if last.get("state") == "training" and last.get("spares", 0) >= 1:
+                return last
+        time.sleep(0.1)
+    raise TimeoutError(f"job {job_id} not training with a warm spare after {timeout:.0f} s: {last}")

@@ -1,4 +1,4 @@
-"""`torchpass`: server, worker, run, inject, jobs, incidents.
+"""`torchpass`: server, worker, run, inject, jobs, incidents, contract, cost.
 
 Heavy imports (torch, temporalio) happen inside the command that needs them, so `torchpass --help` and
 argument errors answer at once.
@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    r.add_argument("--customer", help="customer of the YOCO contract the job's incidents count toward")
+    r.add_argument("--contract", help="that contract's id (with --customer)")
     r.add_argument("script", type=Path)
     r.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
     _temporal_args(r)
@@ -71,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--after-step", type=int, default=None, help="wait until the rank reaches this step")
 
     sub.add_parser("jobs", help="list the jobs running on this host")
+
+    from torchpass.contract_cli import register as register_contract
+    from torchpass.cost_cli import register as register_cost
+
+    register_contract(sub, _temporal_args)
+    cost = register_cost(sub)
+    cost.add_argument("--customer", help="customer of --contract")
+    _temporal_args(cost)
 
     inc = sub.add_parser("incidents", help="find and inspect incidents (Temporal visibility)")
     isub = inc.add_subparsers(dest="incidents_command", required=True)
@@ -122,6 +132,10 @@ def _dispatch(args: argparse.Namespace) -> int:
                 f"{j['job_id']}\tworld {j['world_size']}\tcoordinator pid {j['pid']}\tsince {j['started_at']}"
             )
         return 0
+    if args.command == "contract":
+        return asyncio.run(_contract(args))
+    if args.command == "cost":
+        return _cost(args)
     from torchpass.incidents_cli import incidents
 
     return asyncio.run(incidents(args, _temporal_settings(args)))
@@ -151,6 +165,26 @@ async def _client(args: argparse.Namespace) -> Any:
         ) from None
 
 
+async def _contract(args: argparse.Namespace) -> int:
+    from torchpass.contract_cli import run
+
+    return await run(args, await _client(args))
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from torchpass.contract_cli import contract_outcomes
+    from torchpass.cost_cli import run
+    from torchpass.models import MigrationOutcome
+
+    if args.contract is not None and args.customer is None:
+        raise CliError("--contract needs --customer")
+
+    async def lookup(contract_id: str) -> list[MigrationOutcome]:
+        return await contract_outcomes(await _client(args), args.customer, contract_id)
+
+    return run(args, outcomes_for_contract=lookup)
+
+
 async def _worker(args: argparse.Namespace) -> int:
     from workers.control import control_worker
 
@@ -178,6 +212,10 @@ async def _run(args: argparse.Namespace, settings: CliSettings) -> int:
     }
     if args.job_id:
         spec_fields["job_id"] = args.job_id
+    if (args.customer is None) != (args.contract is None):
+        raise CliError("--customer and --contract go together")
+    if args.contract is not None:
+        spec_fields["contract"] = {"customer_id": args.customer, "contract_id": args.contract}
     spec = JobSpec(**spec_fields)
     client = await _client(args)
     from workers.job import run_job

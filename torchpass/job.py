@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from torchpass.models import MigrationOutcome, Model
+from torchpass.models import ContractRef, MigrationOutcome, Model
 
 
 def new_job_id() -> str:
@@ -30,6 +30,7 @@ class JobSpec(Model):
     seed: int = 0
     threads: int = Field(default=1, ge=1)
     startup_timeout: float = Field(default=120.0, gt=0)
+    contract: ContractRef | None = Field(default=None, description="YOCO contract its outcomes go to")
 
     @field_validator("script")
     @classmethod

@@ -82,12 +82,20 @@ class Evidence(Model):
     scheduler: str | None = Field(default=None, description="'slurm' or 'kubernetes' where that matters")
 
 
+class ContractRef(Model):
+    """The YOCO contract a job belongs to: where its incidents' outcomes are recorded."""
+
+    customer_id: str = Field(min_length=1, max_length=200)
+    contract_id: str = Field(min_length=1, max_length=200)
+
+
 class FailureReport(Model):
     """Signal-with-start payload: one report folded into the incident of its job and failure domain."""
 
     evidence: Evidence
     job_task_queue: str = Field(min_length=1)
     generation: NonNegativeInt = Field(description="world generation of the job when the report was made")
+    contract: ContractRef | None = Field(default=None, description="the job's contract, if it has one")
 
 
 class Category(StrEnum):

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from torchpass.classify import (
@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         ControlActivity,
         ErrorType,
         JobActivity,
+        contract_workflow_id,
     )
     from torchpass.models import (
         QUALIFYING_CATEGORIES,
@@ -103,6 +104,7 @@ class MigrationWorkflow:
         # Known before the first signal is handled: signal-with-start delivers its signal with the start.
         self._job_id = first.evidence.job_id
         self._queue = first.job_task_queue
+        self._contract = first.contract
         self._evidence: list[Evidence] = [first.evidence]
         self._phase = Phase.DETECT
         self._disposition: Disposition | None = None
@@ -262,10 +264,13 @@ class MigrationWorkflow:
         )
 
     async def _complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> MigrationOutcome:
-        """The job persists the record and refills its spare pool; the outcome stands even if it cannot."""
+        """The contract and the job record the outcome; it stands, with the error, if either cannot."""
         self._disposition = outcome.disposition
         self._phase = Phase.RECORD
         t0 = workflow.now()
+        errors = [e for e in (outcome.error, await self._record_on_contract(outcome)) if e]
+        if errors != [e for e in (outcome.error,) if e]:
+            outcome = outcome.model_copy(update={"error": "; ".join(errors)})
         stored = await self._try(JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=outcome))
         record = PhaseTiming(phase=Phase.RECORD, seconds=(workflow.now() - t0).total_seconds())
         update: dict[str, Any] = {"phases": (*outcome.phases, record)}
@@ -273,6 +278,19 @@ class MigrationWorkflow:
             update["error"] = f"{outcome.error}; {stored}" if outcome.error else stored
         workflow.upsert_search_attributes([_OUTCOME.value_set(outcome.disposition.value)])
         return outcome.model_copy(update=update)
+
+    async def _record_on_contract(self, outcome: MigrationOutcome) -> str | None:
+        """Signal the job's contract workflow; a contract that is not running is an error kept here."""
+        c = self._contract
+        if c is None:
+            return None
+        contract = workflow.get_external_workflow_handle(contract_workflow_id(c.customer_id, c.contract_id))
+        try:
+            await contract.signal("record_outcome", outcome)
+        except FailureError as e:
+            workflow.logger.warning("contract %s did not take the outcome: %s", c.contract_id, e)
+            return f"not recorded on contract {c.contract_id} of {c.customer_id}: {e}"
+        return None
 
     def _set_classification(self, evidence: tuple[Evidence, ...], c: Classification) -> None:
         workflow.upsert_search_attributes(

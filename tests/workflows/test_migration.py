@@ -26,6 +26,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
+from torchpass import contract_client as cc
+from torchpass.contract_models import ContractTerms
+from torchpass.credit import Money
 from torchpass.decisions import RETRY_MAX_ATTEMPTS
 from torchpass.ids import (
     CONTROL_TASK_QUEUE,
@@ -42,6 +45,7 @@ from torchpass.models import (
     CompleteInput,
     ConfirmInput,
     ConfirmResult,
+    ContractRef,
     Disposition,
     EventSource,
     Evidence,
@@ -58,6 +62,7 @@ from torchpass.models import (
     TransferProof,
     TransferResult,
 )
+from workflows.contract import ContractWorkflow
 from workflows.migration import MigrationWorkflow
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
@@ -167,7 +172,13 @@ def _proof() -> TransferProof:
     )
 
 
-def _report(job_id: str, kind: FailureKind = FailureKind.PROCESS_EXIT, slot: int = 2) -> FailureReport:
+def _report(
+    job_id: str,
+    kind: FailureKind = FailureKind.PROCESS_EXIT,
+    slot: int = 2,
+    contract: ContractRef | None = None,
+    at: datetime = T0,
+) -> FailureReport:
     ev = Evidence(
         kind=kind,
         source=EventSource.COORDINATOR,
@@ -175,16 +186,16 @@ def _report(job_id: str, kind: FailureKind = FailureKind.PROCESS_EXIT, slot: int
         failure_domain=DOMAIN,
         slots=(slot,),
         detail=f"{kind} on rank {slot}",
-        observed_at=T0,
+        observed_at=at,
     )
-    return FailureReport(evidence=ev, job_task_queue=f"job-queue-{job_id}", generation=0)
+    return FailureReport(evidence=ev, job_task_queue=f"job-queue-{job_id}", generation=0, contract=contract)
 
 
 def _control_worker(env: WorkflowEnvironment) -> Worker:
     return Worker(
         env.client,
         task_queue=CONTROL_TASK_QUEUE,
-        workflows=[MigrationWorkflow],
+        workflows=[MigrationWorkflow, ContractWorkflow],
         activities=[ControlActivities().classify_failure],
     )
 
@@ -384,3 +395,44 @@ async def test_the_outcome_stands_when_the_job_cannot_record_it(env: WorkflowEnv
     assert outcome.success and outcome.disposition == Disposition.MIGRATED
     assert job.calls["complete"] == RETRY_MAX_ATTEMPTS
     assert outcome.error and "record store unreachable" in outcome.error
+
+
+async def _contract_incident(
+    env: WorkflowEnvironment, name: str, contract: ContractRef, job_id: str
+) -> MigrationOutcome:
+    at = await env.get_current_time()
+    rep = _report(job_id, contract=contract, at=at)
+    handle = await _signal_with_start(env, rep)
+    return await _finish(env, handle, FakeJob(), name, rep.job_task_queue)
+
+
+async def test_the_outcome_is_recorded_on_the_jobs_contract(env: WorkflowEnvironment, name: str) -> None:
+    ref = ContractRef(customer_id="acme", contract_id=f"c-{uuid.uuid4().hex[:8]}")
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    today = (await env.get_current_time()).date()
+    terms = ContractTerms(
+        customer_id=ref.customer_id,
+        contract_id=ref.contract_id,
+        start=today,
+        renewal_date=today.replace(year=today.year + 1),
+        annual_fee=Money(amount="100000", currency="USD"),
+    )
+    async with _control_worker(env):
+        await cc.create_contract(env.client, terms)
+        await cc.opt_in(env.client, ref.customer_id, ref.contract_id, job_id)
+        outcome = await _contract_incident(env, name, ref, job_id)
+        page = await cc.get_ledger(env.client, ref.customer_id, ref.contract_id)
+    assert outcome.success and outcome.error is None
+    assert [(r.incident_id, r.job_id) for r in page.rows] == [(outcome.incident_id, job_id)]
+    assert not page.rows[0].counted  # opted in but never validated: kept, excluded, with its reason
+    assert page.rows[0].reason
+
+
+async def test_a_contract_that_is_not_running_is_an_error_the_outcome_keeps(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    ref = ContractRef(customer_id="acme", contract_id="never-created")
+    async with _control_worker(env):
+        outcome = await _contract_incident(env, name, ref, f"job-{uuid.uuid4().hex[:8]}")
+    assert outcome.success and outcome.disposition == Disposition.MIGRATED
+    assert outcome.error and "not recorded on contract never-created" in outcome.error

@@ -1,0 +1,212 @@
+"""`torchpass contract create|opt-in|validate|show|ledger|expand|renew`: a YOCO contract from the shell.
+
+Every command speaks to the contract's workflow through `torchpass.contract_client`; `show` prints the
+standing as a table (`--json` for machines), `ledger` every recorded outcome with why it counts or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import date
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from temporalio.client import Client
+
+from torchpass import contract_client as cc
+from torchpass.contract_models import ContractTerms, ExpandInput, LedgerPage, RenewInput, Standing
+from torchpass.credit import Money
+from torchpass.ids import validation_workflow_id
+from torchpass.models import MigrationOutcome
+
+
+def _amount(text: str) -> Decimal:
+    try:
+        d = Decimal(text.replace(",", "").replace("_", ""))
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not an amount: {text!r}") from None
+    if not d.is_finite():
+        raise argparse.ArgumentTypeError(f"not an amount: {text!r}")
+    return d
+
+
+def _ids(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--customer", required=True, help="customer id")
+    p.add_argument("--contract", required=True, help="contract id")
+
+
+def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add `contract` and its subcommands to the CLI's subparsers."""
+    c = sub.add_parser("contract", help="YOCO contracts: create, opt jobs in, standing, ledger, credits")
+    csub = c.add_subparsers(dest="contract_command", required=True)
+    cr = csub.add_parser("create", help="start a contract's workflow")
+    cr.add_argument("--start", type=date.fromisoformat, required=True, help="first day, YYYY-MM-DD")
+    cr.add_argument("--renewal", type=date.fromisoformat, help="renewal date (default: start + 1 year)")
+    cr.add_argument("--fee", type=_amount, required=True, help="annual license fee, e.g. 120000")
+    cr.add_argument("--currency", default="USD")
+    o = csub.add_parser("opt-in", help="opt a job in and validate its environment")
+    o.add_argument("--job", required=True)
+    o.add_argument("--task-queue", help="the job's task queue (default: torchpass-job-<job>)")
+    o.add_argument("--no-validate", action="store_true", help="opt in only; validate later")
+    o.add_argument(
+        "--allow-local", action="store_true", help="accept a host with neither Slurm nor Kubernetes (dev)"
+    )
+    v = csub.add_parser("validate", help="(re)validate an opted-in job's environment")
+    v.add_argument("--job", required=True)
+    v.add_argument("--task-queue")
+    v.add_argument("--allow-local", action="store_true")
+    s = csub.add_parser("show", help="the standing: window counts, rate, projected credit")
+    s.add_argument("--json", action="store_true")
+    lg = csub.add_parser("ledger", help="every recorded outcome and whether it counts")
+    lg.add_argument("--offset", type=int, default=0)
+    lg.add_argument("--limit", type=int, default=200)
+    lg.add_argument("--json", action="store_true")
+    e = csub.add_parser("expand", help="record an expansion (evaluated after 3 months of measurement)")
+    e.add_argument("--on", type=date.fromisoformat, required=True)
+    e.add_argument("--fee", type=_amount, required=True, help="the annual fee from the expansion on")
+    e.add_argument("--currency", default="USD")
+    r = csub.add_parser("renew", help="renew for another term (evaluated at the renewal date)")
+    r.add_argument("--fee", type=_amount, help="the next term's annual fee (default: unchanged)")
+    r.add_argument("--currency", default="USD")
+    r.add_argument("--next-renewal", type=date.fromisoformat)
+    for p in (cr, o, v, s, lg, e, r):
+        _ids(p)
+        temporal_args(p)
+
+
+async def run(args: argparse.Namespace, client: Client) -> int:
+    from torchpass.cli import CliError
+
+    try:
+        return await _run(args, client)
+    except cc.ContractClientError as e:
+        raise CliError(f"contract {args.contract} of {args.customer}: {e}") from None
+
+
+async def _run(args: argparse.Namespace, client: Client) -> int:
+    cmd, cust, cid = args.contract_command, args.customer, args.contract
+    if cmd == "create":
+        start: date = args.start
+        terms = ContractTerms(
+            customer_id=cust,
+            contract_id=cid,
+            start=start,
+            renewal_date=args.renewal or start.replace(year=start.year + 1),
+            annual_fee=Money(amount=args.fee, currency=args.currency),
+        )
+        h = await cc.create_contract(client, terms)
+        print(f"contract {cid} of {cust}: workflow {h.id}, renewal {terms.renewal_date}")
+    elif cmd == "opt-in":
+        cov = await cc.opt_in(client, cust, cid, args.job)
+        print(f"job {args.job}: {cov.changes[-1].status.value if cov.changes else 'opted in'}")
+        if not args.no_validate:
+            return await _validate(args, client)
+    elif cmd == "validate":
+        return await _validate(args, client)
+    elif cmd == "show":
+        st = await cc.get_standing(client, cust, cid)
+        print(st.model_dump_json(indent=2) if args.json else format_standing(st))
+    elif cmd == "ledger":
+        page = await cc.get_ledger(client, cust, cid, args.offset, args.limit)
+        print(page.model_dump_json(indent=2) if args.json else format_ledger(page))
+    elif cmd == "expand":
+        ev = await cc.expand(client, cust, cid, ExpandInput(on=args.on, annual_fee=_money(args)))
+        print(f"expansion on {args.on}: {ev.note}")
+    elif cmd == "renew":
+        fee = _money(args) if args.fee is not None else None
+        st = await cc.renew(client, cust, cid, RenewInput(annual_fee=fee, next_renewal=args.next_renewal))
+        print(f"renewal recorded: the term ending {st.renewal_date} is evaluated then and renewed")
+    return 0
+
+
+def _money(args: argparse.Namespace) -> Money:
+    return Money(amount=args.fee, currency=args.currency)
+
+
+async def _validate(args: argparse.Namespace, client: Client) -> int:
+    from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
+    from torchpass.validation import ValidateInput, ValidationReport
+
+    inp = ValidateInput(
+        customer_id=args.customer,
+        contract_id=args.contract,
+        job_id=args.job,
+        job_task_queue=args.task_queue or job_task_queue(args.job),
+        allow_local=args.allow_local,
+    )
+    report: ValidationReport = await client.execute_workflow(
+        "EnvironmentValidationWorkflow",
+        inp,
+        id=validation_workflow_id(args.contract, args.job),
+        task_queue=CONTROL_TASK_QUEUE,
+        result_type=ValidationReport,
+    )
+    for check in report.checks:
+        print(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name:<18} {check.detail}")
+    print(f"job {args.job}: {'validated, covered' if report.passed else 'validation failed, not covered'}")
+    return 0 if report.passed else 1
+
+
+def format_standing(st: Standing) -> str:
+    rate = f"{st.success_rate:.2%}" if st.success_rate is not None else "n/a"
+    credit = str(st.projected_credit) if st.projected_credit else "none"
+    rows = [
+        ("contract", f"{st.contract_id} of {st.customer_id}, term {st.term + 1} from {st.term_start}"),
+        ("annual fee", str(st.annual_fee)),
+        ("window", f"{st.window_start} .. {st.window_end} (trailing 12 months)"),
+        ("qualifying", str(st.qualifying)),
+        ("successful", str(st.successful)),
+        ("success rate", f"{rate}  (guarantee: at least 90%)"),
+        ("projected credit", credit),
+        ("next evaluation", str(st.next_evaluation or "none")),
+        ("covered jobs", ", ".join(st.covered_jobs) or "none"),
+        ("excluded", ", ".join(f"{k.value} {v}" for k, v in st.excluded.items() if v) or "none"),
+        ("duplicates", str(st.duplicates)),
+        ("credits delivered", ", ".join(st.delivered_credits) or "none"),
+        ("credits pending", str(st.pending_credits)),
+    ]
+    lines = [f"{k:<18} {v}" for k, v in rows]
+    lines.append(f"{'':<18} {st.summary}")
+    for ev in st.evaluations:
+        got = f"{ev.success_rate:.2%}" if ev.success_rate is not None else "n/a"
+        amount = f", credit {ev.credit.amount}" if ev.credit else ""
+        lines.append(f"evaluation         {ev.period_end} {ev.trigger.value}: {got}{amount} ({ev.note})")
+    return "\n".join(lines)
+
+
+def format_ledger(page: LedgerPage) -> str:
+    lines = [f"{'detected (UTC)':<20} {'job':<16} {'status':<22} {'counted':<8} incident"]
+    for r in page.rows:
+        flags = " (late)" if r.late else ""
+        flags += f" (+{r.duplicates} duplicate)" if r.duplicates else ""
+        lines.append(
+            f"{r.detected_at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.status.value:<22} "
+            f"{'yes' if r.counted else 'no':<8} {r.incident_id}{flags}"
+        )
+        if r.reason:
+            lines.append(f"{'':<20} {r.reason}")
+    more = f", next page: --offset {page.next_offset}" if page.next_offset is not None else ""
+    lines.append(f"{len(page.rows)} of {page.total} entries ({page.pruned} pruned as too old){more}")
+    return "\n".join(lines)
+
+
+async def contract_outcomes(client: Client, customer_id: str, contract_id: str) -> list[MigrationOutcome]:
+    """The full outcomes of a contract's counted ledger entries, read from their incident workflows."""
+    outcomes: list[MigrationOutcome] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = await cc.get_ledger(client, customer_id, contract_id, offset, 1000)
+        for row in page.rows:
+            if not row.counted:
+                continue
+            wf_id, _, run_id = row.incident_id.partition("/")
+            h = client.get_workflow_handle(wf_id, run_id=run_id or None, result_type=MigrationOutcome)
+            outcomes.append(await h.result())
+        offset = page.next_offset
+    return outcomes
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str)
