@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "server":
         from torchpass.server import dev_server_command
 
-        return subprocess.call(dev_server_command(args.ip, args.port, args.ui_port, args.db_file))
+        cmd = dev_server_command(args.ip, args.port, args.ui_port, args.db_file)
+        # Become the server: SIGTERM from a supervisor reaches it and nothing is left orphaned.
+        os.execv(cmd[0], cmd)
     if args.command == "worker":
         return asyncio.run(_worker(args))
     if args.command == "run":
@@ -153,11 +155,14 @@ def _temporal_settings(args: argparse.Namespace) -> Any:
 
 
 async def _client(args: argparse.Namespace) -> Any:
+    from workers.telemetry import TelemetrySettings, interceptors
     from workers.temporal import connect
 
     ts = _temporal_settings(args)
+    # Incidents are traced where they run: the control worker and the job's worker (TORCHPASS_OTEL_*).
+    traced = interceptors(TelemetrySettings()) if args.command in ("worker", "run") else []
     try:
-        return await asyncio.wait_for(connect(ts), 15)
+        return await asyncio.wait_for(connect(ts, traced), 15)
     except (RuntimeError, TimeoutError) as e:
         raise CliError(
             f"cannot reach Temporal at {ts.address} (namespace {ts.namespace}): {e}\n"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from temporalio.client import Client, TLSConfig
+from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.common import SearchAttributeKey
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -27,7 +29,9 @@ class TemporalSettings(BaseSettings):
     tls_ca: str | None = None
 
 
-async def connect(settings: TemporalSettings) -> Client:
+async def connect(settings: TemporalSettings, interceptors: Sequence[Interceptor] = ()) -> Client:
+    """A client for `settings`; its `interceptors` (e.g. `workers.telemetry.interceptors`) apply to every
+    call it makes and to every worker built from it."""
     tls: TLSConfig | bool = settings.tls or settings.api_key is not None
     if settings.tls_cert or settings.tls_ca:
         tls = TLSConfig(
@@ -41,6 +45,7 @@ async def connect(settings: TemporalSettings) -> Client:
         api_key=settings.api_key,
         tls=tls,
         data_converter=pydantic_data_converter,
+        interceptors=interceptors,
     )
 
 
