@@ -243,7 +243,13 @@ class RankAgent:
             self._send({"t": "transfer_failed", "error": str(e)})
             return
         self._send(
-            {"t": "served", "digest": digest, "bytes": snap.nbytes, "seconds": time.perf_counter() - t0}
+            {
+                "t": "served",
+                "digest": digest,
+                "bytes": snap.nbytes,
+                "seconds": time.perf_counter() - t0,
+                "stream_seconds": server.stream_seconds,
+            }
         )
 
     def _receive(self, host: str, port: int, timeout: float) -> None:

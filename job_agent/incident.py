@@ -230,6 +230,7 @@ class IncidentActions:
             step_after=target,
             bytes=int(donor.replies["served"]["bytes"]),
             seconds=float(donor.replies["served"]["seconds"]),
+            stream_seconds=donor.replies["served"].get("stream_seconds"),
         )
         return TransferResult(proof=inc.proof, work_seconds=time.perf_counter() - t0)
 

@@ -71,6 +71,7 @@ class StateServer:
         self._listener = socket.create_server((host, 0))
         _tune(self._listener)
         self.port: int = self._listener.getsockname()[1]
+        self.stream_seconds = 0.0  # bytes on the wire only: no snapshot, no waiting for the digest
 
     def serve(self, snap: Snapshot, receivers: int, timeout: float, on_progress: Callable[[], None]) -> str:
         """Send `snap` to `receivers` authenticated peers; returns the donor's digest."""
@@ -87,7 +88,7 @@ class StateServer:
                         authenticate_server(conn, self._secret)
                     except AuthError:
                         continue  # not a peer of this job: it gets nothing, the real receivers still do
-                    digest = self._send(conn, snap, digest, on_progress)
+                    digest = self._send(conn, snap, digest, on_progress, self._timed)
                     served += 1
         except (OSError, ConnectionError, ProtocolError) as e:
             raise TransferError(f"serving state failed: {e}") from e
@@ -95,18 +96,27 @@ class StateServer:
             self._listener.close()
         return digest or snap.digest()
 
+    def _timed(self, seconds: float) -> None:
+        self.stream_seconds += seconds
+
     @staticmethod
     def _send(
-        conn: socket.socket, snap: Snapshot, digest: str | None, on_progress: Callable[[], None]
+        conn: socket.socket,
+        snap: Snapshot,
+        digest: str | None,
+        on_progress: Callable[[], None],
+        on_streamed: Callable[[float], None],
     ) -> str:
         send_frame(conn, {"t": "state", "header": snap.header, "manifest": snap.manifest()})
         # Hash while sending, once: the snapshot is frozen for every receiver.
         hasher = _Hasher(snap.header_bytes()) if digest is None else None
+        t0 = time.perf_counter()
         for chunk in snap.host_chunks():
             if hasher is not None:
                 hasher.feed(chunk)
             conn.sendall(chunk)
             on_progress()
+        on_streamed(time.perf_counter() - t0)
         if hasher is not None:
             digest = hasher.hexdigest()
         send_frame(conn, {"t": "end", "digest": digest})

@@ -189,7 +189,10 @@ class TransferProof(Model):
     step_before: int = Field(description="last completed step when the failure struck")
     step_after: int = Field(description="step held by every rank after the transfer")
     bytes: NonNegativeInt
-    seconds: float = Field(ge=0)
+    seconds: float = Field(ge=0, description="donor's snapshot, stream and both digests, end to end")
+    stream_seconds: float | None = Field(
+        default=None, ge=0, description="the bytes on the wire alone, summed over receivers"
+    )
 
 
 class TransferResult(Model):
