@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from tests.unit.test_validation import desc
 from torchpass.ids import ErrorType, JobActivity
 from torchpass.validation import (
     Check,
@@ -49,23 +50,7 @@ ALL_CHECKS = [
 
 
 def job(**kw: Any) -> JobDescription:
-    fields: dict[str, Any] = {
-        "job_id": "job-1",
-        "agent_version": "0.1.0",
-        "state": "training",
-        "generation": 0,
-        "world_size": 4,
-        "ranks_connected": 4,
-        "spares_ready": 1,
-        "spares_warming": 0,
-        "backend": "gloo",
-        "backend_available": True,
-        "torch_version": "2.13.0+cpu",
-        "cuda_available": False,
-        "shard_replicas": {"model": 4},
-        **kw,
-    }
-    return JobDescription.model_validate(fields)
+    return desc(**{"job_id": "job-1", **kw})
 
 
 class Fakes:
