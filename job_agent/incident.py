@@ -109,7 +109,7 @@ class IncidentActions:
             world_size=self.c.world_size,
             redundancy=self.c.world_size,  # pure data parallelism: every rank is a full replica
             generation=self.c.generation,
-            covered=False,
+            covered=self.c.spec.contract is not None,
             detail="; ".join(ev.detail for ev in inc.evidence),
             work_seconds=time.perf_counter() - t0,
         )

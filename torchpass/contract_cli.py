@@ -139,7 +139,7 @@ async def _validate(args: argparse.Namespace, client: Client) -> int:
     report: ValidationReport = await client.execute_workflow(
         "EnvironmentValidationWorkflow",
         inp,
-        id=validation_workflow_id(args.contract, args.job),
+        id=validation_workflow_id(args.customer, args.contract, args.job),
         task_queue=CONTROL_TASK_QUEUE,
         result_type=ValidationReport,
     )

@@ -19,6 +19,7 @@ import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 from temporalio.client import Client
 
@@ -96,7 +97,7 @@ async def _validate(client: Client) -> bool:
     report = await client.execute_workflow(
         "EnvironmentValidationWorkflow",
         inp,
-        id=validation_workflow_id(CONTRACT.contract_id, JOB),
+        id=validation_workflow_id(CONTRACT.customer_id, CONTRACT.contract_id, JOB),
         task_queue=CONTROL_TASK_QUEUE,
         result_type=ValidationReport,
         execution_timeout=timedelta(seconds=120),
@@ -119,7 +120,8 @@ def _verdict(result: JobResult, reference: JobResult, ui: str, standing: Standin
     print("\n=== incidents ===")
     for o in result.incidents:
         print(format_outcome(o))
-        print(f"UI         {ui}/namespaces/default/workflows/{o.incident_id.split('/')[0]}\n")
+        wf_id = quote(o.incident_id.rpartition("/")[0], safe="")
+        print(f"UI         {ui}/namespaces/default/workflows/{wf_id}\n")
         ok &= o.success and o.steps_recomputed == 0
     if len(result.incidents) != len(INJECT):
         print(f"demo: expected {len(INJECT)} incidents, got {len(result.incidents)}")

@@ -5,17 +5,22 @@ One place, so that a worker, a coordinator and the CLI can never disagree on a n
 
 from __future__ import annotations
 
-import re
+from urllib.parse import quote
 
 CONTROL_TASK_QUEUE = "torchpass-control"
 """Task queue of the control worker: workflows and cluster-wide activities."""
-
-_SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def job_task_queue(job_id: str) -> str:
     """Task queue served by the Temporal worker inside a job's coordinator."""
     return f"torchpass-job-{job_id}"
+
+
+def _part(text: str) -> str:
+    """One part of an id, percent-encoded: ':' and '/' never survive, so joined parts stay unambiguous
+    ('acme-labs' + 'c1' and 'acme' + 'labs-c1' are different ids; an incident id's '/' before the run id
+    is always the last one)."""
+    return quote(text, safe="")
 
 
 def incident_workflow_id(job_id: str, failure_domain: str, generation: int) -> str:
@@ -26,18 +31,17 @@ def incident_workflow_id(job_id: str, failure_domain: str, generation: int) -> s
     signal-with-start, while a later failure on the same node, after the world re-formed, is a new
     incident.
     """
-    domain = _SAFE.sub("_", failure_domain)
-    return f"torchpass-incident-{job_id}-{domain}-g{generation}"
+    return f"torchpass-incident:{_part(job_id)}:{_part(failure_domain)}:g{generation}"
 
 
 def contract_workflow_id(customer_id: str, contract_id: str) -> str:
     """Workflow id of a contract: one long-lived ContractWorkflow per customer contract."""
-    return f"torchpass-contract-{_SAFE.sub('_', customer_id)}-{_SAFE.sub('_', contract_id)}"
+    return f"torchpass-contract:{_part(customer_id)}:{_part(contract_id)}"
 
 
-def validation_workflow_id(contract_id: str, job_id: str) -> str:
-    """Workflow id of an environment validation run for one job under one contract."""
-    return f"torchpass-validate-{_SAFE.sub('_', contract_id)}-{_SAFE.sub('_', job_id)}"
+def validation_workflow_id(customer_id: str, contract_id: str, job_id: str) -> str:
+    """Workflow id of an environment validation run for one job under one customer's contract."""
+    return f"torchpass-validate:{_part(customer_id)}:{_part(contract_id)}:{_part(job_id)}"
 
 
 # Search attributes registered on the server (see torchpass.server) and set by MigrationWorkflow.

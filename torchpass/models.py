@@ -165,7 +165,10 @@ class ConfirmResult(Model):
     world_size: NonNegativeInt
     redundancy: NonNegativeInt
     generation: NonNegativeInt
-    covered: bool = Field(description="job opted in and validated; False until the contract says so")
+    covered: bool = Field(
+        description="the job runs under a YOCO contract; whether the outcome counts (opted in and "
+        "validated at detection) is the contract's decision, recorded in its ledger"
+    )
     detail: str = ""
     work_seconds: float = 0.0
 
@@ -236,7 +239,7 @@ class MigrationOutcome(Model):
     kind: FailureKind
     evidence_count: NonNegativeInt
     classification: Classification
-    covered: bool
+    covered: bool = Field(description="the job runs under a YOCO contract (see ConfirmResult.covered)")
     disposition: Disposition
     success: bool = Field(description="live-migrated: no restart, no rollback, no recomputed step")
     lost_slots: tuple[NonNegativeInt, ...] = ()

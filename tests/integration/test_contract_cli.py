@@ -137,6 +137,7 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
             with contextlib.suppress(BaseException):
                 await task
     assert result.ok and result.incidents[0].success and result.incidents[0].error is None
+    assert result.incidents[0].covered  # the job runs under a contract
     incident = result.incidents[0].incident_id
     for _ in range(50):  # the outcome's signal is asynchronous
         code, out, _ = await _cli(client, capsys, "contract", "show", *who, "--json")
