@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -43,6 +43,10 @@ def _signal_name(code: int) -> str:
         return f"killed by {signal.Signals(-code).name}"
     except ValueError:
         return f"exit code {code}"
+
+
+# Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.
+_STALL_MARGIN = 0.5
 
 
 class Coordinator:
@@ -179,6 +183,7 @@ class Coordinator:
             "TORCHPASS_CHECKPOINT_EVERY": str(s.checkpoint_every),
             "TORCHPASS_SEED": str(s.seed),
             "TORCHPASS_THREADS": str(s.threads),
+            "TORCHPASS_COLLECTIVE_TIMEOUT": str(s.collective_timeout),
         }
         if restore:
             env["TORCHPASS_RESTORE"] = restore
@@ -283,7 +288,7 @@ class Coordinator:
             if step <= self._settled or step <= m.completed:
                 self.recomputed.add(step)
             m.step, m.step_at, m.step_wall, m.state = step, now, ts, "training"
-            m.completed = step - 1
+            m.completed, m.frozen_at = step - 1, None
             self._high_water = max(self._high_water, m.completed)
             self._fire_injections(m)
         elif t == "coll":
@@ -292,6 +297,7 @@ class Coordinator:
             m.state, m.completed = "ready", int(msg["completed"])
         elif t == "frozen":
             m.state, m.completed = "frozen", int(msg["completed"])
+            m.frozen_at = m.frozen_at or now
         elif t == "joined":
             m.state = "joined"
             m.replies["joined"] = msg
@@ -360,6 +366,35 @@ class Coordinator:
                 m = self.member_at(hang.slot)
                 if m is not None:
                     self.report(m, FailureKind.HANG, f"rank {m.slot} hung: {hang.detail}", time.time(), None)
+            if self.incident is None:
+                self._check_stall(now)
+
+    def _check_stall(self, now: float) -> None:
+        """Ranks frozen with nobody lost: a collective failed or timed out with every rank alive.
+
+        Reported once every rank of the world is frozen (nobody died: a dead rank is never "frozen"), or
+        when some have been frozen past the hang timeout while the rest still heart-beat in a collective
+        of their own. A real loss or hang is detected well within that time and takes precedence.
+        """
+        ranks = self.ranks()
+        frozen = [m for m in ranks if m.state == "frozen" and m.frozen_at is not None]
+        if not frozen:
+            return
+        everyone = len(ranks) == self.world_size and len(frozen) == len(ranks)
+        waited = now - min(m.frozen_at for m in frozen if m.frozen_at is not None)
+        if not everyone and waited <= self.spec.hang_timeout + _STALL_MARGIN:
+            return
+        ev = Evidence(
+            kind=FailureKind.COLLECTIVE_TIMEOUT,
+            source=EventSource.COORDINATOR,
+            job_id=self.job_id,
+            failure_domain="collective",
+            slots=(),
+            detail=f"ranks {sorted(m.slot for m in frozen)} left a failed collective with every rank alive"
+            f" ({len(frozen)} of {self.world_size} frozen for {waited:.1f} s); re-forming the group in place",
+            observed_at=datetime.now(UTC) - timedelta(seconds=waited),
+        )
+        self.add_evidence(ev)
 
     def _reap(self) -> None:
         """A process that died before it ever connected (import error, bad arguments) fails the job."""
@@ -433,15 +468,18 @@ class Coordinator:
 
     def _inject(self, msg: dict[str, Any]) -> dict[str, Any]:
         action, slot = msg.get("action"), msg.get("slot")
-        if action not in ("kill", "hang"):
-            return {"t": "error", "reason": f"unknown injection {action!r}: use kill or hang"}
+        if action not in ("kill", "hang", "pause"):
+            return {"t": "error", "reason": f"unknown injection {action!r}: use kill, hang or pause"}
+        seconds = msg.get("seconds", 5.0)
+        if action == "pause" and not (isinstance(seconds, int | float) and 0 < seconds <= 3600):
+            return {"t": "error", "reason": f"pause needs 0 < seconds <= 3600, not {seconds!r}"}
         if not isinstance(slot, int) or not 0 <= slot < self.world_size:
             return {
                 "t": "error",
                 "reason": f"job {self.job_id} has ranks 0-{self.world_size - 1}, not {slot!r}",
             }
         after = msg.get("after_step")
-        self._injections.append({"action": action, "slot": slot, "after_step": after})
+        self._injections.append({"action": action, "slot": slot, "after_step": after, "seconds": seconds})
         m = self.member_at(slot)
         if m is not None:
             self._fire_injections(m)
@@ -455,6 +493,9 @@ class Coordinator:
                     self._launcher.kill(m.agent_id)
                 else:
                     self._launcher.suspend(m.agent_id)
+                if inj["action"] == "pause":  # a stall that ends: the rank resumes on its own
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(float(inj["seconds"]), self._launcher.resume, m.agent_id)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -18,6 +18,7 @@ from job_agent.recovery import choose_donor, receivers
 from torchpass.models import (
     ConfirmResult,
     Evidence,
+    FailureKind,
     FallbackResult,
     FreezeResult,
     MigrationOutcome,
@@ -103,7 +104,8 @@ class IncidentActions:
             lambda: all(self.c.member_at(s) is None for s in inc.lost), 10.0, "fenced ranks to die"
         )
         return ConfirmResult(
-            confirmed=bool(inc.lost),
+            # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
+            confirmed=bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence),
             lost_slots=tuple(sorted(inc.lost)),
             fenced_slots=tuple(fenced),
             world_size=self.c.world_size,

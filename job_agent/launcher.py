@@ -28,6 +28,10 @@ class Launcher(abc.ABC):
         """Stop the process without killing it (failure injection of a hang)."""
 
     @abc.abstractmethod
+    def resume(self, agent_id: str) -> None:
+        """Continue a suspended process (failure injection of a stall that ends)."""
+
+    @abc.abstractmethod
     def poll(self, agent_id: str) -> int | None:
         """Exit code if the process has ended, else None."""
 
@@ -63,6 +67,9 @@ class LocalLauncher(Launcher):
 
     def suspend(self, agent_id: str) -> None:
         self._signal(agent_id, signal.SIGSTOP)
+
+    def resume(self, agent_id: str) -> None:
+        self._signal(agent_id, signal.SIGCONT)
 
     def poll(self, agent_id: str) -> int | None:
         proc = self._procs.get(agent_id)

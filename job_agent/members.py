@@ -32,6 +32,7 @@ class Member:
     collective_step: int = -1
     collective_at: float = 0.0
     completed: int = -1
+    frozen_at: float | None = None  # monotonic time of its last "frozen" report while training
     fenced: bool = False
     reserved_for: str | None = None
     replies: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -56,6 +56,7 @@ KINDS_BY_CATEGORY: dict[Category, tuple[FailureKind, ...]] = {
         K.OOM_KILL,
         K.CUDA_ERROR,
         K.NCCL_ERROR,
+        K.COLLECTIVE_TIMEOUT,
         K.HANG,
         K.POD_DELETED,
         K.PROCESS_EXIT,

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--spares", type=int, default=1, help="warm spare processes")
     r.add_argument("--job-id", default=None)
     r.add_argument("--hang-timeout", type=float, default=2.0, help="seconds without heartbeat or progress")
+    r.add_argument("--collective-timeout", type=float, default=60.0, help="seconds one collective may take")
     r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
@@ -67,10 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     _temporal_args(r)
 
     i = sub.add_parser("inject", help="inject a failure into a running job (tests, demos, chaos)")
-    i.add_argument("action", choices=["kill", "hang"])
+    i.add_argument(
+        "action", choices=["kill", "hang", "pause"], help="pause: SIGSTOP, SIGCONT after --seconds"
+    )
     i.add_argument("--job", required=True)
     i.add_argument("--rank", type=int, required=True)
     i.add_argument("--after-step", type=int, default=None, help="wait until the rank reaches this step")
+    i.add_argument("--seconds", type=float, default=5.0, help="how long a pause lasts")
 
     sub.add_parser("jobs", help="list the jobs running on this host")
 
@@ -211,6 +215,7 @@ async def _run(args: argparse.Namespace, settings: CliSettings) -> int:
         "spares": args.spares,
         "state_dir": settings.state_dir,
         "hang_timeout": args.hang_timeout,
+        "collective_timeout": args.collective_timeout,
         "checkpoint_every": args.checkpoint_every,
         "seed": args.seed,
         "threads": args.threads,
@@ -246,7 +251,13 @@ def _summary(result: dict[str, Any]) -> str:
 def _inject(args: argparse.Namespace, settings: CliSettings) -> int:
     from job_agent.jobs import UnknownJob, request
 
-    msg = {"t": "inject", "action": args.action, "slot": args.rank, "after_step": args.after_step}
+    msg = {
+        "t": "inject",
+        "action": args.action,
+        "slot": args.rank,
+        "after_step": args.after_step,
+        "seconds": args.seconds,
+    }
     try:
         reply = request(settings.state_dir, args.job, msg)
     except UnknownJob as e:

@@ -26,6 +26,9 @@ class JobSpec(Model):
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     hang_timeout: float = Field(default=2.0, gt=0, description="seconds without heartbeat or progress")
+    collective_timeout: float = Field(
+        default=60.0, gt=0, description="seconds one collective may take before it fails (gloo/NCCL)"
+    )
     checkpoint_every: int = Field(default=50, ge=0)
     seed: int = 0
     threads: int = Field(default=1, ge=1)

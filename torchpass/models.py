@@ -39,6 +39,9 @@ class FailureKind(StrEnum):
     OOM_KILL = "oom_kill"
     CUDA_ERROR = "cuda_error"
     NCCL_ERROR = "nccl_error"
+    # A collective failed or timed out while every rank stayed alive and connected (a fabric blip, a
+    # rank stalled past the collective timeout): the group re-forms in place, nobody is replaced.
+    COLLECTIVE_TIMEOUT = "collective_timeout"
     # Host, GPU or local fabric failure.
     GPU_FELL_OFF_BUS = "gpu_fell_off_bus"
     GPU_ECC_UNCORRECTABLE = "gpu_ecc_uncorrectable"

@@ -54,6 +54,10 @@ async def test_a_peer_without_the_secret_is_refused_and_the_job_goes_on(
         request, tmp_path, "intruder", {"t": "inject", "action": "kill", "slot": 9}
     )
     assert bad_rank["t"] == "error" and "ranks 0-3" in bad_rank["reason"]
+    bad_pause = await asyncio.to_thread(
+        request, tmp_path, "intruder", {"t": "inject", "action": "pause", "slot": 1, "seconds": -2}
+    )
+    assert bad_pause["t"] == "error" and "seconds" in bad_pause["reason"]
     result = await asyncio.wait_for(task, 120)
     assert result.ok and not result.incidents
 

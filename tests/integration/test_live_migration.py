@@ -6,15 +6,18 @@ recomputed (counted independently by the coordinator from the ranks' step report
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
+from job_agent.jobs import request, running_jobs
 from tests.integration.conftest import run_with, spec
 from torchpass.ids import SA_JOB_ID
 from torchpass.job import JobResult
 from torchpass.models import Disposition, FailureKind, Phase
+from workers.job import run_job
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +72,31 @@ async def test_incidents_are_searchable_by_job(client: Client, reference: JobRes
     assert_migrated_live(result, reference, 1)
     found = [wf.id async for wf in client.list_workflows(f"{SA_JOB_ID} = 'searchable'")]
     assert found == [result.incidents[0].incident_id.split("/")[0]]
+
+
+async def test_a_collective_that_times_out_with_every_rank_alive_re_forms_in_place(
+    client: Client, reference: JobResult, tmp_path: Path
+) -> None:
+    """Rank 1 stalls (SIGSTOP, SIGCONT 3 s later) past the 1 s collective timeout but within the 5 s hang
+    timeout: its peers' collective times out, then its own fails, and nobody is lost. The group re-forms
+    in place for the next generation, no spare taken, no step recomputed."""
+    job = spec(tmp_path, "stall-rank-1", hang_timeout=5.0, collective_timeout=1.0)
+    task = asyncio.create_task(run_job(job, client))
+    try:
+        for _ in range(600):
+            if any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
+                break
+            await asyncio.sleep(0.05)
+        pause = {"t": "inject", "action": "pause", "slot": 1, "after_step": 20, "seconds": 3.0}
+        assert (await asyncio.to_thread(request, job.state_dir, job.job_id, pause))["t"] == "ok"
+        result = await asyncio.wait_for(asyncio.shield(task), 150)
+    finally:
+        if not task.done():
+            task.cancel()
+    assert result.ok, result.error
+    assert result.final_digest == reference.final_digest and result.steps_recomputed == 0
+    (o,) = result.incidents
+    assert o.kind == FailureKind.COLLECTIVE_TIMEOUT and o.lost_slots == ()
+    assert o.disposition == Disposition.MIGRATED and o.success and o.classification.qualifying
+    assert o.proof is not None and o.proof.receiver_slots == () and o.proof.step_before == o.proof.step_after
+    assert result.generation == 1  # re-formed once, in place

@@ -108,6 +108,7 @@ def test_a_cordon_with_the_temperature_reading_behind_it_still_qualifies() -> No
         pytest.param(K.KERNEL_PANIC, id="kernel panic"),
         pytest.param(K.HANG, id="NCCL hang / stuck rank"),
         pytest.param(K.NCCL_ERROR, id="NCCL error"),
+        pytest.param(K.COLLECTIVE_TIMEOUT, id="NCCL timeout, every rank alive"),
         pytest.param(K.OOM_KILL, id="OOM kill"),
         pytest.param(K.CUDA_ERROR, id="CUDA driver fault"),
     ],
