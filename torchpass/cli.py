@@ -110,10 +110,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchpass: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ValidationError as e:
-        print(f"torchpass: invalid arguments:\n{e}", file=sys.stderr)
+        print(f"torchpass: invalid arguments:\n{_fields(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def _fields(e: ValidationError) -> str:
+    """One line per rejected field, in the user's words rather than pydantic's dump."""
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "value"
+        lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from temporalio.client import Client
 
 from torchpass import contract_client as cc
+from torchpass.contract import add_months
 from torchpass.contract_models import ContractTerms, ExpandInput, LedgerPage, RenewInput, Standing
 from torchpass.credit import Money
 from torchpass.ids import validation_workflow_id
@@ -93,7 +94,7 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
             customer_id=cust,
             contract_id=cid,
             start=start,
-            renewal_date=args.renewal or start.replace(year=start.year + 1),
+            renewal_date=args.renewal or add_months(start, 12),
             annual_fee=Money(amount=args.fee, currency=args.currency),
         )
         h = await cc.create_contract(client, terms)
@@ -136,13 +137,24 @@ async def _validate(args: argparse.Namespace, client: Client) -> int:
         job_task_queue=args.task_queue or job_task_queue(args.job),
         allow_local=args.allow_local,
     )
-    report: ValidationReport = await client.execute_workflow(
-        "EnvironmentValidationWorkflow",
-        inp,
-        id=validation_workflow_id(args.customer, args.contract, args.job),
-        task_queue=CONTROL_TASK_QUEUE,
-        result_type=ValidationReport,
-    )
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    from torchpass.cli import CliError
+
+    try:
+        report: ValidationReport = await client.execute_workflow(
+            "EnvironmentValidationWorkflow",
+            inp,
+            id=validation_workflow_id(args.customer, args.contract, args.job),
+            task_queue=CONTROL_TASK_QUEUE,
+            result_type=ValidationReport,
+            execution_timeout=timedelta(minutes=5),
+        )
+    except WorkflowAlreadyStartedError:
+        raise CliError(f"a validation of job {args.job} is already running; try again when it ends") from None
+    except WorkflowFailureError as e:
+        raise CliError(f"validation of job {args.job} did not complete: {e.cause or e}") from None
     for check in report.checks:
         print(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name:<18} {check.detail}")
     print(f"job {args.job}: {'validated, covered' if report.passed else 'validation failed, not covered'}")

@@ -26,6 +26,7 @@ from temporalio.client import Client
 from activities.validation import ValidationSettings
 from job_agent.jobs import request, running_jobs, wait_until_ready
 from torchpass import contract_client as cc
+from torchpass.contract import add_months
 from torchpass.contract_cli import format_ledger, format_standing
 from torchpass.contract_models import ContractTerms, Standing
 from torchpass.credit import Money
@@ -79,7 +80,7 @@ async def _open_contract(client: Client) -> None:
         customer_id=CONTRACT.customer_id,
         contract_id=CONTRACT.contract_id,
         start=start,
-        renewal_date=start.replace(year=start.year + 1),
+        renewal_date=add_months(start, 12),
         annual_fee=Money(amount="120000.00", currency="USD"),
     )
     await cc.create_contract(client, terms)
