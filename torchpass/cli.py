@@ -204,11 +204,21 @@ def _cost(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> int:
+    from torchpass.billing import BillingSettings
     from workers.control import control_worker
 
     client = await _client(args)
-    worker = control_worker(client)
+    billing = BillingSettings()
+    worker = control_worker(client, billing=billing)
     print(f"torchpass control worker on {client.service_client.config.target_host}", flush=True)
+    if not billing.configured:
+        # Not fatal (a contract may never owe a credit), but nobody should find out months later.
+        print(
+            "torchpass: warning: no billing destination (TORCHPASS_BILLING_WEBHOOK_URL and/or "
+            "TORCHPASS_BILLING_WORKFLOW_ID): YOCO credits stay pending on their contracts until one is set",
+            file=sys.stderr,
+            flush=True,
+        )
     await worker.run()
     return 0
 
