@@ -4,7 +4,9 @@ Success rate = successful qualifying migrations / total qualifying migrations de
 months before the evaluation date (never before the contract start). Evaluations happen at each renewal
 and at each expansion; an expansion in the first contract year is evaluated only when at least 3 months
 were measured. A rate below 90% (compared exactly, as fractions) earns a credit of 25% of the annual fee,
-at most once per contract year. The open cases the product brief leaves are decided in docs/contract.md.
+at most once per contract year, and never twice for the same failures: the outcomes detected since the
+last evaluation that issued a credit must on their own be below 90% too (`credit_start`). The open cases
+the product brief leaves are decided in docs/contract.md.
 
 `ContractBook` applies these rules to a contract's running state; ContractWorkflow holds one and feeds
 it the time (`workflow.now()`), so that everything here stays deterministic and unit-testable.
@@ -131,33 +133,69 @@ def summary(t: Tally) -> str:
     )
 
 
+def credit_start(window_start: date, window_end: date, credited_through: date | None) -> date:
+    """Where the outcomes a credit decision may count begin: the window's start, or the end of the last
+    evaluation that issued a credit when that is later. Trailing windows overlap across evaluations; what
+    an earlier credit already measured is never paid again."""
+    if credited_through is None:
+        return window_start
+    return min(max(window_start, credited_through), window_end)
+
+
+def _unpaid_note(unpaid: Tally, since: date) -> str:
+    if unpaid.qualifying == 0:
+        return f"; no credit: no qualifying failure since the last credit (period ended {since})"
+    rate = Fraction(unpaid.successful, unpaid.qualifying)
+    return (
+        f"; no credit: since the last credit (period ended {since}) {unpaid.successful}/{unpaid.qualifying} "
+        f"({float(rate):.2%}) meets 90%, and the failures it paid for are never paid twice"
+    )
+
+
 def evaluate(ctx: EvaluationContext, entries: Iterable[LedgerEntry]) -> Evaluation:
-    """One evaluation: the tally of its window and, when due, the one credit notice of its period."""
+    """One evaluation: the tally of its window and, when due, the one credit notice of its period.
+
+    The rate shown is the full trailing window's. A credit needs that rate below 90% *and* the outcomes
+    not yet measured by a credited evaluation (``[credit_start, end)``) below 90% on their own; the
+    notice then names that unpaid period and its counts, so that no two notices cover the same outcome."""
     start, end = window_for(ctx.contract_start, ctx.period_end)
     base = {"trigger": ctx.trigger, "term": ctx.term, "period_start": start, "period_end": end}
     if ctx.trigger is Trigger.EXPANSION and not expansion_measured_enough(ctx.contract_start, end):
         note = f"not evaluated: first-year expansion measured under {FIRST_YEAR_MIN_MONTHS} months"
         return Evaluation(**base, evaluated=False, fee=ctx.fee, note=note)
+    entries = list(entries)  # tallied twice
     t = tally(entries, start, end)
+    since = credit_start(start, end, ctx.credited_through)
+    unpaid = t if since == start else tally(entries, since, end)
     rate = success_rate(t.successful, t.qualifying)
-    counts = {"qualifying": t.qualifying, "successful": t.successful, "excluded": sum(t.excluded.values())}
+    counts = {
+        "qualifying": t.qualifying,
+        "successful": t.successful,
+        "excluded": sum(t.excluded.values()),
+        "credit_period_start": since,
+        "credit_qualifying": unpaid.qualifying,
+        "credit_successful": unpaid.successful,
+    }
     note = summary(t)
     credit = None
     if credit_due(t.successful, t.qualifying):
         if ctx.credit_already_this_term:
             note += "; credit already issued for this contract year"
+        elif not credit_due(unpaid.successful, unpaid.qualifying):
+            note += _unpaid_note(unpaid, since)
         else:
-            assert rate is not None  # credit_due implies qualifying > 0
+            unpaid_rate = success_rate(unpaid.successful, unpaid.qualifying)
+            assert unpaid_rate is not None  # credit_due implies qualifying > 0
             credit = CreditNotice(
                 idempotency_key=credit_idempotency_key(ctx.contract_id, end),
                 contract_id=ctx.contract_id,
                 customer_id=ctx.customer_id,
-                period_start=start,
+                period_start=since,
                 period_end=end,
                 trigger=ctx.trigger.value,
-                success_rate=rate,
-                qualifying=t.qualifying,
-                successful=t.successful,
+                success_rate=unpaid_rate,
+                qualifying=unpaid.qualifying,
+                successful=unpaid.successful,
                 amount=ctx.fee.times(CREDIT_SHARE),
                 apply_to=ctx.apply_to,
                 issued_at=ctx.now,
@@ -212,6 +250,7 @@ class ContractBook:
         self.evaluations = list(s.evaluations)
         self.pending = list(s.pending_credits)
         self.deliveries = list(s.deliveries)
+        self.credit_retry_at = s.credit_retry_at  # set by ContractWorkflow when billing did not take one
         self.duplicates, self.rejected_signals, self.pruned = s.duplicates, s.rejected_signals, s.pruned
         self.runs, self.rules_version = s.runs, s.rules_version
         self.lapsed = False
@@ -228,6 +267,7 @@ class ContractBook:
             evaluations=tuple(self.evaluations),
             pending_credits=tuple(self.pending),
             deliveries=tuple(self.deliveries),
+            credit_retry_at=self.credit_retry_at,
             duplicates=self.duplicates,
             rejected_signals=self.rejected_signals,
             pruned=self.pruned,
@@ -283,6 +323,15 @@ class ContractBook:
     def last_evaluated(self) -> date | None:
         return max((e.period_end for e in self.evaluations if e.evaluated), default=None)
 
+    def last_credited(self) -> date | None:
+        """The end of the last evaluation that issued a credit: outcomes before it were paid for.
+
+        Derived from the evaluations, which travel whole across continue-as-new and are never pruned."""
+        return max((e.period_end for e in self.evaluations if e.credit), default=None)
+
+    def credited_this_term(self) -> bool:
+        return any(e.credit and e.term == self.term for e in self.evaluations)
+
     def record_outcome(self, outcome: MigrationOutcome) -> tuple[LedgerEntry, bool]:
         """The ledger entry of an outcome, and whether it was a duplicate (then nothing else changes)."""
         known = self.entries.get(outcome.incident_id)
@@ -319,8 +368,9 @@ class ContractBook:
             period_end=period_end,
             fee=self.fee,  # the fee in force over the period measured, before this event changes it
             apply_to=apply_to,
-            credit_already_this_term=any(e.credit and e.term == self.term for e in self.evaluations),
+            credit_already_this_term=self.credited_this_term(),
             now=now,
+            credited_through=self.last_credited(),
         )
         ev = evaluate(ctx, self.entries.values())
         self.evaluations.append(ev)
@@ -383,6 +433,8 @@ class ContractBook:
     def delivered(self, delivery: CreditDelivery) -> None:
         self.pending = [c for c in self.pending if c.idempotency_key != delivery.idempotency_key]
         self.deliveries.append(delivery)
+        if not self.pending:
+            self.credit_retry_at = None
 
     # --- queries ---------------------------------------------------------------------------------------
 
@@ -390,9 +442,13 @@ class ContractBook:
         """The window as if evaluated at the end of today, and the credit it would earn."""
         start, end = window_for(self.terms.start, now.date() + timedelta(days=1))
         t = tally(self.entries.values(), start, end)
-        already = any(e.credit and e.term == self.term for e in self.evaluations)
+        unpaid = tally(self.entries.values(), credit_start(start, end, self.last_credited()), end)
         projected = None
-        if credit_due(t.successful, t.qualifying) and not already:
+        if (
+            credit_due(t.successful, t.qualifying)
+            and credit_due(unpaid.successful, unpaid.qualifying)
+            and not self.credited_this_term()
+        ):
             projected = self.fee.times(CREDIT_SHARE)
         return Standing(
             customer_id=self.terms.customer_id,
@@ -414,6 +470,7 @@ class ContractBook:
             covered_jobs=self.covered_jobs(now),
             evaluations=tuple(self.evaluations),
             pending_credits=len(self.pending),
+            next_credit_retry=self.credit_retry_at if self.pending else None,
             delivered_credits=tuple(d.idempotency_key for d in self.deliveries),
             duplicates=self.duplicates,
             rejected_signals=self.rejected_signals,

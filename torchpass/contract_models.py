@@ -182,6 +182,14 @@ class Evaluation(Model):
     successful: NonNegativeInt = 0
     excluded: NonNegativeInt = 0
     success_rate: Decimal | None = Field(default=None, description="floored to 6 places; None: no events")
+    credit_period_start: date | None = Field(
+        default=None,
+        description="where the outcomes the credit decision counts begin: the period start, or the end of "
+        "the last evaluation that issued a credit when that is later (the same failures are never paid "
+        "twice); None when not evaluated",
+    )
+    credit_qualifying: NonNegativeInt = Field(default=0, description="qualifying since credit_period_start")
+    credit_successful: NonNegativeInt = Field(default=0, description="successful since credit_period_start")
     fee: Money = Field(description="the annual fee the credit is a share of")
     credit: CreditNotice | None = None
     note: str
@@ -210,6 +218,7 @@ class EvaluationContext:
     apply_to: str
     credit_already_this_term: bool
     now: datetime
+    credited_through: date | None = None  # period_end of the last evaluation that issued a credit
 
 
 class ContractState(Model):
@@ -226,6 +235,9 @@ class ContractState(Model):
     evaluations: tuple[Evaluation, ...] = ()
     pending_credits: tuple[CreditNotice, ...] = ()
     deliveries: tuple[CreditDelivery, ...] = ()
+    credit_retry_at: AwareDatetime | None = Field(
+        default=None, description="when a pending credit that billing did not take is offered again"
+    )
     duplicates: NonNegativeInt = 0
     rejected_signals: NonNegativeInt = 0
     pruned: NonNegativeInt = Field(default=0, description="entries dropped as too old for any window")
@@ -299,6 +311,9 @@ class Standing(Model):
     covered_jobs: tuple[str, ...]
     evaluations: tuple[Evaluation, ...]
     pending_credits: NonNegativeInt
+    next_credit_retry: AwareDatetime | None = Field(
+        default=None, description="when pending credits are offered to billing again; None: at once"
+    )
     delivered_credits: tuple[str, ...] = Field(description="idempotency keys billing acknowledged")
     duplicates: NonNegativeInt
     rejected_signals: NonNegativeInt

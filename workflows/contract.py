@@ -5,22 +5,26 @@ renewals are updates whose validators answer a bad input with a typed `Applicati
 `ContractErrorType`) and leave no trace in history; migration outcomes arrive as a fire-and-forget signal
 from MigrationWorkflow, decoded here so that a malformed one is counted and dropped, never fatal. A durable
 timer wakes the workflow at each renewal date. A credit is delivered to billing by the `deliver_credit`
-activity, retried until billing acknowledges it. The rules themselves are pure (`torchpass.contract`);
-this module only orders them in time. Continue-as-new carries everything in one `ContractState`.
+activity. A billing outage holds up the renewal timer, the evaluations and continue-as-new for at most
+`DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up, the credit stays pending, and it is
+offered again `REDELIVER_AFTER` later (that time travels in the state, across continue-as-new).
+The rules themselves are pure (`torchpass.contract`); this module only orders them in time.
+Continue-as-new carries everything in one `ContractState`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy
+from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from torchpass.billing import BILLING_RETRY_POLICY, BILLING_TIMEOUTS
     from torchpass.contract import ContractBook, day_start
     from torchpass.contract_models import (
         ContractInput,
@@ -41,16 +45,12 @@ with workflow.unsafe.imports_passed_through():
 
 R = TypeVar("R")
 
-# Billing may be down for days; a credit is owed until it says it has it. Each attempt is bounded, the
-# attempts are not, and the backoff stops at an hour so that a recovered billing hears from us soon.
-DELIVER_CREDIT_TIMEOUT = timedelta(seconds=30)
-DELIVER_CREDIT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(hours=1),
-    maximum_attempts=0,
-)
-# After an activity error that no retry cures (billing said "non-retryable"), try again this much later.
+# Billing may be down for days; a credit is owed until it says it has it. One delivery is BILLING's
+# attempt and heartbeat bounds and retry policy (1 s to 5 min apart), given up after an hour, not
+# BILLING_TIMEOUTS' week: an outage must not keep an activity open (and its credit's retry time unknown)
+# for days. The credit then stays pending and is offered again REDELIVER_AFTER later, as after a refusal
+# no retry cures (a non-retryable error). Billing deduplicates on the idempotency key: re-offering is safe.
+DELIVER_CREDIT_SCHEDULE_TO_CLOSE = timedelta(hours=1)
 REDELIVER_AFTER = timedelta(hours=6)
 
 
@@ -65,7 +65,8 @@ class ContractWorkflow:
         self._terms = inp.terms
         self._book = ContractBook(inp.terms, inp.state)
         self._handled = 0  # history-growing inputs handled by this run
-        self._retry_at = workflow.now()  # when a refused credit is offered to billing again
+        self._timer: asyncio.Task[None] | None = None  # the durable timer of the next wake-up ...
+        self._timer_at: datetime | None = None  # ... and its time
 
     # --- inputs --------------------------------------------------------------------------------------
 
@@ -163,34 +164,52 @@ class ContractWorkflow:
     async def run(self, inp: ContractInput) -> Standing:
         while not self._book.lapsed:
             await self._wait(lambda: self._delivery_due() or self._should_continue())
-            if workflow.now() >= day_start(self._book.renewal_date):
+            if self._renewal_due():
                 self._book.close_term(workflow.now())
             if self._delivery_due():
+                # Bounded: gives up within DELIVER_CREDIT_SCHEDULE_TO_CLOSE, the credit staying pending.
                 await self._deliver_pending()
             if self._should_continue() and not self._book.lapsed:
                 await self._continue_as_new()
         # Not renewed: the last credit is still owed, then the contract's workflow ends.
         while self._book.pending:
             await self._wait(self._delivery_due)
-            await self._deliver_pending()
+            if self._delivery_due():
+                await self._deliver_pending()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._book.standing(workflow.now())
 
+    def _renewal_due(self) -> bool:
+        return not self._book.lapsed and workflow.now() >= day_start(self._book.renewal_date)
+
     async def _wait(self, condition: Callable[[], bool]) -> None:
-        """Until `condition` holds, or the next renewal (a durable timer) or credit retry is due."""
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(condition, timeout=self._next_wake())
+        """Until `condition` holds, or the next renewal or credit retry is due (a durable timer).
+
+        The timer is never cancelled: one is started per wake-up time and left to fire, even when the
+        condition comes first. So no completion carries a CancelTimer, which matters for continue-as-new:
+        the time-skipping test server wedges a run whose [CancelTimer, ContinueAsNew] completion it refused
+        for a signal that arrived meanwhile (temporalio/sdk-java#3088)."""
+        at = self._next_wake()
+        if at is None:
+            await workflow.wait_condition(condition)
+            return
+        if at <= workflow.now():
+            return
+        if self._timer is None or self._timer_at != at:
+            self._timer, self._timer_at = asyncio.create_task(workflow.sleep(at - workflow.now())), at
+        timer = self._timer
+        await workflow.wait_condition(lambda: condition() or timer.done())
 
     def _delivery_due(self) -> bool:
-        return bool(self._book.pending) and workflow.now() >= self._retry_at
+        retry_at = self._book.credit_retry_at
+        return bool(self._book.pending) and (retry_at is None or workflow.now() >= retry_at)
 
-    def _next_wake(self) -> timedelta:
-        # A zero timeout would mean "no timeout": when something is due, wake at once instead.
-        now = workflow.now()
-        wake = day_start(self._book.renewal_date)
+    def _next_wake(self) -> datetime | None:
+        # Once the contract lapsed there is no renewal to wake for (only a credit retry, if any).
+        wakes = [] if self._book.lapsed else [day_start(self._book.renewal_date)]
         if self._book.pending:
-            wake = min(wake, self._retry_at)
-        return max(wake - now, timedelta(milliseconds=1))
+            wakes.append(self._book.credit_retry_at or workflow.now())
+        return min(wakes, default=None)
 
     def _should_continue(self) -> bool:
         return (
@@ -202,7 +221,8 @@ class ContractWorkflow:
         for notice in list(self._book.pending):
             delivery = await self._deliver(notice)
             if delivery is None:
-                self._retry_at = workflow.now() + REDELIVER_AFTER
+                # Carried in the state: a continue-as-new does not bring the next offer forward.
+                self._book.credit_retry_at = workflow.now() + REDELIVER_AFTER
                 return
             self._book.delivered(delivery)
 
@@ -212,11 +232,18 @@ class ContractWorkflow:
                 ControlActivity.DELIVER_CREDIT,
                 notice,
                 result_type=CreditDelivery,
-                start_to_close_timeout=DELIVER_CREDIT_TIMEOUT,
-                retry_policy=DELIVER_CREDIT_RETRY,
+                start_to_close_timeout=BILLING_TIMEOUTS.start_to_close,
+                heartbeat_timeout=BILLING_TIMEOUTS.heartbeat,
+                schedule_to_close_timeout=DELIVER_CREDIT_SCHEDULE_TO_CLOSE,
+                retry_policy=BILLING_RETRY_POLICY,
             )
         except ActivityError as e:
-            workflow.logger.error("credit %s not delivered: %s", notice.idempotency_key, e.cause or e)
+            workflow.logger.error(
+                "credit %s not delivered, offered again in %s: %s",
+                notice.idempotency_key,
+                REDELIVER_AFTER,
+                e.cause or e,
+            )
             return None
 
     async def _continue_as_new(self) -> None:

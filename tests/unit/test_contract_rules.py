@@ -289,6 +289,73 @@ def test_at_most_one_credit_per_contract_year_across_expansions_and_renewal() ->
     assert nxt.credit is not None and nxt.term == 1
 
 
+def _credited_year_zero() -> ContractBook:
+    """The reviewer's contract: 100,000 a year; the year ends at 80/100, 3 of the failures in its first
+    days, so that a window 9 days later measures 80/97 without one new failure."""
+    book = ContractBook(terms(annual_fee=usd("100000.00")))
+    book.opt_in("job-a", T0)
+    book.record_validation(report(True, T0))
+    fill(book, 0, 0, successes=0, failures=3)  # day 1 of the contract
+    fill(book, 3, 5, successes=80, failures=17)
+    book.renew(RenewInput())
+    ev = book.close_term(day_start(book.renewal_date))
+    assert (ev.qualifying, ev.successful) == (100, 80)
+    assert ev.credit is not None and ev.credit.amount == usd("25000.00") and ev.term == 0
+    return book
+
+
+def test_a_shortfall_already_credited_is_not_credited_again_in_the_next_year() -> None:
+    book = _credited_year_zero()
+    renewal = book.term_start
+    on = renewal + timedelta(days=9)
+    assert book.standing(day_start(on) - timedelta(hours=1)).projected_credit is None
+    ev = book.expand(ExpandInput(on=on, annual_fee=usd("110000.00")), day_start(on))
+    # The trailing window still shows the shortfall: 80/97. But every one of its failures was measured by
+    # the renewal that paid for it; nothing since then can earn a credit.
+    assert ev.evaluated and ev.term == 1 and (ev.qualifying, ev.successful) == (97, 80)
+    assert ev.credit_period_start == renewal and (ev.credit_qualifying, ev.credit_successful) == (0, 0)
+    assert ev.credit is None and "no qualifying failure since the last credit" in ev.note
+    assert len(book.pending) == 1 and book.pending[0].period_end == renewal  # only the renewal's credit
+
+
+def test_new_failures_after_the_credited_period_earn_the_next_years_credit() -> None:
+    book = _credited_year_zero()
+    renewal = book.term_start
+    fill(book, 200, 13, successes=2, failures=3)  # a month into year 1
+    month15 = add_months(START, 15)
+    assert book.standing(day_start(month15) - timedelta(hours=1)).projected_credit == usd("25000.00")
+    ev = book.expand(ExpandInput(on=month15, annual_fee=usd("110000.00")), day_start(month15))
+    assert (ev.qualifying, ev.successful) == (102, 82)  # the trailing window, as shown
+    assert ev.credit is not None and ev.term == 1 and ev.credit.amount == usd("25000.00")
+    # The notice names only what it pays for: the outcomes since the renewal's credit.
+    c = ev.credit
+    assert (c.period_start, c.period_end) == (renewal, month15)
+    assert (c.qualifying, c.successful, c.success_rate) == (5, 2, Decimal("0.4"))
+    assert c.idempotency_key != book.pending[0].idempotency_key and len(book.pending) == 2
+
+
+def test_outcomes_since_the_last_credit_must_be_below_ninety_on_their_own() -> None:
+    book = _credited_year_zero()
+    fill(book, 200, 13, successes=10, failures=0)
+    month15 = add_months(START, 15)
+    ev = book.expand(ExpandInput(on=month15, annual_fee=usd("110000.00")), day_start(month15))
+    assert (ev.qualifying, ev.successful) == (107, 90)  # 84%: below, but all its failures were paid for
+    assert (ev.credit_qualifying, ev.credit_successful) == (10, 10)
+    assert ev.credit is None and "meets 90%" in ev.note
+
+
+def test_the_trailing_year_must_still_be_below_ninety_for_a_credit() -> None:
+    book = covered_book()
+    fill(book, 0, 1, successes=0, failures=15)
+    fill(book, 100, 11, successes=85, failures=0)
+    book.renew(RenewInput())
+    assert book.close_term(day_start(book.renewal_date)).credit is not None  # 85/100
+    fill(book, 200, 13, successes=0, failures=1)  # since the credit: 0/1
+    month14 = add_months(START, 14)
+    ev = book.expand(ExpandInput(on=month14, annual_fee=usd("150000")), day_start(month14))
+    assert (ev.qualifying, ev.successful) == (86, 85) and ev.credit is None  # the brief's measure: 98.8%
+
+
 def test_the_credit_uses_the_fee_in_force_over_the_measured_period() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=0, failures=4)
@@ -383,6 +450,22 @@ def test_state_round_trips_through_json_and_keeps_the_standing() -> None:
     copy = ContractBook(again.terms, again.state)
     now = T0 + timedelta(days=200)
     assert copy.standing(now) == book.standing(now) and copy.to_state() == book.to_state()
+
+
+def test_a_pending_credit_and_its_retry_time_survive_continue_as_new() -> None:
+    book = covered_book()
+    fill(book, 0, 1, successes=0, failures=2)
+    book.renew(RenewInput())
+    book.close_term(day_start(book.renewal_date))
+    retry = day_start(book.term_start) + timedelta(hours=7)
+    book.credit_retry_at = retry
+    again = ContractInput.model_validate_json(
+        ContractInput(terms=book.terms, state=book.to_state()).model_dump_json()
+    )
+    copy = ContractBook(again.terms, again.state)
+    assert copy.credit_retry_at == retry and copy.pending == book.pending
+    assert copy.standing(retry).next_credit_retry == retry
+    assert copy.last_credited() == book.term_start  # what was paid for stays paid for
 
 
 def test_a_year_of_ten_thousand_outcomes_fits_one_payload() -> None:

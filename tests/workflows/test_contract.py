@@ -3,8 +3,8 @@
 Two contract years pass in seconds: outcomes are signalled the way MigrationWorkflow sends them, expansions
 and renewals are updates, the renewal date is the workflow's own durable timer, and the credit goes to a
 fake `deliver_credit` activity registered under the real name (it refuses the first attempt, so the retry
-policy is exercised). With TORCHPASS_SAVE_HISTORIES=1 every run of each test is saved to
-tests/histories/contract_<test>_run<k>.json for the replay test.
+policy is exercised; another is down for hours across a renewal date). With TORCHPASS_SAVE_HISTORIES=1
+every run of each test is saved to tests/histories/contract_<test>_run<k>.json for the replay test.
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ from temporalio.worker import Worker
 
 from torchpass import contract_client as cc
 from torchpass.contract import add_months, day_start
-from torchpass.contract_models import ContractErrorType, ContractTerms, EntryStatus, ExpandInput, RenewInput
+from torchpass.contract_models import (
+    ContractErrorType,
+    ContractTerms,
+    EntryStatus,
+    ExpandInput,
+    RenewInput,
+    Trigger,
+)
 from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
 from torchpass.ids import ControlActivity, contract_workflow_id
 from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
@@ -52,6 +59,25 @@ class FakeBilling:
         n = self.attempts[notice.idempotency_key] = self.attempts.get(notice.idempotency_key, 0) + 1
         if n == 1:
             raise RuntimeError("billing webhook answered 503")
+        self.accepted.append(notice)
+        return CreditDelivery(
+            idempotency_key=notice.idempotency_key, webhook_status=202, delivered_at=datetime.now(UTC)
+        )
+
+
+class BillingOutage:
+    """Billing that is unreachable until `up` is set: every attempt fails with a retryable error."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.attempts = 0
+        self.accepted: list[CreditNotice] = []
+
+    @activity.defn(name=ControlActivity.DELIVER_CREDIT)
+    async def deliver(self, notice: CreditNotice) -> CreditDelivery:
+        self.attempts += 1
+        if not self.up:
+            raise RuntimeError("billing webhook unreachable: connection refused")
         self.accepted.append(notice)
         return CreditDelivery(
             idempotency_key=notice.idempotency_key, webhook_status=202, delivered_at=datetime.now(UTC)
@@ -234,6 +260,81 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
     assert len(uncovered) == 5 and all(
         not r.counted and r.reason and "not opted in" in r.reason for r in uncovered
     )
+
+
+async def _run_id(c: Contract) -> str:
+    # describe, not a query: a query that meets a run as it continues-as-new can go unanswered on the
+    # time-skipping server.
+    desc = await c.client.get_workflow_handle(contract_workflow_id(CUSTOMER, c.id)).describe()
+    return desc.run_id
+
+
+async def _wait_new_run(c: Contract, old: str) -> cc.Standing:
+    for _ in range(60):
+        if await _run_id(c) != old:
+            return await cc.get_standing(c.client, CUSTOMER, c.id)
+        await c.env.sleep(timedelta(seconds=1))
+    raise AssertionError("the contract never continued-as-new")
+
+
+async def test_a_billing_outage_across_a_renewal_never_stalls_the_contract(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    start = await _start_day(env)
+    c = Contract(env, start, cas_after=5)
+    billing = BillingOutage()
+    renewal = c.terms.renewal_date
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver]
+    ):
+        handle = await c.create()
+        await c.cover("job-a")
+        t = await env.get_current_time()
+
+        # 23:30 the day before the renewal: an expansion at 6/10 earns a credit, and billing is down.
+        await env.sleep(day_start(renewal) - timedelta(minutes=30) - t)
+        await c.send(t, 10, failures=4)
+        await cc.renew(c.client, CUSTOMER, c.id, RenewInput())
+        on = renewal - timedelta(days=1)
+        exp = await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=on, annual_fee=usd("120000.00")))
+        assert exp.credit is not None
+
+        # 01:00: the delivery, still retried as the renewal date came, gave up within its hour (00:30);
+        # the renewal was evaluated then, not held up by billing, and the credit waits for its next offer.
+        await env.sleep(day_start(renewal) + timedelta(hours=1) - await env.get_current_time())
+        s1 = await cc.get_standing(c.client, CUSTOMER, c.id)
+        assert s1.term == 1 and s1.renewal_date == add_months(renewal, 12)
+        closing = s1.evaluations[-1]
+        assert (closing.trigger, closing.period_end, closing.term) == (Trigger.RENEWAL, renewal, 0)
+        assert closing.credit is None  # the year's one credit is the expansion's
+        assert closing.credit_period_start == on  # and nothing since it was measured twice
+        assert s1.pending_credits == 1 and s1.delivered_credits == () and billing.attempts > 1
+        retry = s1.next_credit_retry
+        assert retry is not None
+        assert day_start(renewal) + timedelta(hours=6) < retry < day_start(renewal) + timedelta(hours=7)
+        # Continue-as-new keeps the pending credit and its retry time: no redelivery at once.
+        attempts, run = billing.attempts, await _run_id(c)
+        await c.send(await env.get_current_time(), c.terms.continue_as_new_after, failures=0)
+        s2 = await _wait_new_run(c, run)
+        assert s2.runs == s1.runs + 1
+        assert s2.next_credit_retry == retry and s2.pending_credits == 1 and billing.attempts == attempts
+
+        # Billing is back: the next offer delivers the credit, once.
+        billing.up = True
+        await env.sleep(retry + timedelta(minutes=1) - await env.get_current_time())
+        delivered = await _wait_delivered(c, 1)
+        attempts = billing.attempts
+        await env.sleep(timedelta(days=2))
+        final = await cc.get_standing(c.client, CUSTOMER, c.id)
+        await handle.terminate("test done")
+    await c.save(name, handle.result_run_id or "")
+
+    key = credit_idempotency_key(c.id, on)
+    assert [n.idempotency_key for n in billing.accepted] == [key]
+    assert delivered.delivered_credits == (key,) and delivered.pending_credits == 0
+    assert final.delivered_credits == (key,) and final.next_credit_retry is None
+    assert billing.attempts == attempts  # nothing offered after billing took it
+    assert final.runs > s1.runs and final.term == 1
 
 
 async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
