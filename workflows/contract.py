@@ -52,6 +52,9 @@ R = TypeVar("R")
 # no retry cures (a non-retryable error). Billing deduplicates on the idempotency key: re-offering is safe.
 DELIVER_CREDIT_SCHEDULE_TO_CLOSE = timedelta(hours=1)
 REDELIVER_AFTER = timedelta(hours=6)
+# An incident's outcome reaches the contract when its workflow ends: seconds after a live migration, up to
+# the fallback restart's 15-minute bound otherwise.
+RENEWAL_SETTLE = timedelta(minutes=20)
 
 
 def _rejected(e: ContractRuleError) -> ApplicationError:
@@ -180,7 +183,13 @@ class ContractWorkflow:
         return self._book.standing(workflow.now())
 
     def _renewal_due(self) -> bool:
-        return not self._book.lapsed and workflow.now() >= day_start(self._book.renewal_date)
+        return not self._book.lapsed and workflow.now() >= self._closes_at()
+
+    def _closes_at(self) -> datetime:
+        """When the term is evaluated: its renewal date (the evaluated period's end) plus a settling
+        time, so that an incident detected just before midnight, whose outcome arrives minutes later,
+        is counted in the term it belongs to instead of no term at all."""
+        return day_start(self._book.renewal_date) + RENEWAL_SETTLE
 
     async def _wait(self, condition: Callable[[], bool]) -> None:
         """Until `condition` holds, or the next renewal or credit retry is due (a durable timer).
@@ -206,7 +215,7 @@ class ContractWorkflow:
 
     def _next_wake(self) -> datetime | None:
         # Once the contract lapsed there is no renewal to wake for (only a credit retry, if any).
-        wakes = [] if self._book.lapsed else [day_start(self._book.renewal_date)]
+        wakes = [] if self._book.lapsed else [self._closes_at()]
         if self._book.pending:
             wakes.append(self._book.credit_retry_at or workflow.now())
         return min(wakes, default=None)

@@ -425,3 +425,27 @@ async def test_a_failed_validation_leaves_outcomes_uncovered(env: WorkflowEnviro
     await c.save(name, handle.result_run_id or "")
     assert standing.qualifying == 0 and standing.excluded == {EntryStatus.VALIDATION_FAILED: 1}
     assert "no qualifying failures" in standing.summary and standing.projected_credit is None
+
+
+async def test_an_outcome_arriving_just_after_the_renewal_counts_in_its_own_term(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    """An incident detected a minute before midnight on the renewal date, recorded five minutes after:
+    the term closes after a settling time, so the outcome is in the renewal's evaluation, not lost
+    between two windows."""
+    start = await _start_day(env)
+    c = Contract(env, start)
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[FakeBilling().deliver]
+    ):
+        handle = await c.create()
+        await c.cover("job-a")
+        await cc.renew(c.client, CUSTOMER, c.id, RenewInput())
+        renewal = day_start(c.terms.renewal_date)
+        await env.sleep(renewal + timedelta(minutes=5) - await env.get_current_time())
+        await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(renewal - timedelta(minutes=1), False))
+        await env.sleep(timedelta(hours=1))
+        standing = await cc.get_standing(c.client, CUSTOMER, c.id)
+        await c.save(name, handle.result_run_id or "")
+    (ev,) = [e for e in standing.evaluations if e.trigger is Trigger.RENEWAL]
+    assert (ev.qualifying, ev.successful) == (1, 0) and ev.credit is not None
