@@ -269,6 +269,8 @@ class Coordinator:
             m.send({"t": "welcome"})
         elif t == "inject":
             _send_raw(conn, self._inject(msg))
+        elif t == "drain":
+            _send_raw(conn, self._drain(msg))
         elif t == "status":
             _send_raw(conn, self.status())
         else:
@@ -484,6 +486,33 @@ class Coordinator:
         if m is not None:
             self._fire_injections(m)
         return {"t": "ok", "action": action, "slot": slot, "after_step": after}
+
+    def _drain(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A planned migration (node cordon or drain, security patch, rising temperature): the rank's
+        slot moves to a spare while the rank is still healthy; it is fenced only once every rank froze."""
+        slot = msg.get("slot")
+        m = self.member_at(slot) if isinstance(slot, int) else None
+        if m is None or m.role != "rank":
+            return {
+                "t": "error",
+                "reason": f"job {self.job_id} has ranks 0-{self.world_size - 1}, not {slot!r}",
+            }
+        if self.state != "training":
+            return {"t": "error", "reason": f"job {self.job_id} is {self.state}, not training"}
+        reason = str(msg.get("reason") or "operator request")[:500]
+        kind = FailureKind.NODE_CORDON if msg.get("kind") == "cordon" else FailureKind.NODE_DRAIN
+        self.add_evidence(
+            Evidence(
+                kind=kind,
+                source=EventSource.OPERATOR,
+                job_id=self.job_id,
+                failure_domain=m.node,
+                slots=(m.slot,),
+                detail=f"planned migration of rank {m.slot} off {m.node}: {reason}",
+                observed_at=datetime.now(UTC),
+            )
+        )
+        return {"t": "ok", "slot": m.slot, "node": m.node}
 
     def _fire_injections(self, m: Member) -> None:
         for inj in list(self._injections):

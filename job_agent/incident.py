@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from job_agent.members import Member
 from job_agent.recovery import choose_donor, receivers
+from torchpass.classify import CATEGORY_OF
 from torchpass.models import (
+    Category,
     ConfirmResult,
     Evidence,
     FailureKind,
@@ -48,6 +50,7 @@ class Incident:
     workflow_id: str
     evidence: list[Evidence] = field(default_factory=list)
     lost: set[int] = field(default_factory=set)
+    leaving: set[int] = field(default_factory=set)  # planned: healthy until frozen, then fenced
     spare_ids: list[str] = field(default_factory=list)
     past_freeze: bool = False
     frozen: FreezeResult | None = None
@@ -94,14 +97,17 @@ class IncidentActions:
         t0 = time.perf_counter()
         inc = self._incident(incident_id, evidence)
         fenced = []
-        for slot in sorted(inc.lost):
+        inc.leaving |= _planned_slots(inc)
+        for slot in sorted(inc.lost - inc.leaving):
             m = self.c.member_at(slot)
             if m is not None:  # still running (hung): fence it so it can never rejoin
                 m.fenced = True
                 self.c.kill(m)
             fenced.append(slot)
         await self.c.wait_for(
-            lambda: all(self.c.member_at(s) is None for s in inc.lost), 10.0, "fenced ranks to die"
+            lambda: all(self.c.member_at(s) is None for s in inc.lost - inc.leaving),
+            10.0,
+            "fenced ranks to die",
         )
         return ConfirmResult(
             # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
@@ -161,22 +167,33 @@ class IncidentActions:
             return inc.frozen
         inc.past_freeze = True
         survivors = [m for m in self.c.ranks() if m.slot not in inc.lost and m.role == "rank"]
-        for m in survivors:
+        leaving = [m for m in self.c.ranks() if m.slot in inc.leaving and not m.fenced]
+        for m in (*survivors, *leaving):
             m.send({"t": "freeze"})
         await self.c.wait_for(
-            lambda: all(m.state == "frozen" or not m.alive for m in survivors),
+            lambda: all(m.state == "frozen" or not m.alive for m in (*survivors, *leaving)),
             self.freeze_timeout,
             "ranks to freeze",
         )
         gone = [m.slot for m in survivors if not m.alive]
         if gone:
             raise IncidentError("FreezeFailed", f"ranks {gone} were lost while freezing", retryable=False)
+        await self._fence_leaving(leaving)
         completed = {m.slot: m.completed for m in survivors}
         _, target = choose_donor(completed)
         inc.frozen = FreezeResult(
             completed_steps=completed, target_step=target, work_seconds=time.perf_counter() - t0
         )
         return inc.frozen
+
+    async def _fence_leaving(self, leaving: list[Member]) -> None:
+        """A planned move: the leaving ranks froze with everyone else; now they go, for good."""
+        for m in leaving:
+            m.fenced = True
+            self.c.kill(m)
+        await self.c.wait_for(
+            lambda: all(self.c.member_at(m.slot) is None for m in leaving), 10.0, "leaving ranks to stop"
+        )
 
     async def transfer(self, incident_id: str, tick: Tick) -> TransferResult:
         t0 = time.perf_counter()
@@ -323,3 +340,10 @@ class IncidentActions:
                 if self.c.members[agent_id].slot >= 0:
                     self.c.spawn("spare", -1)  # refill the pool at once
         self.c.end_incident(outcome)
+
+
+def _planned_slots(inc: Incident) -> set[int]:
+    """Slots whose every report is a planned signal (cordon, drain): their ranks are healthy donors."""
+    planned = {s for ev in inc.evidence if CATEGORY_OF[ev.kind] is Category.PLANNED for s in ev.slots}
+    failed = {s for ev in inc.evidence if CATEGORY_OF[ev.kind] is not Category.PLANNED for s in ev.slots}
+    return planned - failed

@@ -37,6 +37,24 @@ def _temporal_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-ca", help="server CA certificate (PEM)")
 
 
+def _job_control_parsers(sub: Any) -> None:
+    """`inject` and `drain`: requests to a running job's coordinator on this host."""
+    i = sub.add_parser("inject", help="inject a failure into a running job (tests, demos, chaos)")
+    i.add_argument(
+        "action", choices=["kill", "hang", "pause"], help="pause: SIGSTOP, SIGCONT after --seconds"
+    )
+    i.add_argument("--job", required=True)
+    i.add_argument("--rank", type=int, required=True)
+    i.add_argument("--after-step", type=int, default=None, help="wait until the rank reaches this step")
+    i.add_argument("--seconds", type=float, default=5.0, help="how long a pause lasts")
+
+    d = sub.add_parser("drain", help="planned migration: move a healthy rank off its node (cordon/drain)")
+    d.add_argument("--job", required=True)
+    d.add_argument("--rank", type=int, required=True)
+    d.add_argument("--reason", default="operator request", help="recorded on the incident")
+    d.add_argument("--cordon", action="store_true", help="report it as a node cordon rather than a drain")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="torchpass", description="Live migration for distributed PyTorch training."
@@ -67,15 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
     _temporal_args(r)
 
-    i = sub.add_parser("inject", help="inject a failure into a running job (tests, demos, chaos)")
-    i.add_argument(
-        "action", choices=["kill", "hang", "pause"], help="pause: SIGSTOP, SIGCONT after --seconds"
-    )
-    i.add_argument("--job", required=True)
-    i.add_argument("--rank", type=int, required=True)
-    i.add_argument("--after-step", type=int, default=None, help="wait until the rank reaches this step")
-    i.add_argument("--seconds", type=float, default=5.0, help="how long a pause lasts")
-
+    _job_control_parsers(sub)
     sub.add_parser("jobs", help="list the jobs running on this host")
 
     from torchpass.contract_cli import register as register_contract
@@ -139,6 +149,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(_run(args, settings))
     if args.command == "inject":
         return _inject(args, settings)
+    if args.command == "drain":
+        msg = {
+            "t": "drain",
+            "slot": args.rank,
+            "reason": args.reason,
+            "kind": "cordon" if args.cordon else "drain",
+        }
+        reply = _request(settings, args.job, msg)
+        print(f"torchpass: rank {args.rank} of job {args.job} leaves {reply['node']}: incident started")
+        return 0
     if args.command == "jobs":
         from job_agent.jobs import running_jobs
 
@@ -267,9 +287,30 @@ def _summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _inject(args: argparse.Namespace, settings: CliSettings) -> int:
+def _request(settings: CliSettings, job: str, msg: dict[str, Any]) -> dict[str, Any]:
+    """One request to a job's coordinator on this host; an error reply is a CliError."""
     from job_agent.jobs import UnknownJob, request
 
+    try:
+        reply = request(settings.state_dir, job, msg)
+    except UnknownJob as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot reach the coordinator of job {job}: {e}") from None
+    if reply.get("t") != "ok":
+        raise CliError(reply.get("reason", json.dumps(reply)))
+    return reply
+
+
+def _drain(args: argparse.Namespace, settings: CliSettings) -> int:
+    kind = "cordon" if args.cordon else "drain"
+    msg = {"t": "drain", "slot": args.rank, "reason": args.reason, "kind": kind}
+    reply = _request(settings, args.job, msg)
+    print(f"torchpass: rank {args.rank} of job {args.job} leaves {reply['node']} ({kind}): incident started")
+    return 0
+
+
+def _inject(args: argparse.Namespace, settings: CliSettings) -> int:
     msg = {
         "t": "inject",
         "action": args.action,
@@ -277,14 +318,7 @@ def _inject(args: argparse.Namespace, settings: CliSettings) -> int:
         "after_step": args.after_step,
         "seconds": args.seconds,
     }
-    try:
-        reply = request(settings.state_dir, args.job, msg)
-    except UnknownJob as e:
-        raise CliError(str(e)) from None
-    except OSError as e:
-        raise CliError(f"cannot reach the coordinator of job {args.job}: {e}") from None
-    if reply.get("t") != "ok":
-        raise CliError(reply.get("reason", json.dumps(reply)))
+    _request(settings, args.job, msg)
     when = f" at step {args.after_step}" if args.after_step is not None else " now"
     print(f"torchpass: {args.action} of rank {args.rank} in job {args.job} scheduled{when}")
     return 0

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from job_agent.jobs import request, running_jobs
+from job_agent.jobs import request, running_jobs, wait_until_ready
 from tests.integration.conftest import run_with, spec
+from torchpass.cli import main
 from torchpass.ids import SA_JOB_ID
 from torchpass.job import JobResult
-from torchpass.models import Disposition, FailureKind, Phase
+from torchpass.models import Category, Disposition, FailureKind, Phase
 from workers.job import run_job
 
 pytestmark = pytest.mark.integration
@@ -100,3 +101,32 @@ async def test_a_collective_that_times_out_with_every_rank_alive_re_forms_in_pla
     assert o.disposition == Disposition.MIGRATED and o.success and o.classification.qualifying
     assert o.proof is not None and o.proof.receiver_slots == () and o.proof.step_before == o.proof.step_after
     assert result.generation == 1  # re-formed once, in place
+
+
+async def test_a_planned_drain_moves_a_healthy_rank_to_the_spare(
+    client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`torchpass drain`: rank 2 is healthy; every rank freezes at a step boundary, then rank 2 is
+    fenced and the spare takes its slot with state from a survivor."""
+    job = spec(tmp_path, "drain-rank-2", args=("--steps", "120", "--width", "128", "--depth", "2"))
+    task = asyncio.create_task(run_job(job, client))
+    try:
+        await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, 60)
+        env = {"TORCHPASS_STATE_DIR": str(job.state_dir)}
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            argv = ["drain", "--job", job.job_id, "--rank", "2", "--reason", "security patch"]
+            assert await asyncio.to_thread(main, argv) == 0
+        assert "incident started" in capsys.readouterr().out
+        result = await asyncio.wait_for(asyncio.shield(task), 150)
+    finally:
+        if not task.done():
+            task.cancel()
+    long_reference = await run_with(
+        client, spec(tmp_path / "ref", "drain-reference", spares=0, args=job.args)
+    )
+    assert_migrated_live(result, long_reference, 1)
+    (o,) = result.incidents
+    assert o.kind == FailureKind.NODE_DRAIN and o.lost_slots == (2,)
+    assert o.classification.category == Category.PLANNED and o.classification.qualifying
