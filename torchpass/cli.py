@@ -210,17 +210,24 @@ async def _contract(args: argparse.Namespace) -> int:
 
 
 def _cost(args: argparse.Namespace) -> int:
-    from torchpass.contract_cli import contract_outcomes
+    """`torchpass cost`; with --contract, measured on the contract's ledger alone: the counted rows of
+    its current trailing window, with the recovery times the ledger keeps (no incident workflow is read:
+    Temporal's retention may have deleted them)."""
+    from torchpass import contract_client
+    from torchpass.contract_cli import contract_ledger_rows
+    from torchpass.contract_models import LedgerRow
     from torchpass.cost_cli import run
-    from torchpass.models import MigrationOutcome
 
     if args.contract is not None and args.customer is None:
         raise CliError("--contract needs --customer")
 
-    async def lookup(contract_id: str) -> list[MigrationOutcome]:
-        return await contract_outcomes(await _client(args), args.customer, contract_id)
+    async def lookup(contract_id: str) -> list[LedgerRow]:
+        try:
+            return await contract_ledger_rows(await _client(args), args.customer, contract_id)
+        except contract_client.ContractClientError as e:
+            raise CliError(f"contract {contract_id} of {args.customer}: {e}") from None
 
-    return run(args, outcomes_for_contract=lookup)
+    return run(args, ledger_for_contract=lookup)
 
 
 async def _worker(args: argparse.Namespace) -> int:

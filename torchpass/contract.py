@@ -244,7 +244,7 @@ class ContractBook:
         )
         self.terms = terms
         self.term, self.term_start, self.renewal_date = s.term, s.term_start, s.renewal_date
-        self.fee, self.renewal = s.annual_fee, s.renewal
+        self.fee, self.renewal, self.awaiting_renewal = s.annual_fee, s.renewal, s.awaiting_renewal
         self.jobs = {j.job_id: j for j in s.jobs}
         self.entries = {e.incident_id: e for e in s.ledger}  # insertion order is recording order
         self.evaluations = list(s.evaluations)
@@ -262,6 +262,7 @@ class ContractBook:
             renewal_date=self.renewal_date,
             annual_fee=self.fee,
             renewal=self.renewal,
+            awaiting_renewal=self.awaiting_renewal,
             jobs=tuple(self.jobs.values()),
             ledger=tuple(self.entries.values()),
             evaluations=tuple(self.evaluations),
@@ -343,7 +344,10 @@ class ContractBook:
         closed = self.last_evaluated()
         status = status_for(outcome, coverage_of(self.jobs.get(outcome.job_id), outcome.detected_at))
         late = closed is not None and outcome.detected_at < day_start(closed)
-        entry = LedgerEntry(outcome.incident_id, outcome.job_id, outcome.detected_at, status, late)
+        recovery = None if outcome.recovery_seconds is None else round(outcome.recovery_seconds, 3)
+        entry = LedgerEntry(
+            outcome.incident_id, outcome.job_id, outcome.detected_at, status, late, 0, recovery
+        )
         self.entries[outcome.incident_id] = entry
         return entry, False
 
@@ -379,6 +383,12 @@ class ContractBook:
         return ev
 
     def check_expand(self, inp: ExpandInput, today: date) -> None:
+        if self.awaiting_renewal:
+            raise ContractRuleError(
+                ContractErrorType.AWAITING_RENEWAL,
+                f"the term ended {self.renewal_date} without a renewal: renew first (until "
+                f"{self.grace_ends()}), then expand",
+            )
         check_fee(self.fee, inp.annual_fee)
         earliest = max(self.term_start, self.last_evaluated() or self.term_start)
         check_expansion_date(inp.on, earliest, today)
@@ -402,33 +412,64 @@ class ContractBook:
         self.fee = inp.annual_fee
         return ev
 
-    def check_renew(self, inp: RenewInput) -> None:
+    def check_renew(self, inp: RenewInput, today: date | None = None) -> None:
+        """A renewal's fee is checked like an expansion's; its next renewal date must be after the
+        coming (or, awaiting renewal, the passed) renewal date and, when given, after `today`."""
         if inp.annual_fee is not None:
             check_fee(self.fee, inp.annual_fee)
-        if inp.next_renewal is not None and inp.next_renewal <= self.renewal_date:
+        if inp.next_renewal is None:
+            return
+        if inp.next_renewal <= self.renewal_date:
             raise ContractRuleError(
                 ContractErrorType.DATES_OUT_OF_ORDER,
                 f"next renewal {inp.next_renewal} must be after the coming one, {self.renewal_date}",
             )
+        if today is not None and inp.next_renewal <= today:
+            raise ContractRuleError(
+                ContractErrorType.DATES_OUT_OF_ORDER,
+                f"next renewal {inp.next_renewal} must be after today, {today}",
+            )
 
-    def renew(self, inp: RenewInput) -> date:
-        """Record the renewal due at `renewal_date`; the latest call wins. Returns the next renewal date."""
-        self.check_renew(inp)
+    def renew(self, inp: RenewInput, today: date | None = None) -> date:
+        """Record the renewal due at `renewal_date`; the latest call wins. Returns the next renewal date.
+
+        Awaiting renewal (the term was evaluated unrenewed, the grace has not passed), the renewal is
+        late: the next term starts at once, retroactively from the passed renewal date."""
+        self.check_renew(inp, today)
+        if self.awaiting_renewal:
+            self.renewal = inp
+            self._start_next_term()
+            return self.renewal_date
         self.renewal = inp
         return inp.next_renewal or add_months(self.renewal_date, 12)
 
-    def close_term(self, now: datetime) -> Evaluation:
-        """The renewal date came: evaluate the term, then start the next one, or lapse if not renewed."""
-        apply_to = f"renewal on {self.renewal_date}" if self.renewal else "next renewal or expansion"
-        ev = self._evaluate(Trigger.RENEWAL, self.renewal_date, apply_to, now)
-        if self.renewal is None:
-            self.lapsed = True
-            return ev
+    def _start_next_term(self) -> None:
+        assert self.renewal is not None
         next_renewal = self.renewal.next_renewal or add_months(self.renewal_date, 12)
         self.fee = self.renewal.annual_fee or self.fee
         self.term, self.term_start, self.renewal_date = self.term + 1, self.renewal_date, next_renewal
-        self.renewal = None
+        self.renewal, self.awaiting_renewal = None, False
+
+    def close_term(self, now: datetime) -> Evaluation:
+        """The renewal date came: evaluate the term, then start the next one, or (not renewed) await a
+        late renewal for `terms.renewal_grace_days`, keeping the term, its dates and the ledger."""
+        apply_to = f"renewal on {self.renewal_date}" if self.renewal else "next renewal or expansion"
+        ev = self._evaluate(Trigger.RENEWAL, self.renewal_date, apply_to, now)
+        if self.renewal is None:
+            self.awaiting_renewal = True
+            return ev
+        self._start_next_term()
         return ev
+
+    def grace_ends(self) -> date:
+        """The day (00:00 UTC) a contract awaiting renewal lapses: the renewal date plus the grace."""
+        return self.renewal_date + timedelta(days=self.terms.renewal_grace_days)
+
+    def lapse_if_unrenewed(self, now: datetime) -> bool:
+        """Awaiting renewal and the grace is over: the contract lapses. Returns whether it lapsed."""
+        if self.awaiting_renewal and not self.lapsed and now >= day_start(self.grace_ends()):
+            self.lapsed = True
+        return self.lapsed
 
     def delivered(self, delivery: CreditDelivery) -> None:
         self.pending = [c for c in self.pending if c.idempotency_key != delivery.idempotency_key]
@@ -458,6 +499,9 @@ class ContractBook:
             renewal_date=self.renewal_date,
             annual_fee=self.fee,
             renewed=self.renewal is not None,
+            awaiting_renewal=self.awaiting_renewal and not self.lapsed,
+            renewal_grace_ends=self.grace_ends() if self.awaiting_renewal else None,
+            lapsed=self.lapsed,
             window_start=start,
             window_end=end,
             qualifying=t.qualifying,
@@ -466,7 +510,7 @@ class ContractBook:
             success_rate=success_rate(t.successful, t.qualifying),
             summary=summary(t),
             projected_credit=projected,
-            next_evaluation=None if self.lapsed else self.renewal_date,
+            next_evaluation=None if self.lapsed or self.awaiting_renewal else self.renewal_date,
             covered_jobs=self.covered_jobs(now),
             evaluations=tuple(self.evaluations),
             pending_credits=len(self.pending),

@@ -16,11 +16,17 @@ from typing import Any
 from temporalio.client import Client
 
 from torchpass import contract_client as cc
-from torchpass.contract import add_months
-from torchpass.contract_models import ContractTerms, ExpandInput, LedgerPage, RenewInput, Standing
+from torchpass.contract import add_months, day_start
+from torchpass.contract_models import (
+    ContractTerms,
+    ExpandInput,
+    LedgerPage,
+    LedgerRow,
+    RenewInput,
+    Standing,
+)
 from torchpass.credit import Money
 from torchpass.ids import validation_workflow_id
-from torchpass.models import MigrationOutcome
 
 
 def _amount(text: str) -> Decimal:
@@ -118,7 +124,11 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
     elif cmd == "renew":
         fee = _money(args) if args.fee is not None else None
         st = await cc.renew(client, cust, cid, RenewInput(annual_fee=fee, next_renewal=args.next_renewal))
-        print(f"renewal recorded: the term ending {st.renewal_date} is evaluated then and renewed")
+        if not st.renewed:
+            # A late renewal (the term had ended): the next term started from the passed renewal date.
+            print(f"renewed late: term {st.term + 1} runs from {st.term_start} to {st.renewal_date}")
+        else:
+            print(f"renewal recorded: the term ending {st.renewal_date} is evaluated then and renewed")
     return 0
 
 
@@ -173,6 +183,7 @@ def format_standing(st: Standing) -> str:
         ("success rate", f"{rate}  (guarantee: at least 90%)"),
         ("projected credit", credit),
         ("next evaluation", str(st.next_evaluation or "none")),
+        ("renewal", _renewal(st)),
         ("covered jobs", ", ".join(st.covered_jobs) or "none"),
         ("excluded", ", ".join(f"{k.value} {v}" for k, v in st.excluded.items() if v) or "none"),
         ("duplicates", str(st.duplicates)),
@@ -186,6 +197,17 @@ def format_standing(st: Standing) -> str:
         amount = f", credit {ev.credit.amount}" if ev.credit else ""
         lines.append(f"evaluation         {ev.period_end} {ev.trigger.value}: {got}{amount} ({ev.note})")
     return "\n".join(lines)
+
+
+def _renewal(st: Standing) -> str:
+    if st.lapsed:
+        return "not renewed: the contract has lapsed"
+    if st.awaiting_renewal:
+        return (
+            f"AWAITING RENEWAL: the term ended {st.renewal_date} unrenewed; `renew` until "
+            f"{st.renewal_grace_ends} starts the next term from {st.renewal_date}, else it lapses then"
+        )
+    return "renewed" if st.renewed else f"due {st.renewal_date}"
 
 
 def format_ledger(page: LedgerPage) -> str:
@@ -204,20 +226,19 @@ def format_ledger(page: LedgerPage) -> str:
     return "\n".join(lines)
 
 
-async def contract_outcomes(client: Client, customer_id: str, contract_id: str) -> list[MigrationOutcome]:
-    """The full outcomes of a contract's counted ledger entries, read from their incident workflows."""
-    outcomes: list[MigrationOutcome] = []
+async def contract_ledger_rows(client: Client, customer_id: str, contract_id: str) -> list[LedgerRow]:
+    """The counted ledger rows of the contract's current trailing window (the standing's), from the
+    contract alone: each row carries its recovery time, so no incident workflow is read (Temporal's
+    retention may have deleted them) and thousands of outcomes are a few queries."""
+    standing = await cc.get_standing(client, customer_id, contract_id)
+    lo, hi = day_start(standing.window_start), day_start(standing.window_end)
+    rows: list[LedgerRow] = []
     offset: int | None = 0
     while offset is not None:
         page = await cc.get_ledger(client, customer_id, contract_id, offset, 1000)
-        for row in page.rows:
-            if not row.counted:
-                continue
-            wf_id, _, run_id = row.incident_id.partition("/")
-            h = client.get_workflow_handle(wf_id, run_id=run_id or None, result_type=MigrationOutcome)
-            outcomes.append(await h.result())
+        rows += [r for r in page.rows if r.counted and lo <= r.detected_at < hi]
         offset = page.next_offset
-    return outcomes
+    return rows
 
 
 def dumps(obj: Any) -> str:

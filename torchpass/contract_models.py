@@ -33,6 +33,7 @@ class ContractErrorType(StrEnum):
     UNKNOWN_JOB = "ContractUnknownJob"
     WRONG_CONTRACT = "ContractWrongContract"
     INVALID_PAGE = "ContractInvalidPage"
+    AWAITING_RENEWAL = "ContractAwaitingRenewal"
 
 
 class ContractRuleError(ValueError):
@@ -53,6 +54,13 @@ class ContractTerms(Model):
     annual_fee: Money
     continue_as_new_after: int = Field(
         default=2000, ge=5, le=50_000, description="history events handled before a run continues-as-new"
+    )
+    renewal_grace_days: int = Field(
+        default=60,
+        ge=0,
+        le=366,
+        description="days after a renewal date a late `renew` is still accepted (starting the next term "
+        "from that date); the contract lapses when they pass without one. 0: lapse at the renewal",
     )
 
     @model_validator(mode="after")
@@ -105,6 +113,9 @@ class LedgerEntry(NamedTuple):
     status: EntryStatus
     late: bool = False
     duplicates: int = 0
+    # MigrationOutcome.recovery_seconds rounded to milliseconds, so that `torchpass cost --contract` needs
+    # only the ledger, not the incident workflows (which Temporal's retention deletes).
+    recovery_seconds: float | None = None
 
 
 class CoverageChange(NamedTuple):
@@ -230,6 +241,11 @@ class ContractState(Model):
     renewal_date: date
     annual_fee: Money
     renewal: RenewInput | None = Field(default=None, description="set once the customer renewed")
+    awaiting_renewal: bool = Field(
+        default=False,
+        description="the term ending at renewal_date was evaluated without a renewal: a `renew` within "
+        "terms.renewal_grace_days starts the next term from renewal_date, else the contract lapses",
+    )
     jobs: tuple[JobCoverage, ...] = ()
     ledger: tuple[LedgerEntry, ...] = ()
     evaluations: tuple[Evaluation, ...] = ()
@@ -266,6 +282,7 @@ class LedgerRow(Model):
     reason: str | None = Field(description="why it is excluded from the rate; None when counted")
     late: bool
     duplicates: NonNegativeInt
+    recovery_seconds: float | None = Field(default=None, description="failure observed -> training again")
 
     @classmethod
     def of(cls, e: LedgerEntry) -> LedgerRow:
@@ -279,6 +296,7 @@ class LedgerRow(Model):
             reason=None if counted else EXCLUSION_REASON[e.status],
             late=e.late,
             duplicates=e.duplicates,
+            recovery_seconds=e.recovery_seconds,
         )
 
 
@@ -299,6 +317,14 @@ class Standing(Model):
     renewal_date: date
     annual_fee: Money
     renewed: bool
+    awaiting_renewal: bool = Field(
+        default=False,
+        description="the term ended unrenewed: `renew` is still accepted until renewal_grace_ends",
+    )
+    renewal_grace_ends: date | None = Field(
+        default=None, description="while awaiting renewal: the contract lapses at 00:00 UTC that day"
+    )
+    lapsed: bool = Field(default=False, description="ended unrenewed: the workflow's final standing")
     window_start: date
     window_end: date = Field(description="exclusive: the end of today")
     qualifying: NonNegativeInt

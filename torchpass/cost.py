@@ -24,6 +24,7 @@ from fractions import Fraction
 
 from pydantic import Field, PositiveInt
 
+from torchpass.contract_models import EntryStatus, LedgerRow
 from torchpass.credit import Money
 from torchpass.models import Disposition, MigrationOutcome, Model
 
@@ -138,8 +139,29 @@ def inputs_from_outcomes(base: CostInputs, outcomes: Iterable[MigrationOutcome])
     if not counted:
         raise NoQualifyingOutcomes("no qualifying failures recorded: nothing to measure the cost from")
     successful = [o for o in counted if o.success]
-    update: dict[str, Decimal] = {"success_rate": Decimal(len(successful)) / Decimal(len(counted))}
-    times = [_seconds(o.recovery_seconds) for o in successful if o.recovery_seconds is not None]
+    return _measured(base, len(counted), [o.recovery_seconds for o in successful])
+
+
+def inputs_from_ledger(base: CostInputs, rows: Iterable[LedgerRow]) -> CostInputs:
+    """`base` measured from a contract's ledger alone, as `inputs_from_outcomes` from outcomes.
+
+    Only counted rows (covered, qualifying, real failures: what the contract's rate counts) are used; a
+    row is successful when its status is `success`, and its `recovery_seconds` is the one the ledger kept
+    (to the millisecond). The caller chooses the rows: `torchpass cost --contract` passes the current
+    trailing window's (`torchpass.contract_cli.contract_ledger_rows`)."""
+    counted = [r for r in rows if r.counted]
+    if not counted:
+        raise NoQualifyingOutcomes("no qualifying failures recorded: nothing to measure the cost from")
+    successful = [r for r in counted if r.status is EntryStatus.SUCCESS]
+    return _measured(base, len(counted), [r.recovery_seconds for r in successful])
+
+
+def _measured(base: CostInputs, counted: int, successful_times: list[float | None]) -> CostInputs:
+    """The success rate of `counted` failures of which len(successful_times) live-migrated, and the
+    median of the recovery times they recorded (where none did, `base.migration_seconds` stays)."""
+    rate = Decimal(len(successful_times)) / Decimal(counted)
+    update: dict[str, Decimal] = {"success_rate": rate}
+    times = [_seconds(t) for t in successful_times if t is not None]
     if times:
         update["migration_seconds"] = statistics.median(times)
     # Validate again: model_copy(update=...) alone would skip the field checks.

@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from torchpass.cost import HOURS_PER_MONTH, CostInputs, MonthlyCost, inputs_from_outcomes, monthly_cost
+from torchpass.contract_models import LedgerRow
+from torchpass.cost import HOURS_PER_MONTH, CostInputs, MonthlyCost, inputs_from_ledger, monthly_cost
 from torchpass.credit import Money
-from torchpass.models import MigrationOutcome
 
-OutcomesLookup = Callable[[str], Awaitable[Sequence[MigrationOutcome]]]
-"""`async def outcomes_for_contract(contract_id) -> list[MigrationOutcome]`, wired by the CLI."""
+LedgerLookup = Callable[[str], Awaitable[Sequence[LedgerRow]]]
+"""`async def ledger_for_contract(contract_id) -> list[LedgerRow]`: the rows of the contract's current
+trailing window, wired by the CLI (`torchpass.contract_cli.contract_ledger_rows`)."""
 
 CONTRACT_LOOKUP_TIMEOUT_S = 30.0
 
@@ -75,12 +76,12 @@ def register(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, outcomes_for_contract: OutcomesLookup | None = None) -> int:
+def run(args: argparse.Namespace, ledger_for_contract: LedgerLookup | None = None) -> int:
     """Compute and print; invalid inputs raise pydantic's ValidationError (the CLI exits 2 on it)."""
     given = {f: getattr(args, f) for _, f, _, _ in _FLAGS if getattr(args, f, None) is not None}
     inputs = CostInputs(**given)
     if args.contract is not None:
-        inputs = _measured(inputs, args.contract, given, outcomes_for_contract)
+        inputs = _measured(inputs, args.contract, given, ledger_for_contract)
     result = monthly_cost(inputs)
     if args.json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace, outcomes_for_contract: OutcomesLookup | None =
 
 
 def _measured(
-    inputs: CostInputs, contract_id: str, given: dict[str, Any], lookup: OutcomesLookup | None
+    inputs: CostInputs, contract_id: str, given: dict[str, Any], lookup: LedgerLookup | None
 ) -> CostInputs:
     from torchpass.cli import CliError
     from torchpass.cost import NoQualifyingOutcomes
@@ -101,16 +102,16 @@ def _measured(
     if lookup is None:
         raise CliError(
             "contract lookup needs the contract store: this build of `torchpass cost` has no "
-            "outcomes_for_contract wired; pass --success-rate and --migration-seconds instead"
+            "ledger_for_contract wired; pass --success-rate and --migration-seconds instead"
         )
     try:
-        outcomes = asyncio.run(asyncio.wait_for(lookup(contract_id), CONTRACT_LOOKUP_TIMEOUT_S))
+        rows = asyncio.run(asyncio.wait_for(lookup(contract_id), CONTRACT_LOOKUP_TIMEOUT_S))
     except TimeoutError:
         raise CliError(
             f"no answer for contract {contract_id!r} in {CONTRACT_LOOKUP_TIMEOUT_S:.0f} s"
         ) from None
     try:
-        return inputs_from_outcomes(inputs, outcomes)
+        return inputs_from_ledger(inputs, rows)
     except NoQualifyingOutcomes as e:
         raise CliError(f"contract {contract_id!r}: {e}") from None
 

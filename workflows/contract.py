@@ -4,10 +4,12 @@ Id: `torchpass.ids.contract_workflow_id(customer_id, contract_id)`. Opt-ins, val
 renewals are updates whose validators answer a bad input with a typed `ApplicationError` (its type is a
 `ContractErrorType`) and leave no trace in history; migration outcomes arrive as a fire-and-forget signal
 from MigrationWorkflow, decoded here so that a malformed one is counted and dropped, never fatal. A durable
-timer wakes the workflow at each renewal date. A credit is delivered to billing by the `deliver_credit`
-activity. A billing outage holds up the renewal timer, the evaluations and continue-as-new for at most
-`DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up, the credit stays pending, and it is
-offered again `REDELIVER_AFTER` later (that time travels in the state, across continue-as-new).
+timer wakes the workflow at each renewal date. A term that ends unrenewed is evaluated all the same and the
+contract then awaits a late `renew` for `terms.renewal_grace_days` (still recording outcomes and opt-ins);
+only when that grace passes does it lapse and the workflow end. A credit is delivered to billing by the
+`deliver_credit` activity. A billing outage holds up the renewal timer, the evaluations and continue-as-new
+for at most `DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up, the credit stays pending, and it
+is offered again `REDELIVER_AFTER` later (that time travels in the state, across continue-as-new).
 The rules themselves are pure (`torchpass.contract`); this module only orders them in time.
 Continue-as-new carries everything in one `ContractState`.
 """
@@ -128,12 +130,12 @@ class ContractWorkflow:
     @workflow.update
     def renew(self, inp: RenewInput) -> Standing:
         self._handled += 1
-        self._apply(self._book.renew, inp)
+        self._apply(self._book.renew, inp, workflow.now().date())
         return self._book.standing(workflow.now())
 
     @renew.validator
     def _check_renew(self, inp: RenewInput) -> None:
-        self._check(self._book.check_renew, inp)
+        self._check(self._book.check_renew, inp, workflow.now().date())
 
     def _apply(self, change: Callable[..., R], *args: Any) -> R:
         # The validator already passed; should the rules still refuse (an earlier update in the same
@@ -169,12 +171,14 @@ class ContractWorkflow:
             await self._wait(lambda: self._delivery_due() or self._should_continue())
             if self._renewal_due():
                 self._book.close_term(workflow.now())
+            # Unrenewed past the grace (at once when there is none): the contract lapses.
+            self._book.lapse_if_unrenewed(workflow.now())
             if self._delivery_due():
                 # Bounded: gives up within DELIVER_CREDIT_SCHEDULE_TO_CLOSE, the credit staying pending.
                 await self._deliver_pending()
             if self._should_continue() and not self._book.lapsed:
                 await self._continue_as_new()
-        # Not renewed: the last credit is still owed, then the contract's workflow ends.
+        # Not renewed within the grace: the last credit is still owed, then the contract's workflow ends.
         while self._book.pending:
             await self._wait(self._delivery_due)
             if self._delivery_due():
@@ -183,13 +187,22 @@ class ContractWorkflow:
         return self._book.standing(workflow.now())
 
     def _renewal_due(self) -> bool:
-        return not self._book.lapsed and workflow.now() >= self._closes_at()
+        return (
+            not self._book.lapsed and not self._book.awaiting_renewal and workflow.now() >= self._closes_at()
+        )
 
     def _closes_at(self) -> datetime:
         """When the term is evaluated: its renewal date (the evaluated period's end) plus a settling
         time, so that an incident detected just before midnight, whose outcome arrives minutes later,
         is counted in the term it belongs to instead of no term at all."""
         return day_start(self._book.renewal_date) + RENEWAL_SETTLE
+
+    def _deadline(self) -> datetime:
+        """The next wake-up of the contract itself: the term's close, or, awaiting a late renewal, the
+        end of the grace (a `renew` meanwhile moves it to the next term's close)."""
+        if self._book.awaiting_renewal:
+            return day_start(self._book.grace_ends())
+        return self._closes_at()
 
     async def _wait(self, condition: Callable[[], bool]) -> None:
         """Until `condition` holds, or the next renewal or credit retry is due (a durable timer).
@@ -207,7 +220,9 @@ class ContractWorkflow:
         if self._timer is None or self._timer_at != at:
             self._timer, self._timer_at = asyncio.create_task(workflow.sleep(at - workflow.now())), at
         timer = self._timer
-        await workflow.wait_condition(lambda: condition() or timer.done())
+        # A late `renew` moves the wake-up from the grace's end to the next term's close, which may be
+        # sooner: wake to start that timer instead of sleeping through it.
+        await workflow.wait_condition(lambda: condition() or timer.done() or self._next_wake() != at)
 
     def _delivery_due(self) -> bool:
         retry_at = self._book.credit_retry_at
@@ -215,7 +230,7 @@ class ContractWorkflow:
 
     def _next_wake(self) -> datetime | None:
         # Once the contract lapsed there is no renewal to wake for (only a credit retry, if any).
-        wakes = [] if self._book.lapsed else [self._closes_at()]
+        wakes = [] if self._book.lapsed else [self._deadline()]
         if self._book.pending:
             wakes.append(self._book.credit_retry_at or workflow.now())
         return min(wakes, default=None)

@@ -427,12 +427,90 @@ def test_terms_with_a_negative_fee_or_dates_out_of_order_do_not_validate(bad: di
         terms(**bad)
 
 
-def test_a_contract_that_is_not_renewed_is_evaluated_and_lapses() -> None:
+def test_a_contract_that_is_not_renewed_is_evaluated_and_lapses_after_the_grace() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=0, failures=1)
+    renewal = book.renewal_date
+    ev = book.close_term(day_start(renewal))
+    # Evaluated exactly as before; the credit applies to whatever the customer buys next.
+    assert ev.credit is not None and ev.credit.apply_to == "next renewal or expansion"
+    assert not book.lapsed and book.awaiting_renewal and book.term == 0 and book.renewal_date == renewal
+    grace_ends = renewal + timedelta(days=60)
+    s = book.standing(day_start(renewal) + timedelta(days=1))
+    assert s.awaiting_renewal and s.renewal_grace_ends == grace_ends and s.next_evaluation is None
+    assert not s.lapsed and not s.renewed
+    assert not book.lapse_if_unrenewed(day_start(grace_ends) - timedelta(seconds=1))
+    assert book.lapse_if_unrenewed(day_start(grace_ends))
+    s = book.standing(day_start(grace_ends))
+    assert s.lapsed and not s.awaiting_renewal and s.next_evaluation is None
+    assert len(book.pending) == 1  # the credit is still owed
+
+
+def test_no_grace_lapses_at_the_renewal() -> None:
+    book = ContractBook(terms(renewal_grace_days=0))
+    book.close_term(day_start(book.renewal_date) + timedelta(minutes=20))
+    assert book.lapse_if_unrenewed(day_start(book.renewal_date) + timedelta(minutes=20))
+
+
+@pytest.mark.parametrize("days", [-1, 367])
+def test_the_grace_is_validated(days: int) -> None:
+    with pytest.raises(ValidationError):
+        terms(renewal_grace_days=days)
+
+
+def test_a_late_renewal_starts_the_next_term_from_the_renewal_date() -> None:
+    book = covered_book()
+    fill(book, 0, 1, successes=0, failures=1)
+    renewal = book.renewal_date
+    book.close_term(day_start(renewal))
+    # Outcomes and opt-ins are still recorded while the contract awaits its renewal.
+    late = day_start(renewal) + timedelta(days=3)
+    entry, _ = book.record_outcome(outcome(50, late, success=False))
+    assert entry.status is EntryStatus.FAILURE and not entry.late
+    book.opt_in("job-b", late)
+    assert "job-b" in book.jobs
+    # An expansion must wait for the renewal: which contract year it would be in is not known yet.
+    with pytest.raises(ContractRuleError) as e:
+        book.check_expand(ExpandInput(on=late.date(), annual_fee=usd("150000")), late.date())
+    assert e.value.kind is ContractErrorType.AWAITING_RENEWAL
+    today = renewal + timedelta(days=10)
+    with pytest.raises(ContractRuleError) as e:  # a next renewal already passed is refused
+        book.check_renew(RenewInput(next_renewal=today), today)
+    assert e.value.kind is ContractErrorType.DATES_OUT_OF_ORDER
+    assert book.renew(RenewInput(annual_fee=usd("150000")), today) == add_months(renewal, 12)
+    assert not book.awaiting_renewal and book.renewal is None
+    assert (book.term, book.term_start, book.renewal_date) == (1, renewal, add_months(renewal, 12))
+    assert book.fee == usd("150000") and not book.lapse_if_unrenewed(day_start(today) + timedelta(days=90))
+    s = book.standing(day_start(today))
+    assert not s.awaiting_renewal and s.next_evaluation == add_months(renewal, 12)
+    # The next renewal counts the days before the late `renew`, in the new term; no credit twice.
+    book.renew(RenewInput())
     ev = book.close_term(day_start(book.renewal_date))
-    assert book.lapsed and ev.credit is not None and ev.credit.apply_to == "next renewal or expansion"
-    assert book.standing(T0).next_evaluation is None
+    assert (ev.term, ev.period_start, ev.credit_period_start) == (1, renewal, renewal)
+    assert (ev.qualifying, ev.successful) == (1, 0) and ev.credit is not None
+    assert ev.fee == usd("150000")
+
+
+def test_awaiting_renewal_survives_continue_as_new() -> None:
+    book = covered_book()
+    book.close_term(day_start(book.renewal_date))
+    again = ContractInput.model_validate_json(
+        ContractInput(terms=book.terms, state=book.to_state()).model_dump_json()
+    )
+    copy = ContractBook(again.terms, again.state)
+    assert copy.awaiting_renewal and copy.grace_ends() == book.grace_ends()
+
+
+def test_the_ledger_keeps_the_recovery_time_to_the_millisecond() -> None:
+    book = covered_book()
+    e, _ = book.record_outcome(outcome(1, T0, recovery_seconds=41.23456))
+    e2, _ = book.record_outcome(outcome(2, T0, success=False))
+    assert e.recovery_seconds == 41.235 and e2.recovery_seconds is None
+    rows = book.ledger_page(LedgerPageInput()).rows
+    assert [r.recovery_seconds for r in rows] == [41.235, None]
+    # A state carried before the field existed (6-element entries) still loads.
+    old = ContractState.model_validate({**book.to_state().model_dump(mode="json"), "ledger": [list(e)[:6]]})
+    assert old.ledger[0].recovery_seconds is None
 
 
 # --- state: continue-as-new and pruning ----------------------------------------------------------------
@@ -472,7 +550,13 @@ def test_a_year_of_ten_thousand_outcomes_fits_one_payload() -> None:
     # 13 months at 10,000 a year (what pruning may keep) with ids as long as MigrationWorkflow's.
     incident = "torchpass-incident-job-000000-node-000017-g12/0f8e0c1a-1234-4567-89ab-0123456789ab"
     entries = tuple(
-        LedgerEntry(f"{incident}-{i}", f"job-{i % 64}", T0 + timedelta(minutes=47 * i), EntryStatus.SUCCESS)
+        LedgerEntry(
+            f"{incident}-{i}",
+            f"job-{i % 64}",
+            T0 + timedelta(minutes=47 * i),
+            EntryStatus.SUCCESS,
+            recovery_seconds=round(40 + i / 997, 3),  # milliseconds, as recorded
+        )
         for i in range(10_900)
     )
     state = ContractState(

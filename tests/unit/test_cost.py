@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from torchpass.cli import CliError
-from torchpass.cost import CostInputs, NoQualifyingOutcomes, inputs_from_outcomes, monthly_cost
+from torchpass.contract_models import EntryStatus as ES
+from torchpass.contract_models import LedgerEntry, LedgerRow
+from torchpass.cost import (
+    CostInputs,
+    NoQualifyingOutcomes,
+    inputs_from_ledger,
+    inputs_from_outcomes,
+    monthly_cost,
+)
 from torchpass.cost_cli import register, run
 from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
 
@@ -237,6 +245,34 @@ def test_nothing_qualifying_is_nothing_to_measure() -> None:
         inputs_from_outcomes(CostInputs(), [outcome(1, success=False, category=Category.UNABLE_TO_RECOVER)])
 
 
+def row(n: int, status: ES, seconds: float | None = None) -> LedgerRow:
+    return LedgerRow.of(LedgerEntry(f"inc-{n}", "job-a", T0, status, recovery_seconds=seconds))
+
+
+def test_the_ledger_alone_gives_the_success_rate_and_the_median_migration_time() -> None:
+    rows = [
+        row(1, ES.SUCCESS, 1.59),
+        row(2, ES.SUCCESS, 2.71),
+        row(3, ES.SUCCESS, 1.74),
+        row(4, ES.FAILURE, 15.11),  # a restart's time is not a migration's
+        row(5, ES.SHARED_INFRASTRUCTURE),  # not counted
+        row(6, ES.NOT_A_FAILURE),  # a false alarm
+        row(7, ES.NOT_OPTED_IN, 0.5),  # not covered: not counted, unlike in inputs_from_outcomes
+    ]
+    measured = inputs_from_ledger(CostInputs(), rows)
+    assert measured.success_rate == Decimal("0.75")
+    assert measured.migration_seconds == Decimal("1.74")
+    assert measured.gpus == 1024
+
+
+def test_the_ledger_without_timed_migrations_keeps_the_assumed_time() -> None:
+    base = CostInputs(migration_seconds=Decimal(42))
+    measured = inputs_from_ledger(base, [row(1, ES.SUCCESS), row(2, ES.FAILURE)])
+    assert (measured.success_rate, measured.migration_seconds) == (Decimal("0.5"), Decimal(42))
+    with pytest.raises(NoQualifyingOutcomes, match="no qualifying failures"):
+        inputs_from_ledger(CostInputs(), [row(1, ES.UNABLE_TO_RECOVER), row(2, ES.AWAITING_VALIDATION)])
+
+
 # --- the command ---------------------------------------------------------------------------------------
 
 
@@ -299,11 +335,11 @@ def test_a_contract_needs_a_lookup_wired() -> None:
 def test_a_contract_uses_its_real_outcomes(capsys: pytest.CaptureFixture[str]) -> None:
     asked: list[str] = []
 
-    async def lookup(contract_id: str) -> Sequence[MigrationOutcome]:
+    async def lookup(contract_id: str) -> Sequence[LedgerRow]:
         asked.append(contract_id)
-        return [outcome(1, success=True, seconds=2.0), outcome(2, success=False)]
+        return [row(1, ES.SUCCESS, 2.0), row(2, ES.FAILURE, 15.0)]
 
-    assert run(parse("--contract", "c-1", "--json"), outcomes_for_contract=lookup) == 0
+    assert run(parse("--contract", "c-1", "--json"), ledger_for_contract=lookup) == 0
     doc = json.loads(capsys.readouterr().out)
     assert asked == ["c-1"]
     assert Decimal(doc["inputs"]["success_rate"]) == Decimal("0.5")
@@ -311,16 +347,16 @@ def test_a_contract_uses_its_real_outcomes(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_a_contract_with_nothing_recorded_is_a_clear_error() -> None:
-    async def lookup(contract_id: str) -> Sequence[MigrationOutcome]:
+    async def lookup(contract_id: str) -> Sequence[LedgerRow]:
         return []
 
     with pytest.raises(CliError, match="contract 'c-1': no qualifying failures"):
-        run(parse("--contract", "c-1"), outcomes_for_contract=lookup)
+        run(parse("--contract", "c-1"), ledger_for_contract=lookup)
 
 
 def test_a_contract_and_an_assumed_success_rate_do_not_mix() -> None:
-    async def lookup(contract_id: str) -> Sequence[MigrationOutcome]:
+    async def lookup(contract_id: str) -> Sequence[LedgerRow]:
         raise AssertionError("not asked")
 
     with pytest.raises(CliError, match="--contract measures --success-rate"):
-        run(parse("--contract", "c-1", "--success-rate", "0.5"), outcomes_for_contract=lookup)
+        run(parse("--contract", "c-1", "--success-rate", "0.5"), ledger_for_contract=lookup)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -225,11 +225,21 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
         await c.advance_to(renewal1, hours=2)
         await _wait_delivered(c, 1)
 
-        # Year 2: 95 of 100 live-migrated; not renewed, so the contract is evaluated and ends.
+        # Year 2: 95 of 100 live-migrated; not renewed, so the contract is evaluated, awaits a late
+        # renewal for the 60 days of grace, and ends when they pass without one.
         y2 = await env.get_current_time()
         await c.advance_to(add_months(start, 23))
         await c.send(y2, 100, failures=5)
-        await c.advance_to(add_months(start, 24), hours=3)
+        renewal2 = add_months(renewal1, 12)
+        await c.advance_to(renewal2, hours=3)
+        awaiting = await cc.get_standing(c.client, CUSTOMER, c.id)
+        grace_ends = renewal2 + timedelta(days=60)
+        assert awaiting.awaiting_renewal and awaiting.renewal_grace_ends == grace_ends
+        assert awaiting.term == 1 and awaiting.next_evaluation is None and not awaiting.lapsed
+        await c.advance_to(grace_ends - timedelta(days=1))
+        wf = c.client.get_workflow_handle(contract_workflow_id(CUSTOMER, c.id))
+        assert (await wf.describe()).status == WorkflowExecutionStatus.RUNNING
+        await c.advance_to(grace_ends, hours=1)
         final: cc.Standing = await handle.result()
         last = await cc.get_ledger(c.client, CUSTOMER, c.id, offset=0, limit=1000)
     await c.save(name, handle.result_run_id or "")
@@ -254,6 +264,7 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
     # What no future window could count was dropped from the carried state; year 2 is all there.
     assert last.pruned > 0 and last.total + last.pruned == 305
     assert final.runs >= 3 and final.duplicates == 1 and final.next_evaluation is None
+    assert final.lapsed and not final.awaiting_renewal and final.term == 1
     # Pages of the ledger; the 5 outcomes of an uncovered job are kept, with their reason, not counted.
     assert ledger.total == 205 and len(ledger.rows) == 5 and ledger.next_offset is None
     uncovered = [r for r in ledger.rows if r.job_id == "job-uncovered"]
@@ -446,6 +457,61 @@ async def test_an_outcome_arriving_just_after_the_renewal_counts_in_its_own_term
         await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(renewal - timedelta(minutes=1), False))
         await env.sleep(timedelta(hours=1))
         standing = await cc.get_standing(c.client, CUSTOMER, c.id)
-        await c.save(name, handle.result_run_id or "")
+        # Left running, its timer would come due (with no worker) when a later test skips time.
+        await handle.terminate("test done")
+    await c.save(name, handle.result_run_id or "")
     (ev,) = [e for e in standing.evaluations if e.trigger is Trigger.RENEWAL]
     assert (ev.qualifying, ev.successful) == (1, 0) and ev.credit is not None
+
+
+async def test_a_renewal_ten_days_late_starts_the_next_term_from_the_renewal_date(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    """Billing recorded the renewal 10 days late: the term was evaluated at its date, the contract kept
+    recording meanwhile, and the late `renew` starts the next term from the renewal date, so that the
+    outcomes of those 10 days count in it."""
+    start = await _start_day(env)
+    c = Contract(env, start)
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[FakeBilling().deliver]
+    ):
+        handle = await c.create()
+        await c.cover("job-a")
+        t = await env.get_current_time()
+        await c.advance_to(add_months(start, 6))
+        await c.send(t, 10, failures=0)
+        renewal = c.terms.renewal_date
+        t1 = await c.advance_to(renewal, hours=2)
+        s0 = await cc.get_standing(c.client, CUSTOMER, c.id)
+        closing = s0.evaluations[-1]
+        assert (closing.trigger, closing.period_end, closing.term) == (Trigger.RENEWAL, renewal, 0)
+        assert (closing.qualifying, closing.successful) == (10, 10)
+        assert s0.awaiting_renewal and s0.renewal_grace_ends == renewal + timedelta(days=60)
+        assert s0.term == 0 and s0.next_evaluation is None
+
+        # 10 days late: outcomes and opt-ins are still recorded, expansions wait for the renewal.
+        await c.advance_to(renewal + timedelta(days=10))
+        late = await c.send(t1, 4, failures=1)
+        await cc.opt_in(c.client, CUSTOMER, c.id, "job-b")
+        with pytest.raises(cc.ContractRejected) as e:
+            today = (await env.get_current_time()).date()
+            await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=today, annual_fee=usd("150000")))
+        assert e.value.error_type == ContractErrorType.AWAITING_RENEWAL
+        renewed = await cc.renew(c.client, CUSTOMER, c.id, RenewInput(annual_fee=usd("130000")))
+        renewal2 = add_months(renewal, 12)
+        assert (renewed.term, renewed.term_start, renewed.renewal_date) == (1, renewal, renewal2)
+        assert not renewed.awaiting_renewal and renewed.next_evaluation == renewal2
+        assert renewed.annual_fee == usd("130000")
+
+        # The next renewal measures the new term from the old renewal date, the 10 days included.
+        await c.advance_to(renewal2, hours=2)
+        s2 = await cc.get_standing(c.client, CUSTOMER, c.id)
+        ledger = await cc.get_ledger(c.client, CUSTOMER, c.id)
+        await handle.terminate("test done")
+    await c.save(name, handle.result_run_id or "")
+    ev = s2.evaluations[-1]
+    assert (ev.trigger, ev.term, ev.period_start, ev.period_end) == (Trigger.RENEWAL, 1, renewal, renewal2)
+    assert (ev.qualifying, ev.successful) == (4, 3) and ev.fee == usd("130000")
+    assert s2.awaiting_renewal and s2.term == 1  # not renewed again: in its own grace now
+    late_ids = {o.incident_id for o in late}
+    assert all(not r.late for r in ledger.rows if r.incident_id in late_ids)
