@@ -88,7 +88,7 @@ class StateServer:
                         authenticate_server(conn, self._secret)
                     except AuthError:
                         continue  # not a peer of this job: it gets nothing, the real receivers still do
-                    digest = self._send(conn, snap, digest, on_progress, self._timed)
+                    digest = self._send(conn, snap, digest, on_progress)
                     served += 1
         except (OSError, ConnectionError, ProtocolError) as e:
             raise TransferError(f"serving state failed: {e}") from e
@@ -96,16 +96,8 @@ class StateServer:
             self._listener.close()
         return digest or snap.digest()
 
-    def _timed(self, seconds: float) -> None:
-        self.stream_seconds += seconds
-
-    @staticmethod
     def _send(
-        conn: socket.socket,
-        snap: Snapshot,
-        digest: str | None,
-        on_progress: Callable[[], None],
-        on_streamed: Callable[[float], None],
+        self, conn: socket.socket, snap: Snapshot, digest: str | None, on_progress: Callable[[], None]
     ) -> str:
         send_frame(conn, {"t": "state", "header": snap.header, "manifest": snap.manifest()})
         # Hash while sending, once: the snapshot is frozen for every receiver.
@@ -116,7 +108,7 @@ class StateServer:
                 hasher.feed(chunk)
             conn.sendall(chunk)
             on_progress()
-        on_streamed(time.perf_counter() - t0)
+        self.stream_seconds += time.perf_counter() - t0
         if hasher is not None:
             digest = hasher.hexdigest()
         send_frame(conn, {"t": "end", "digest": digest})

@@ -7,9 +7,8 @@ standing as a table (`--json` for machines), `ledger` every recorded outcome wit
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
-from datetime import date, timedelta
+from datetime import date
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -26,7 +25,6 @@ from torchpass.contract_models import (
     Standing,
 )
 from torchpass.credit import Money
-from torchpass.ids import validation_workflow_id
 
 
 def _amount(text: str) -> Decimal:
@@ -137,29 +135,14 @@ def _money(args: argparse.Namespace) -> Money:
 
 
 async def _validate(args: argparse.Namespace, client: Client) -> int:
-    from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
-    from torchpass.validation import ValidateInput, ValidationReport
-
-    inp = ValidateInput(
-        customer_id=args.customer,
-        contract_id=args.contract,
-        job_id=args.job,
-        job_task_queue=args.task_queue or job_task_queue(args.job),
-        allow_local=args.allow_local,
-    )
     from temporalio.client import WorkflowFailureError
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from torchpass.cli import CliError
 
     try:
-        report: ValidationReport = await client.execute_workflow(
-            "EnvironmentValidationWorkflow",
-            inp,
-            id=validation_workflow_id(args.customer, args.contract, args.job),
-            task_queue=CONTROL_TASK_QUEUE,
-            result_type=ValidationReport,
-            execution_timeout=timedelta(minutes=5),
+        report = await cc.validate_job(
+            client, args.customer, args.contract, args.job, args.task_queue or "", args.allow_local
         )
     except WorkflowAlreadyStartedError:
         raise CliError(f"a validation of job {args.job} is already running; try again when it ends") from None
@@ -239,7 +222,3 @@ async def contract_ledger_rows(client: Client, customer_id: str, contract_id: st
         rows += [r for r in page.rows if r.counted and lo <= r.detected_at < hi]
         offset = page.next_offset
     return rows
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=str)

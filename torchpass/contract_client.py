@@ -27,14 +27,15 @@ from torchpass.contract_models import (
     RenewInput,
     Standing,
 )
-from torchpass.ids import CONTROL_TASK_QUEUE, contract_workflow_id
+from torchpass.ids import CONTROL_TASK_QUEUE, contract_workflow_id, validation_workflow_id
 from torchpass.models import MigrationOutcome
-from torchpass.validation import ValidationReport
+from torchpass.validation import ValidateInput, ValidationReport
 
 T = TypeVar("T")
 # A query waits for the workflow task in progress; a contract that just took a burst of outcomes (or is
 # continuing as new) on a busy worker may need more than the default.
 QUERY_TIMEOUT = timedelta(seconds=60)
+VALIDATION_TIMEOUT = timedelta(minutes=5)
 WORKFLOW = "ContractWorkflow"
 
 
@@ -145,3 +146,33 @@ async def get_ledger(
     return await _call(
         contract_id, h.query("ledger", page, result_type=LedgerPage, rpc_timeout=QUERY_TIMEOUT)
     )
+
+
+async def validate_job(
+    client: Client,
+    customer_id: str,
+    contract_id: str,
+    job_id: str,
+    job_task_queue: str = "",
+    allow_local: bool = False,
+) -> ValidationReport:
+    """Run EnvironmentValidationWorkflow for one job and wait for its report (recorded on the contract).
+
+    Raises temporalio's WorkflowAlreadyStartedError when one is already running for the job.
+    """
+    inp = ValidateInput(
+        customer_id=customer_id,
+        contract_id=contract_id,
+        job_id=job_id,
+        job_task_queue=job_task_queue,
+        allow_local=allow_local,
+    )
+    report: ValidationReport = await client.execute_workflow(
+        "EnvironmentValidationWorkflow",
+        inp,
+        id=validation_workflow_id(customer_id, contract_id, job_id),
+        task_queue=CONTROL_TASK_QUEUE,
+        result_type=ValidationReport,
+        execution_timeout=VALIDATION_TIMEOUT,
+    )
+    return report

@@ -17,24 +17,22 @@ import socket
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
 from temporalio.client import Client
 
 from activities.validation import ValidationSettings
-from job_agent.jobs import request, running_jobs, wait_until_ready
+from job_agent.jobs import request, wait_until_ready
 from torchpass import contract_client as cc
 from torchpass.contract import add_months
 from torchpass.contract_cli import format_ledger, format_standing
 from torchpass.contract_models import ContractTerms, Standing
 from torchpass.credit import Money
-from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue, validation_workflow_id
 from torchpass.incidents_cli import format_outcome
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import ContractRef
-from torchpass.validation import ValidateInput, ValidationReport
 from workers.control import control_worker
 from workers.job import run_job
 from workers.temporal import start_dev_server
@@ -66,14 +64,6 @@ def _spec(state_dir: Path, job_id: str, spares: int, contract: ContractRef | Non
     )
 
 
-async def _wait_running(state_dir: Path, job_id: str) -> None:
-    deadline = time.monotonic() + 60
-    while not any(j["job_id"] == job_id for j in running_jobs(state_dir)):
-        if time.monotonic() > deadline:
-            raise TimeoutError("the job never registered")
-        await asyncio.sleep(0.1)
-
-
 async def _open_contract(client: Client) -> None:
     start = datetime.now(UTC).date().replace(day=1)
     terms = ContractTerms(
@@ -89,20 +79,7 @@ async def _open_contract(client: Client) -> None:
 
 
 async def _validate(client: Client) -> bool:
-    inp = ValidateInput(
-        customer_id=CONTRACT.customer_id,
-        contract_id=CONTRACT.contract_id,
-        job_id=JOB,
-        job_task_queue=job_task_queue(JOB),
-    )
-    report = await client.execute_workflow(
-        "EnvironmentValidationWorkflow",
-        inp,
-        id=validation_workflow_id(CONTRACT.customer_id, CONTRACT.contract_id, JOB),
-        task_queue=CONTROL_TASK_QUEUE,
-        result_type=ValidationReport,
-        execution_timeout=timedelta(seconds=120),
-    )
+    report = await cc.validate_job(client, CONTRACT.customer_id, CONTRACT.contract_id, JOB)
     for c in report.checks:
         print(f"demo:   {'ok  ' if c.passed else 'FAIL'} {c.name:<16} {c.detail}", flush=True)
     print(f"demo: environment {'validated: job covered' if report.passed else 'NOT validated'}", flush=True)
@@ -145,7 +122,6 @@ async def _migrated_run(client: Client, state_dir: Path) -> tuple[JobResult, boo
     spec = _spec(state_dir, JOB, spares=1, contract=CONTRACT)
     job = asyncio.create_task(run_job(spec, client))
     try:
-        await _wait_running(state_dir, JOB)
         await asyncio.to_thread(wait_until_ready, state_dir, JOB)
         validated = await _validate(client)
         await _inject(state_dir, JOB)

@@ -49,16 +49,27 @@ def spec(state_dir: Path, job_id: str, spares: int = 1, **kw: object) -> JobSpec
     return JobSpec.model_validate(fields)
 
 
+async def start_job(client: Client, job: JobSpec) -> asyncio.Task[JobResult]:
+    """Launch a job; return its task once its coordinator has registered (requests can reach it)."""
+    task = asyncio.create_task(run_job(job, client))
+    deadline = time.monotonic() + 60
+    while not any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
+        if time.monotonic() > deadline or task.done():
+            task.cancel()
+            raise AssertionError(
+                "job never registered" if not task.done() else "job ended before it registered"
+            )
+        await asyncio.sleep(0.05)
+    return task
+
+
 async def run_with(
     client: Client, job: JobSpec, injections: Sequence[tuple[str, int, int]] = (), timeout: float = 150
 ) -> JobResult:
     """Run a job to its end, injecting (action, rank, at_step) through its coordinator's control channel."""
-    task = asyncio.create_task(run_job(job, client))
-    deadline = time.monotonic() + 60
-    while injections and not any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
-        assert time.monotonic() < deadline, "job never registered"
-        assert not task.done(), "job ended before it registered"
-        await asyncio.sleep(0.05)
+    if not injections:
+        return await asyncio.wait_for(run_job(job, client), timeout)
+    task = await start_job(client, job)
     for action, rank, step in injections:
         msg = {"t": "inject", "action": action, "slot": rank, "after_step": step}
         reply = await asyncio.to_thread(request, job.state_dir, job.job_id, msg)

@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from job_agent.jobs import request, running_jobs, wait_until_ready
-from tests.integration.conftest import run_with, spec
+from job_agent.jobs import request, wait_until_ready
+from tests.integration.conftest import run_with, spec, start_job
 from torchpass.cli import main
-from torchpass.job import JobResult, JobSpec
 from torchpass.models import ContractRef
-from workers.job import run_job
 
 
 async def _cli(client: Client, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -92,17 +90,6 @@ async def test_contract_bad_input_gets_a_clear_error(
         await _cli(client, capsys, "contract", "create", *who, "--start", "June 1st", "--fee", "1")
 
 
-async def _start_job(client: Client, job: JobSpec) -> asyncio.Task[JobResult]:
-    task = asyncio.create_task(run_job(job, client))
-    for _ in range(600):
-        if any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
-            return task
-        assert not task.done(), "job ended before it registered"
-        await asyncio.sleep(0.05)
-    task.cancel()
-    raise AssertionError("job never registered")
-
-
 async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     client: Client, capsys: pytest.CaptureFixture[str], ids: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -119,7 +106,7 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
         contract=ContractRef(customer_id=cust, contract_id=cid),
         args=("--steps", "400", "--width", "128", "--depth", "2"),
     )
-    task = await _start_job(client, job)
+    task = await start_job(client, job)
     try:
         await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, 60)
         # This host has neither Slurm nor Kubernetes: the explicit development override waives that check.

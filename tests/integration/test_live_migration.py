@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from job_agent.jobs import request, running_jobs, wait_until_ready
-from tests.integration.conftest import run_with, spec
+from job_agent.jobs import request, wait_until_ready
+from tests.integration.conftest import run_with, spec, start_job
 from torchpass.cli import main
 from torchpass.ids import SA_JOB_ID
 from torchpass.job import JobResult
@@ -82,12 +82,8 @@ async def test_a_collective_that_times_out_with_every_rank_alive_re_forms_in_pla
     timeout: its peers' collective times out, then its own fails, and nobody is lost. The group re-forms
     in place for the next generation, no spare taken, no step recomputed."""
     job = spec(tmp_path, "stall-rank-1", hang_timeout=5.0, collective_timeout=1.0)
-    task = asyncio.create_task(run_job(job, client))
+    task = await start_job(client, job)
     try:
-        for _ in range(600):
-            if any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
-                break
-            await asyncio.sleep(0.05)
         pause = {"t": "inject", "action": "pause", "slot": 1, "after_step": 20, "seconds": 3.0}
         assert (await asyncio.to_thread(request, job.state_dir, job.job_id, pause))["t"] == "ok"
         result = await asyncio.wait_for(asyncio.shield(task), 150)
