@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m torchpass.demo
+	$(BIN)/python -m torchpass.dev.demo
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q

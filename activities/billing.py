@@ -3,7 +3,7 @@
 Idempotent by construction: every attempt carries the notice's idempotency key (contract + period), so a
 retry after a partial success (webhook accepted, then the worker died) is answered as a duplicate by
 billing, never counted twice. A billing workflow that receives the signal twice must deduplicate on the
-same key. The retry policy and timeouts the contract workflow uses live in `torchpass.billing`.
+same key. The retry policy and timeouts the contract workflow uses live in `torchpass.policies`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.billing_settings import BillingSettings
+from activities.webhook import send_webhook
 from torchpass.billing import (
     BillingError,
     BillingNotConfigured,
-    BillingSettings,
     PermanentBillingError,
     TransientBillingError,
     WebhookAck,
-    send_webhook,
 )
 from torchpass.credit import CreditDelivery, CreditNotice
 from torchpass.ids import ControlActivity
@@ -51,7 +51,7 @@ class BillingActivities:
             return await self._deliver(notice)
         except BillingError as e:
             # Transient -> retried by BILLING_RETRY_POLICY until acknowledged; permanent -> stops at once.
-            raise ApplicationError(str(e), type=e.error_type, non_retryable=not e.retryable) from e
+            raise ApplicationError(str(e), type=e.error_type.value, non_retryable=not e.retryable) from e
 
     async def _deliver(self, notice: CreditNotice) -> CreditDelivery:
         if not self._s.configured:

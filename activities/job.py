@@ -15,7 +15,8 @@ from temporalio.exceptions import ApplicationError
 from job_agent.coordinator import JobFailed
 from job_agent.describe import describe
 from job_agent.incident import IncidentActions, IncidentError
-from torchpass.ids import ErrorType, JobActivity
+from torchpass.errors import ErrorType
+from torchpass.ids import JobActivity
 from torchpass.models import (
     CompleteInput,
     ConfirmInput,
@@ -37,11 +38,11 @@ async def _guard(call: Awaitable[T]) -> T:
     try:
         return await call
     except IncidentError as e:
-        raise ApplicationError(str(e), type=e.kind, non_retryable=not e.retryable) from e
+        raise ApplicationError(str(e), type=e.error_type.value, non_retryable=not e.retryable) from e
     except JobFailed as e:
-        raise ApplicationError(str(e), type=ErrorType.JOB_GONE, non_retryable=True) from e
+        raise ApplicationError(str(e), type=ErrorType.JOB_GONE.value, non_retryable=True) from e
     except TimeoutError as e:
-        raise ApplicationError(str(e), type="Timeout") from e
+        raise ApplicationError(str(e), type=ErrorType.TIMEOUT.value) from e
 
 
 class JobActivities:
@@ -87,7 +88,7 @@ class JobActivities:
         if inp.job_id != self._a.c.job_id:  # a queue name pointing at the wrong job: no retry helps
             raise ApplicationError(
                 f"this is job {self._a.c.job_id}, not {inp.job_id}",
-                type=ErrorType.INVALID_INPUT,
+                type=ErrorType.INVALID_INPUT.value,
                 non_retryable=True,
             )
         return describe(self._a.c)

@@ -20,17 +20,18 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio import activity
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
-from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
-from torchpass import contract_client
+from torchpass.contract_models import JobCoverage
+from torchpass.ids import ValidationActivity, contract_workflow_id
 from torchpass.validation import (
     ControlPlaneFacts,
     RecordValidationInput,
     RecordValidationResult,
     SchedulerFacts,
     SchedulerProbe,
-    ValidationActivity,
     ValidationTarget,
 )
 
@@ -153,8 +154,8 @@ def _torch_facts() -> dict[str, Any]:
 class ValidationActivities:
     """Built by the control worker; `client` describes the Temporal server (default: the worker's own)."""
 
-    def __init__(self, settings: ValidationSettings | None = None, client: Client | None = None) -> None:
-        self.settings = settings or ValidationSettings()
+    def __init__(self, settings: ValidationSettings, client: Client | None = None) -> None:
+        self.settings = settings
         self._client = client
 
     @activity.defn(name=ValidationActivity.CHECK_CONTROL_PLANE)
@@ -192,18 +193,27 @@ class ValidationActivities:
         """Run ContractWorkflow's `record_validation` update; a missing or refusing contract is an answer,
         not an error (only an unreachable server is retried)."""
         client = self._client or activity.client()
+        handle = client.get_workflow_handle(contract_workflow_id(inp.customer_id, inp.report.contract_id))
         try:
-            coverage = await contract_client.record_validation(client, inp.customer_id, inp.report)
-        except contract_client.UnknownContract as e:
-            return RecordValidationResult(recorded=False, detail=f"no running contract: {e}"[:2000])
-        except contract_client.ContractRejected as e:
-            return RecordValidationResult(recorded=False, detail=f"the contract refused it: {e}"[:2000])
+            coverage = await handle.execute_update(
+                "record_validation",
+                inp.report,
+                result_type=JobCoverage,
+                rpc_timeout=timedelta(seconds=self.settings.api_timeout),
+            )
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                raise  # the server did not answer: retried
+            return RecordValidationResult(recorded=False, detail=f"no running contract: {e.message}"[:2000])
+        except WorkflowUpdateFailedError as e:
+            why = f"{e.cause.type}: {e.cause.message}" if isinstance(e.cause, ApplicationError) else str(e)
+            return RecordValidationResult(recorded=False, detail=f"the contract refused it: {why}"[:2000])
         status = coverage.changes[-1].status.value if coverage.changes else "unknown"
         return RecordValidationResult(recorded=True, detail=f"job {coverage.job_id} now {status}")
 
 
 def validation_activities(
-    settings: ValidationSettings | None = None, client: Client | None = None
+    settings: ValidationSettings, client: Client | None = None
 ) -> list[Callable[..., Any]]:
     """The activity callables for the control worker."""
     acts = ValidationActivities(settings, client)

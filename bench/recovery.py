@@ -23,11 +23,13 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from temporalio.client import Client
+
+from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import MigrationOutcome
 from workers.control import control_worker
 from workers.job import run_job
-from workers.temporal import start_dev_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "train_bench.py"
@@ -51,7 +53,7 @@ def _spec(state: Path, job_id: str, spares: int, times: Path) -> JobSpec:
     )
 
 
-async def _run(client, spec: JobSpec, kills) -> JobResult:  # type: ignore[no-untyped-def]
+async def _run(client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]) -> JobResult:
     from job_agent.jobs import request, running_jobs
 
     task = asyncio.create_task(run_job(spec, client))

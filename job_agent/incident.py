@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from job_agent.members import Member
 from job_agent.recovery import choose_donor, receivers
 from torchpass.classify import CATEGORY_OF
+from torchpass.errors import ErrorType, TorchpassError
 from torchpass.models import (
     Category,
     ConfirmResult,
@@ -34,13 +35,11 @@ if TYPE_CHECKING:
     from job_agent.coordinator import Coordinator
 
 
-class IncidentError(Exception):
-    """A step of the incident failed; `retryable` says whether trying again can help."""
+class IncidentError(TorchpassError):
+    """A step of the incident failed; its `error_type` decides whether trying again can help."""
 
-    def __init__(self, kind: str, message: str, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.retryable = retryable
+    def __init__(self, error_type: ErrorType, message: str) -> None:
+        super().__init__(message, error_type)
 
 
 @dataclass
@@ -91,7 +90,7 @@ class IncidentActions:
             if inc is not None:
                 inc.workflow_id = workflow_id
                 return inc
-        raise IncidentError("UnknownIncident", f"job {self.c.job_id} has no incident {workflow_id}", False)
+        raise IncidentError(ErrorType.UNKNOWN_INCIDENT, f"job {self.c.job_id} has no incident {workflow_id}")
 
     async def confirm(self, incident_id: str, evidence: tuple[Evidence, ...]) -> ConfirmResult:
         t0 = time.perf_counter()
@@ -137,9 +136,7 @@ class IncidentActions:
                 )
             free = self.c.spares()
             if len(free) < need:
-                raise IncidentError(
-                    "NoSpareAvailable", f"{len(inc.lost)} spare(s) needed, {len(free)} warm", retryable=False
-                )
+                raise IncidentError(ErrorType.NO_SPARE, f"{len(inc.lost)} spare(s) needed, {len(free)} warm")
             for m in free[: len(inc.lost)]:
                 m.reserved_for = inc.workflow_id
                 inc.spare_ids.append(m.agent_id)
@@ -177,7 +174,7 @@ class IncidentActions:
         )
         gone = [m.slot for m in survivors if not m.alive]
         if gone:
-            raise IncidentError("FreezeFailed", f"ranks {gone} were lost while freezing", retryable=False)
+            raise IncidentError(ErrorType.FREEZE_FAILED, f"ranks {gone} were lost while freezing")
         await self._fence_leaving(leaving)
         completed = {m.slot: m.completed for m in survivors}
         _, target = choose_donor(completed)
@@ -201,7 +198,7 @@ class IncidentActions:
         if inc.proof is not None:
             return TransferResult(proof=inc.proof, work_seconds=0.0)
         if inc.frozen is None:
-            raise IncidentError("TransferFailed", "transfer before freeze", retryable=False)
+            raise IncidentError(ErrorType.OUT_OF_ORDER, "transfer before freeze")
         completed = dict(inc.frozen.completed_steps)
         donor_slot, target = choose_donor(completed)
         new = self._assign_spares(inc)
@@ -234,12 +231,14 @@ class IncidentActions:
         ]
         if failed or not all(m.alive for m in members):
             raise IncidentError(
-                "TransferFailed", f"state transfer failed ({'; '.join(failed) or 'peer lost'})"
+                ErrorType.TRANSFER_FAILED, f"state transfer failed ({'; '.join(failed) or 'peer lost'})"
             )
         donor_digest = donor.replies["served"]["digest"]
         got = {s: self._member(s).replies["received"]["digest"] for s in targets}
         if any(d != donor_digest for d in got.values()):
-            raise IncidentError("TransferFailed", f"digest mismatch: donor {donor_digest}, receivers {got}")
+            raise IncidentError(
+                ErrorType.TRANSFER_FAILED, f"digest mismatch: donor {donor_digest}, receivers {got}"
+            )
         inc.proof = TransferProof(
             donor_slot=donor_slot,
             receiver_slots=tuple(targets),
@@ -265,7 +264,7 @@ class IncidentActions:
     def _member(self, slot: int) -> Member:
         m = self.c.member_at(slot)
         if m is None:
-            raise IncidentError("TransferFailed", f"no live process holds slot {slot}")
+            raise IncidentError(ErrorType.TRANSFER_FAILED, f"no live process holds slot {slot}")
         return m
 
     async def rejoin(self, incident_id: str) -> RejoinResult:
@@ -274,7 +273,7 @@ class IncidentActions:
         if inc.rejoined is not None:
             return inc.rejoined
         if inc.frozen is None:
-            raise IncidentError("RejoinFailed", "rejoin before freeze", retryable=False)
+            raise IncidentError(ErrorType.OUT_OF_ORDER, "rejoin before freeze")
         resume = inc.frozen.target_step + 1
         generation, resumed_at = await self._regroup_and_resume(resume, self.transfer_timeout)
         inc.rejoined = RejoinResult(
@@ -288,7 +287,7 @@ class IncidentActions:
     async def _regroup_and_resume(self, resume: int, timeout: float) -> tuple[int, datetime]:
         if len(self.c.ranks()) != self.c.world_size:
             raise IncidentError(
-                "RejoinFailed", f"only {len(self.c.ranks())} of {self.c.world_size} ranks alive"
+                ErrorType.REJOIN_FAILED, f"only {len(self.c.ranks())} of {self.c.world_size} ranks alive"
             )
         generation = self.c.regroup()
         ranks = self.c.ranks()

@@ -1,8 +1,8 @@
-"""Credit notices to billing: settings, the signed webhook, how billing's answers are read.
+"""Credit notices to billing: the signed body, how a receiver verifies it, what billing's answers mean.
 
-No Temporal here beyond the retry policy's type: the activity (`activities.billing`) and the reference
-receiver (`torchpass.billing_receiver`) both build on these functions, so that sender and receiver cannot
-disagree on the body, the signature or what an answer means.
+Pure: no I/O and no Temporal. The sender (`activities.webhook`, used by the `deliver_credit` activity) and
+the reference receiver (`torchpass.dev.billing_receiver`) both build on these functions, so that sender
+and receiver cannot disagree on the body, the signature or what an answer means.
 
 Signing scheme (v1, Stripe-like):
 
@@ -17,24 +17,15 @@ tolerance; within it, the idempotency key makes a replay a recognisable duplicat
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
-import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-
-from pydantic import AnyHttpUrl, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
-from temporalio.common import RetryPolicy
 
 from torchpass.credit import CreditNotice
-from torchpass.decisions import ActivityTimeouts
+from torchpass.errors import ErrorType, TorchpassError
 
 SIGNATURE_HEADER = "X-Torchpass-Signature"
 TIMESTAMP_HEADER = "X-Torchpass-Timestamp"
@@ -42,31 +33,19 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 SIGNATURE_VERSION = "v1"
 DEFAULT_SIGNAL_NAME = "yoco_credit"
 DEFAULT_TOLERANCE_S = 300.0
-_MAX_REPLY_BYTES = 64 * 1024
-# One webhook attempt blocks at most this long; it stays under the activity's heartbeat timeout below.
-MAX_WEBHOOK_TIMEOUT_S = 25.0
+MAX_REPLY_BYTES = 64 * 1024
 
 
-class BillingErrorType:
-    """ApplicationError types of the deliver_credit activity."""
+class BillingError(TorchpassError):
+    """Base of billing errors; the error type carries the retry decision to the activity."""
 
-    UNAVAILABLE = "BillingUnavailable"
-    REJECTED = "BillingRejected"
-    NOT_CONFIGURED = "BillingNotConfigured"
-
-
-class BillingError(Exception):
-    """Base of billing errors; `retryable` carries the retry decision to the activity."""
-
-    retryable = False
-    error_type = BillingErrorType.REJECTED
+    error_type = ErrorType.BILLING_REJECTED
 
 
 class TransientBillingError(BillingError):
     """Billing is down, slow or overloaded: retry, the idempotency key makes it safe."""
 
-    retryable = True
-    error_type = BillingErrorType.UNAVAILABLE
+    error_type = ErrorType.BILLING_UNAVAILABLE
 
 
 class PermanentBillingError(BillingError):
@@ -74,56 +53,11 @@ class PermanentBillingError(BillingError):
 
 
 class BillingNotConfigured(PermanentBillingError):
-    error_type = BillingErrorType.NOT_CONFIGURED
+    error_type = ErrorType.BILLING_NOT_CONFIGURED
 
 
 class SignatureRejected(PermanentBillingError):
     """A receiver refuses a request: bad or missing signature, or a timestamp outside the tolerance."""
-
-
-class BillingSettings(BaseSettings):
-    """TORCHPASS_BILLING_* variables; validated once when the control worker starts."""
-
-    model_config = SettingsConfigDict(env_prefix="TORCHPASS_BILLING_", extra="ignore")
-
-    webhook_url: AnyHttpUrl | None = Field(default=None, description="where credit notices are POSTed")
-    webhook_secret: SecretStr | None = Field(default=None, description="HMAC key shared with the receiver")
-    timeout: float = Field(default=10.0, gt=0, le=MAX_WEBHOOK_TIMEOUT_S, description="seconds per attempt")
-    workflow_id: str | None = Field(default=None, description="billing's own Temporal workflow to signal")
-    signal_name: str = Field(default=DEFAULT_SIGNAL_NAME, min_length=1)
-
-    @model_validator(mode="after")
-    def _secret_with_url(self) -> BillingSettings:
-        if self.webhook_url is not None and not (
-            self.webhook_secret and self.webhook_secret.get_secret_value()
-        ):
-            raise ValueError("TORCHPASS_BILLING_WEBHOOK_SECRET is required when a webhook URL is set")
-        return self
-
-    @property
-    def configured(self) -> bool:
-        return self.webhook_url is not None or self.workflow_id is not None
-
-
-# Retried until billing acknowledges: exponential from 1 s up to 5 min between attempts, no attempt limit;
-# only a refusal no retry can cure stops it. The schedule-to-close bound makes an outage of a week surface
-# in the contract workflow as a typed failure instead of a silent wait; re-issuing the same notice is safe.
-BILLING_NON_RETRYABLE_ERROR_TYPES: tuple[str, ...] = (
-    BillingErrorType.REJECTED,
-    BillingErrorType.NOT_CONFIGURED,
-)
-BILLING_RETRY_POLICY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=5),
-    maximum_attempts=0,
-    non_retryable_error_types=list(BILLING_NON_RETRYABLE_ERROR_TYPES),
-)
-BILLING_TIMEOUTS = ActivityTimeouts(
-    start_to_close=timedelta(seconds=60),
-    schedule_to_close=timedelta(days=7),
-    heartbeat=timedelta(seconds=30),
-)
 
 
 def canonical_body(notice: CreditNotice) -> bytes:
@@ -182,6 +116,8 @@ def _signatures(header: str) -> list[str]:
 
 @dataclass(frozen=True)
 class HttpReply:
+    """What billing answered: a status and the first MAX_REPLY_BYTES of the body."""
+
     status: int
     body: bytes
 
@@ -190,32 +126,6 @@ class HttpReply:
 class WebhookAck:
     status: int
     duplicate: bool
-
-
-@functools.cache
-def _opener() -> urllib.request.OpenerDirector:
-    # Built on first use, not at import: the contract workflow imports this module for its retry policy,
-    # and Temporal's sandbox refuses a module that subclasses urllib's handlers when it is imported.
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        # A redirected POST would be replayed as a GET without its body: the URL must be the final one.
-        def redirect_request(self, *args: object, **kwargs: object) -> None:
-            return None
-
-    return urllib.request.build_opener(NoRedirect)
-
-
-def http_post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> HttpReply:
-    """Every billing HTTP call goes through here. Blocking: the activity runs it in a thread."""
-    req = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
-    try:
-        with _opener().open(req, timeout=timeout) as resp:
-            return HttpReply(resp.status, resp.read(_MAX_REPLY_BYTES))
-    except urllib.error.HTTPError as e:  # a status outside 2xx: an answer, read by interpret()
-        with e:
-            return HttpReply(e.code, e.read(_MAX_REPLY_BYTES))
-    except (OSError, http.client.HTTPException) as e:  # refused, reset, DNS, timeout: no answer at all
-        reason = e.reason if isinstance(e, urllib.error.URLError) else e
-        raise TransientBillingError(f"billing webhook {url} unreachable: {reason!r}") from e
 
 
 def interpret(reply: HttpReply) -> WebhookAck:
@@ -256,12 +166,3 @@ def _detail(body: bytes) -> str:
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         return data["error"]
     return body[:200].decode("utf-8", "replace") or "no body"
-
-
-def send_webhook(settings: BillingSettings, notice: CreditNotice, now: float | None = None) -> WebhookAck:
-    """POST one signed notice once; raise a BillingError unless billing acknowledged it."""
-    if settings.webhook_url is None or settings.webhook_secret is None:
-        raise BillingNotConfigured("no billing webhook configured (TORCHPASS_BILLING_WEBHOOK_URL)")
-    body = canonical_body(notice)
-    headers = signed_headers(notice, body, settings.webhook_secret.get_secret_value(), now)
-    return interpret(http_post(str(settings.webhook_url), body, headers, settings.timeout))

@@ -19,29 +19,17 @@ from typing import NamedTuple
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from torchpass.credit import CreditDelivery, CreditNotice, Money
+from torchpass.errors import ErrorType, TorchpassError
 from torchpass.models import Model
 
 _ID = r"^[A-Za-z0-9._:-]+$"
 
 
-class ContractErrorType(StrEnum):
-    """`ApplicationError.type` of a rejected contract update; the client helper raises it as typed."""
+class ContractRuleError(TorchpassError, ValueError):
+    """An input the contract rules refuse; `error_type` (a `Contract*` ErrorType) says which rule."""
 
-    INVALID_FEE = "ContractInvalidFee"
-    CURRENCY_MISMATCH = "ContractCurrencyMismatch"
-    DATES_OUT_OF_ORDER = "ContractDatesOutOfOrder"
-    UNKNOWN_JOB = "ContractUnknownJob"
-    WRONG_CONTRACT = "ContractWrongContract"
-    INVALID_PAGE = "ContractInvalidPage"
-    AWAITING_RENEWAL = "ContractAwaitingRenewal"
-
-
-class ContractRuleError(ValueError):
-    """An input the contract rules refuse; `kind` says which rule."""
-
-    def __init__(self, kind: ContractErrorType, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+    def __init__(self, error_type: ErrorType, message: str) -> None:
+        super().__init__(message, error_type)
 
 
 class ContractTerms(Model):

@@ -148,7 +148,7 @@ def inputs_from_ledger(base: CostInputs, rows: Iterable[LedgerRow]) -> CostInput
     Only counted rows (covered, qualifying, real failures: what the contract's rate counts) are used; a
     row is successful when its status is `success`, and its `recovery_seconds` is the one the ledger kept
     (to the millisecond). The caller chooses the rows: `torchpass cost --contract` passes the current
-    trailing window's (`torchpass.contract_cli.contract_ledger_rows`)."""
+    trailing window's (`torchpass.cli.contract.contract_ledger_rows`)."""
     counted = [r for r in rows if r.counted]
     if not counted:
         raise NoQualifyingOutcomes("no qualifying failures recorded: nothing to measure the cost from")

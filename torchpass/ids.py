@@ -5,8 +5,6 @@ One place, so that a worker, a coordinator and the CLI can never disagree on a n
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 CONTROL_TASK_QUEUE = "torchpass-control"
 """Task queue of the control worker: workflows and cluster-wide activities."""
 
@@ -16,11 +14,15 @@ def job_task_queue(job_id: str) -> str:
     return f"torchpass-job-{job_id}"
 
 
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
 def _part(text: str) -> str:
-    """One part of an id, percent-encoded: ':' and '/' never survive, so joined parts stay unambiguous
-    ('acme-labs' + 'c1' and 'acme' + 'labs-c1' are different ids; an incident id's '/' before the run id
-    is always the last one)."""
-    return quote(text, safe="")
+    """One part of an id, percent-encoded (RFC 3986, as `urllib.parse.quote(text, safe="")`, which the
+    workflows may not import): ':' and '/' never survive, so joined parts stay unambiguous ('acme-labs' +
+    'c1' and 'acme' + 'labs-c1' are different ids; an incident id's '/' before the run id is always the
+    last one)."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in text.encode("utf-8"))
 
 
 def incident_workflow_id(job_id: str, failure_domain: str, generation: int) -> str:
@@ -44,7 +46,7 @@ def validation_workflow_id(customer_id: str, contract_id: str, job_id: str) -> s
     return f"torchpass-validate:{_part(customer_id)}:{_part(contract_id)}:{_part(job_id)}"
 
 
-# Search attributes registered on the server (see torchpass.server) and set by MigrationWorkflow.
+# Search attributes registered on the server (see workers.server) and set by MigrationWorkflow.
 SA_JOB_ID = "TorchpassJobId"
 SA_KIND = "TorchpassKind"
 SA_OUTCOME = "TorchpassOutcome"
@@ -73,12 +75,9 @@ class ControlActivity:
     DELIVER_CREDIT = "deliver_credit"
 
 
-class ErrorType:
-    """ApplicationError types raised by activities; retry policies list the non-retryable ones."""
+class ValidationActivity:
+    """Names of the validation activities served by the control worker (describe_job is a JobActivity)."""
 
-    NO_SPARE = "NoSpareAvailable"
-    JOB_GONE = "JobGone"
-    TRANSFER_FAILED = "TransferFailed"
-    REJOIN_FAILED = "RejoinFailed"
-    NO_CHECKPOINT = "NoCheckpoint"
-    INVALID_INPUT = "InvalidInput"
+    CHECK_CONTROL_PLANE = "check_control_plane"
+    DETECT_SCHEDULER = "detect_scheduler"
+    RECORD_VALIDATION = "record_validation_on_contract"

@@ -53,14 +53,6 @@ class Check:
     RECORDED = "recorded_on_contract"
 
 
-class ValidationActivity:
-    """Names of the validation activities served by the control worker (describe_job is a JobActivity)."""
-
-    CHECK_CONTROL_PLANE = "check_control_plane"
-    DETECT_SCHEDULER = "detect_scheduler"
-    RECORD_VALIDATION = "record_validation_on_contract"
-
-
 SUPPORTED_TORCH = ">=2.6,<3"
 """The torch range torchpass supports; the same as pyproject's dependency (a unit test keeps them equal)."""
 

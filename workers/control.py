@@ -12,22 +12,21 @@ from temporalio.worker import Worker
 
 from activities.billing import BillingActivities
 from activities.control import ControlActivities
-from activities.validation import ValidationSettings, validation_activities
-from torchpass.billing import BillingSettings
+from activities.validation import validation_activities
 from torchpass.ids import CONTROL_TASK_QUEUE
+from workers.settings import Settings
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.migration import MigrationWorkflow
 from workflows.validation import VALIDATION_WORKFLOWS
 
 
 def control_worker(
-    client: Client,
-    task_queue: str = CONTROL_TASK_QUEUE,
-    billing: BillingSettings | None = None,
-    validation: ValidationSettings | None = None,
+    client: Client, settings: Settings | None = None, task_queue: str = CONTROL_TASK_QUEUE
 ) -> Worker:
+    """The worker for `settings` (the process's own; the environment's when not given)."""
+    settings = settings or Settings.load()
     acts = ControlActivities()
-    credits = BillingActivities(billing or BillingSettings(), client)
+    credits = BillingActivities(settings.billing, client)
     return Worker(
         client,
         task_queue=task_queue,
@@ -35,6 +34,6 @@ def control_worker(
         activities=[
             acts.classify_failure,
             credits.deliver_credit,
-            *validation_activities(validation, client),
+            *validation_activities(settings.validation, client),
         ],
     )

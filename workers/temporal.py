@@ -7,12 +7,7 @@ from collections.abc import Sequence
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client, Interceptor, TLSConfig
-from temporalio.common import SearchAttributeKey
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-
-from torchpass.ids import SEARCH_ATTRIBUTES
-from torchpass.server import temporal_binary
 
 
 class TemporalSettings(BaseSettings):
@@ -54,16 +49,3 @@ def _read(path: str | None) -> bytes | None:
         return None
     with open(path, "rb") as f:
         return f.read()
-
-
-async def start_dev_server(ui_port: int | None = None) -> WorkflowEnvironment:
-    """The embedded dev server on loopback, torchpass's search attributes registered (demo, bench, tests)."""
-    return await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        ip="127.0.0.1",
-        ui=ui_port is not None,
-        ui_port=ui_port,
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-    )

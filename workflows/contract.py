@@ -2,7 +2,7 @@
 
 Id: `torchpass.ids.contract_workflow_id(customer_id, contract_id)`. Opt-ins, validations, expansions and
 renewals are updates whose validators answer a bad input with a typed `ApplicationError` (its type is a
-`ContractErrorType`) and leave no trace in history; migration outcomes arrive as a fire-and-forget signal
+`Contract*` `ErrorType`) and leave no trace in history; migration outcomes arrive as a fire-and-forget signal
 from MigrationWorkflow, decoded here so that a malformed one is counted and dropped, never fatal. A durable
 timer wakes the workflow at each renewal date. A term that ends unrenewed is evaluated all the same and the
 contract then awaits a late `renew` for `terms.renewal_grace_days` (still recording outcomes and opt-ins);
@@ -26,8 +26,8 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.billing import BILLING_RETRY_POLICY, BILLING_TIMEOUTS
-    from torchpass.contract import ContractBook, day_start
+    from torchpass.contract import day_start
+    from torchpass.contract_book import ContractBook
     from torchpass.contract_models import (
         ContractInput,
         ContractRuleError,
@@ -41,13 +41,16 @@ with workflow.unsafe.imports_passed_through():
         Standing,
     )
     from torchpass.credit import CreditDelivery, CreditNotice
+    from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
     from torchpass.models import MigrationOutcome
+    from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
     from torchpass.validation import ValidationReport
+    from workflows.policy import retry_policy
 
 R = TypeVar("R")
 
-# Billing may be down for days; a credit is owed until it says it has it. One delivery is BILLING's
+# Billing may be down for days; a credit is owed until it says it has it. One delivery is BILLING_TIMEOUTS'
 # attempt and heartbeat bounds and retry policy (1 s to 5 min apart), given up after an hour, not
 # BILLING_TIMEOUTS' week: an outage must not keep an activity open (and its credit's retry time unknown)
 # for days. The credit then stays pending and is offered again REDELIVER_AFTER later, as after a refusal
@@ -60,7 +63,7 @@ RENEWAL_SETTLE = timedelta(minutes=20)
 
 
 def _rejected(e: ContractRuleError) -> ApplicationError:
-    return ApplicationError(str(e), type=e.kind.value, non_retryable=True)
+    return ApplicationError(str(e), type=e.error_type.value, non_retryable=True)
 
 
 @workflow.defn(name="ContractWorkflow")
@@ -147,7 +150,9 @@ class ContractWorkflow:
 
     def _check(self, check: Callable[..., object], *args: Any) -> None:
         if self._book.lapsed:
-            raise ApplicationError("the contract has ended", type="ContractEnded", non_retryable=True)
+            raise ApplicationError(
+                "the contract has ended", type=ErrorType.CONTRACT_ENDED.value, non_retryable=True
+            )
         try:
             check(*args)
         except ContractRuleError as e:
@@ -259,7 +264,7 @@ class ContractWorkflow:
                 start_to_close_timeout=BILLING_TIMEOUTS.start_to_close,
                 heartbeat_timeout=BILLING_TIMEOUTS.heartbeat,
                 schedule_to_close_timeout=DELIVER_CREDIT_SCHEDULE_TO_CLOSE,
-                retry_policy=BILLING_RETRY_POLICY,
+                retry_policy=retry_policy(BILLING_RETRY),
             )
         except ActivityError as e:
             workflow.logger.error(

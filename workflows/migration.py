@@ -28,7 +28,8 @@ with workflow.unsafe.imports_passed_through():
         primary_kind,
         unable_to_recover,
     )
-    from torchpass.decisions import ACTIVITY_TIMEOUTS, RETRY_POLICY, RecoveryAction, plan_recovery
+    from torchpass.decisions import RecoveryAction, plan_recovery
+    from torchpass.errors import ErrorType
     from torchpass.ids import (
         CONTROL_TASK_QUEUE,
         SA_JOB_ID,
@@ -36,7 +37,6 @@ with workflow.unsafe.imports_passed_through():
         SA_OUTCOME,
         SA_QUALIFYING,
         ControlActivity,
-        ErrorType,
         JobActivity,
         contract_workflow_id,
     )
@@ -63,6 +63,8 @@ with workflow.unsafe.imports_passed_through():
         TransferProof,
         TransferResult,
     )
+    from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
+    from workflows.policy import retry_policy
 
 R = TypeVar("R")
 
@@ -70,6 +72,7 @@ _JOB_ID = SearchAttributeKey.for_keyword(SA_JOB_ID)
 _KIND = SearchAttributeKey.for_keyword(SA_KIND)
 _OUTCOME = SearchAttributeKey.for_keyword(SA_OUTCOME)
 _QUALIFYING = SearchAttributeKey.for_keyword(SA_QUALIFYING)
+RETRY_POLICY = retry_policy(MIGRATION_RETRY)
 
 # A flapping detector must not grow the history without bound; a real incident has a handful of reports.
 MAX_EVIDENCE = 256

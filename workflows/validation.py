@@ -19,11 +19,11 @@ from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.ids import ErrorType, JobActivity, contract_workflow_id, job_task_queue
+    from torchpass.ids import JobActivity, ValidationActivity, contract_workflow_id, job_task_queue
+    from torchpass.policies import DESCRIBE_ATTEMPT, VALIDATION_RETRY, VALIDATION_TIMEOUTS
     from torchpass.validation import (
         Check,
         CheckResult,
@@ -33,7 +33,6 @@ with workflow.unsafe.imports_passed_through():
         RecordValidationResult,
         SchedulerFacts,
         ValidateInput,
-        ValidationActivity,
         ValidationReport,
         ValidationTarget,
         build_report,
@@ -42,26 +41,11 @@ with workflow.unsafe.imports_passed_through():
         evaluate_scheduler,
         with_check,
     )
+    from workflows.policy import retry_policy
 
 F = TypeVar("F")
 
-RETRY_POLICY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=3,
-    non_retryable_error_types=[ErrorType.INVALID_INPUT],
-)
-
-# (start_to_close, schedule_to_close): one attempt, all attempts. describe_job's overall deadline is the
-# input's short `job_timeout_s`: a job whose coordinator is gone has no worker on its queue, and the task
-# would otherwise wait for one.
-TIMEOUTS: dict[str, tuple[timedelta, timedelta]] = {
-    ValidationActivity.CHECK_CONTROL_PLANE: (timedelta(seconds=30), timedelta(seconds=90)),
-    ValidationActivity.DETECT_SCHEDULER: (timedelta(seconds=40), timedelta(seconds=120)),
-    ValidationActivity.RECORD_VALIDATION: (timedelta(seconds=15), timedelta(seconds=60)),
-}
-DESCRIBE_ATTEMPT = timedelta(seconds=10)
+RETRY_POLICY = retry_policy(VALIDATION_RETRY)
 
 
 @workflow.defn(name="EnvironmentValidationWorkflow")
@@ -110,7 +94,10 @@ async def _facts(
     timeouts: tuple[timedelta, timedelta] | None = None,
 ) -> tuple[F | None, str]:
     """One fact-gathering activity; its failure past retries is a reason, never a failed workflow."""
-    start_to_close, schedule_to_close = timeouts or TIMEOUTS[name]
+    if timeouts is None:
+        t = VALIDATION_TIMEOUTS[name]
+        timeouts = (t.start_to_close, t.schedule_to_close)
+    start_to_close, schedule_to_close = timeouts
     try:
         facts = await workflow.execute_activity(
             name,
@@ -129,14 +116,14 @@ async def _facts(
 
 async def _record(inp: ValidateInput, report: ValidationReport) -> ValidationReport:
     """Record the report on its contract; when that fails, say so on the report that is returned."""
-    start_to_close, schedule_to_close = TIMEOUTS[ValidationActivity.RECORD_VALIDATION]
+    t = VALIDATION_TIMEOUTS[ValidationActivity.RECORD_VALIDATION]
     try:
         result = await workflow.execute_activity(
             ValidationActivity.RECORD_VALIDATION,
             RecordValidationInput(customer_id=inp.customer_id, report=report),
             result_type=RecordValidationResult,
-            start_to_close_timeout=start_to_close,
-            schedule_to_close_timeout=schedule_to_close,
+            start_to_close_timeout=t.start_to_close,
+            schedule_to_close_timeout=t.schedule_to_close,
             retry_policy=RETRY_POLICY,
         )
     except ActivityError as e:

@@ -16,10 +16,10 @@ import pytest
 from temporalio.client import Client
 
 from job_agent.jobs import request, running_jobs
+from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from workers.control import control_worker
 from workers.job import run_job
-from workers.temporal import start_dev_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_dp.py"

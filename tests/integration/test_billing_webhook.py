@@ -1,8 +1,8 @@
 """Credits reach billing exactly once: real HTTP, real Temporal, nothing mocked.
 
-What is real: the reference receiver (`torchpass.billing_receiver`) on a loopback port, verifying every
+What is real: the reference receiver (`torchpass.dev.billing_receiver`) on a loopback port, verifying every
 signature and deduplicating by idempotency key; the real `deliver_credit` activity posting to it over HTTP;
-a real Worker on the session's Temporal dev server, whose retry policy (BILLING_RETRY_POLICY with shorter
+a real Worker on the session's Temporal dev server, whose retry policy (BILLING_RETRY with shorter
 intervals, so the test takes under a second) does the retrying. The only test-only code is a one-activity
 workflow standing in for the contract workflow, and a "billing system" workflow that waits for the signal.
 """
@@ -30,29 +30,28 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
 from activities.billing import BillingActivities
+from activities.billing_settings import BillingSettings
+from activities.webhook import http_post, send_webhook
 from torchpass.billing import (
-    BILLING_RETRY_POLICY,
-    BILLING_TIMEOUTS,
-    BillingErrorType,
-    BillingSettings,
     PermanentBillingError,
     TransientBillingError,
     canonical_body,
-    http_post,
-    send_webhook,
     signed_headers,
 )
-from torchpass.billing_receiver import BillingReceiver
 from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
+from torchpass.dev.billing_receiver import BillingReceiver
+from torchpass.errors import ErrorType
 from torchpass.ids import ControlActivity
+from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
+from workflows.policy import retry_policy
 
 pytestmark = pytest.mark.integration
 SECRET = "whsec-integration"
 WAIT = 30  # seconds: the bound on every workflow the tests wait for
 
 # The real policy, with intervals of 0.1 s, 0.2 s, 0.4 s ... instead of 1 s, 2 s, 4 s.
-FAST_RETRY = dataclasses.replace(
-    BILLING_RETRY_POLICY, initial_interval=timedelta(milliseconds=100), maximum_interval=timedelta(seconds=1)
+FAST_RETRY = retry_policy(
+    dataclasses.replace(BILLING_RETRY, initial=timedelta(milliseconds=100), maximum=timedelta(seconds=1))
 )
 
 
@@ -176,7 +175,7 @@ async def test_a_wrong_secret_fails_the_workflow_at_once_with_a_typed_error(clie
     assert isinstance(activity_error, ActivityError)
     cause = activity_error.cause
     assert isinstance(cause, ApplicationError)
-    assert cause.type == BillingErrorType.REJECTED and cause.non_retryable
+    assert cause.type == ErrorType.BILLING_REJECTED and cause.non_retryable
     assert "TORCHPASS_BILLING_WEBHOOK_SECRET" in cause.message and "HTTP 401" in cause.message
     assert receiver.attempts == 1 and receiver.accepted == []  # not retried
     assert receiver.rejected == ["signature does not match: wrong secret or altered body"]
@@ -203,7 +202,7 @@ async def test_a_billing_workflow_that_is_not_running_is_a_typed_failure(client:
 
     assert isinstance(failed.value.cause, ActivityError)
     cause = failed.value.cause.cause
-    assert isinstance(cause, ApplicationError) and cause.type == BillingErrorType.REJECTED
+    assert isinstance(cause, ApplicationError) and cause.type == ErrorType.BILLING_REJECTED
     assert "is not running" in cause.message and "TORCHPASS_BILLING_WORKFLOW_ID" in cause.message
 
 
@@ -270,20 +269,21 @@ def test_a_redirect_is_not_followed_and_is_a_permanent_refusal() -> None:
 
 SANDBOXED = """
 from temporalio import workflow
-from torchpass.billing import BILLING_RETRY_POLICY  # not passed through: re-imported inside the sandbox
+from torchpass.policies import BILLING_RETRY  # not passed through: re-imported inside the sandbox
+from workflows.policy import retry_policy
 
 @workflow.defn(name="TestBillingPolicyInSandbox")
 class PolicyWorkflow:
     @workflow.run
     async def run(self) -> float:
-        return BILLING_RETRY_POLICY.maximum_interval.total_seconds()
+        return retry_policy(BILLING_RETRY).maximum_interval.total_seconds()
 """
 
 
 async def test_a_sandboxed_workflow_can_import_the_billing_policy(
     client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The contract workflow imports BILLING_RETRY_POLICY; Temporal's sandbox must accept the module."""
+    """The contract workflow imports the billing policy; Temporal's sandbox must accept the modules."""
     (tmp_path / "billing_policy_wf.py").write_text(SANDBOXED)
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("billing_policy_wf")

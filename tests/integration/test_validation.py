@@ -22,13 +22,13 @@ from temporalio.worker import Worker
 from activities.validation import ValidationSettings, validation_activities
 from job_agent.jobs import UnknownJob, request
 from tests.integration.conftest import spec
-from torchpass import contract_client as cc
 from torchpass.contract import add_months
 from torchpass.contract_models import ContractTerms
 from torchpass.credit import Money
 from torchpass.ids import job_task_queue
 from torchpass.job import JobResult
 from torchpass.validation import Check, ValidateInput, ValidationReport
+from workers import contract_client as cc
 from workers.job import run_job
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.validation import VALIDATION_WORKFLOWS, EnvironmentValidationWorkflow

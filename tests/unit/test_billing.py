@@ -1,4 +1,4 @@
-"""The billing core without a network or Temporal: canonical body, signing, verification, answers, settings.
+"""Billing without a network or Temporal: canonical body, signing, verification, answers, settings.
 
 Signatures are checked against HMAC-SHA256 computed here from the documented scheme, so a change to the
 scheme that a billing team's receiver would not follow fails a test.
@@ -16,13 +16,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from activities.billing_settings import BillingSettings
+from activities.webhook import send_webhook
 from torchpass.billing import (
-    BILLING_RETRY_POLICY,
-    BILLING_TIMEOUTS,
-    MAX_WEBHOOK_TIMEOUT_S,
-    BillingErrorType,
     BillingNotConfigured,
-    BillingSettings,
     HttpReply,
     PermanentBillingError,
     SignatureRejected,
@@ -30,12 +27,13 @@ from torchpass.billing import (
     WebhookAck,
     canonical_body,
     interpret,
-    send_webhook,
     sign,
     signed_headers,
     verify,
 )
 from torchpass.credit import CreditNotice, Money, credit_idempotency_key
+from torchpass.errors import ErrorType
+from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, MAX_WEBHOOK_TIMEOUT_S
 
 SECRET = "whsec-test"
 NOW = 1_800_000_000
@@ -161,7 +159,7 @@ def test_server_errors_and_throttling_are_transient(status: int) -> None:
 def test_a_refused_signature_is_permanent_and_names_the_secret(status: int) -> None:
     with pytest.raises(PermanentBillingError, match="TORCHPASS_BILLING_WEBHOOK_SECRET") as e:
         interpret(HttpReply(status, b'{"error": "signature does not match"}'))
-    assert not e.value.retryable and e.value.error_type == BillingErrorType.REJECTED
+    assert not e.value.retryable and e.value.error_type == ErrorType.BILLING_REJECTED
     assert "signature does not match" in str(e.value) and "not retried" in str(e.value)
 
 
@@ -195,13 +193,13 @@ def test_nothing_configured_is_a_permanent_error(monkeypatch: pytest.MonkeyPatch
     assert not s.configured
     with pytest.raises(BillingNotConfigured) as e:
         send_webhook(s, notice())
-    assert e.value.error_type in (BILLING_RETRY_POLICY.non_retryable_error_types or ())
+    assert e.value.error_type in BILLING_RETRY.non_retryable
 
 
 def test_the_retry_policy_retries_until_acknowledged_and_stops_only_on_refusals() -> None:
-    assert BILLING_RETRY_POLICY.maximum_attempts == 0  # unlimited
-    assert BILLING_RETRY_POLICY.maximum_interval == timedelta(minutes=5)
-    non_retryable = set(BILLING_RETRY_POLICY.non_retryable_error_types or ())
+    assert BILLING_RETRY.attempts == 0  # unlimited
+    assert BILLING_RETRY.maximum == timedelta(minutes=5)
+    non_retryable = set(BILLING_RETRY.non_retryable)
     assert PermanentBillingError.error_type in non_retryable
     assert BillingNotConfigured.error_type in non_retryable
     assert TransientBillingError.error_type not in non_retryable

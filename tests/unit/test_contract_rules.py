@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from torchpass.contract import (
-    ContractBook,
     add_months,
     credit_due,
     day_start,
@@ -23,8 +22,8 @@ from torchpass.contract import (
     tally,
     window_for,
 )
+from torchpass.contract_book import ContractBook
 from torchpass.contract_models import (
-    ContractErrorType,
     ContractInput,
     ContractRuleError,
     ContractState,
@@ -37,6 +36,7 @@ from torchpass.contract_models import (
     Trigger,
 )
 from torchpass.credit import Money, credit_idempotency_key
+from torchpass.errors import ErrorType
 from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
 from torchpass.validation import CheckResult, ValidationReport
 
@@ -218,12 +218,12 @@ def test_validation_of_an_unknown_job_or_another_contract_is_refused() -> None:
     book = ContractBook(terms())
     with pytest.raises(ContractRuleError) as e:
         book.check_validation(report(True, T0, job="job-x"))
-    assert e.value.kind is ContractErrorType.UNKNOWN_JOB
+    assert e.value.error_type is ErrorType.CONTRACT_UNKNOWN_JOB
     book.opt_in("job-x", T0)
     other = report(True, T0, job="job-x").model_copy(update={"contract_id": "c-2"})
     with pytest.raises(ContractRuleError) as e:
         book.check_validation(other)
-    assert e.value.kind is ContractErrorType.WRONG_CONTRACT
+    assert e.value.error_type is ErrorType.CONTRACT_WRONG_CONTRACT
     with pytest.raises(ContractRuleError):
         ContractBook(terms()).opt_out("job-never", T0)
 
@@ -380,10 +380,10 @@ def test_a_second_expansion_on_an_evaluated_date_is_not_evaluated_again() -> Non
 @pytest.mark.parametrize(
     ("fee", "on_month", "today_month", "kind"),
     [
-        ("-1", 4, 4, ContractErrorType.INVALID_FEE),
-        ("0", 4, 4, ContractErrorType.INVALID_FEE),
-        ("100", 5, 4, ContractErrorType.DATES_OUT_OF_ORDER),  # in the future
-        ("100", 1, 4, ContractErrorType.DATES_OUT_OF_ORDER),  # back-dated over a month
+        ("-1", 4, 4, ErrorType.CONTRACT_INVALID_FEE),
+        ("0", 4, 4, ErrorType.CONTRACT_INVALID_FEE),
+        ("100", 5, 4, ErrorType.CONTRACT_DATES_OUT_OF_ORDER),  # in the future
+        ("100", 1, 4, ErrorType.CONTRACT_DATES_OUT_OF_ORDER),  # back-dated over a month
     ],
 )
 def test_a_bad_expansion_is_refused_with_its_rule(
@@ -394,7 +394,7 @@ def test_a_bad_expansion_is_refused_with_its_rule(
         book.check_expand(
             ExpandInput(on=add_months(START, on_month), annual_fee=usd(fee)), add_months(START, today_month)
         )
-    assert e.value.kind == kind
+    assert e.value.error_type == kind
 
 
 def test_an_expansion_before_a_closed_evaluation_or_in_another_currency_is_refused() -> None:
@@ -403,18 +403,18 @@ def test_an_expansion_before_a_closed_evaluation_or_in_another_currency_is_refus
     book.expand(ExpandInput(on=month5, annual_fee=usd("150000")), day_start(month5))
     with pytest.raises(ContractRuleError) as e:
         book.check_expand(ExpandInput(on=month5 - timedelta(days=1), annual_fee=usd("1")), month5)
-    assert e.value.kind is ContractErrorType.DATES_OUT_OF_ORDER
+    assert e.value.error_type is ErrorType.CONTRACT_DATES_OUT_OF_ORDER
     eur = Money(amount=Decimal("1"), currency="EUR")
     with pytest.raises(ContractRuleError) as e:
         book.check_expand(ExpandInput(on=month5, annual_fee=eur), month5)
-    assert e.value.kind is ContractErrorType.CURRENCY_MISMATCH
+    assert e.value.error_type is ErrorType.CONTRACT_CURRENCY_MISMATCH
 
 
 def test_a_renewal_cannot_move_the_next_renewal_backwards() -> None:
     book = covered_book()
     with pytest.raises(ContractRuleError) as e:
         book.renew(RenewInput(next_renewal=book.renewal_date))
-    assert e.value.kind is ContractErrorType.DATES_OUT_OF_ORDER
+    assert e.value.error_type is ErrorType.CONTRACT_DATES_OUT_OF_ORDER
     assert book.renewal is None
 
 
@@ -472,11 +472,11 @@ def test_a_late_renewal_starts_the_next_term_from_the_renewal_date() -> None:
     # An expansion must wait for the renewal: which contract year it would be in is not known yet.
     with pytest.raises(ContractRuleError) as e:
         book.check_expand(ExpandInput(on=late.date(), annual_fee=usd("150000")), late.date())
-    assert e.value.kind is ContractErrorType.AWAITING_RENEWAL
+    assert e.value.error_type is ErrorType.CONTRACT_AWAITING_RENEWAL
     today = renewal + timedelta(days=10)
     with pytest.raises(ContractRuleError) as e:  # a next renewal already passed is refused
         book.check_renew(RenewInput(next_renewal=today), today)
-    assert e.value.kind is ContractErrorType.DATES_OUT_OF_ORDER
+    assert e.value.error_type is ErrorType.CONTRACT_DATES_OUT_OF_ORDER
     assert book.renew(RenewInput(annual_fee=usd("150000")), today) == add_months(renewal, 12)
     assert not book.awaiting_renewal and book.renewal is None
     assert (book.term, book.term_start, book.renewal_date) == (1, renewal, add_months(renewal, 12))

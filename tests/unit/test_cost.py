@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from torchpass.cli import CliError
+from torchpass.cli.common import CliError
+from torchpass.cli.cost import register, run
 from torchpass.contract_models import EntryStatus as ES
 from torchpass.contract_models import LedgerEntry, LedgerRow
 from torchpass.cost import (
@@ -24,7 +25,6 @@ from torchpass.cost import (
     inputs_from_outcomes,
     monthly_cost,
 )
-from torchpass.cost_cli import register, run
 from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
 
 # 730 h / 7.3 h = exactly 100 failures a month: every amount is a whole number of cents.

@@ -29,3 +29,11 @@ def test_incident_ids_are_injective_and_hold_no_slash(
     a, b = incident_workflow_id(j1, d1, g1), incident_workflow_id(j2, d2, g2)
     assert (a == b) == ((j1, d1, g1) == (j2, d2, g2))
     assert "/" not in a  # an incident id is "<workflow id>/<run id>"
+
+
+@given(st.text(max_size=20))
+def test_id_parts_are_encoded_exactly_as_urllib_quotes_them(text: str) -> None:
+    """Ids already in Temporal were made with `urllib.parse.quote(safe="")`: they must not change."""
+    from urllib.parse import quote
+
+    assert contract_workflow_id(text or "x", "k") == f"torchpass-contract:{quote(text or 'x', safe='')}:k"

@@ -394,7 +394,7 @@ async def test_detect_scheduler_activity_reports_both_probes(
     fake(bare_env, "scontrol", "exit 1")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", stub_api)))
     facts = await ActivityEnvironment().run(
-        ValidationActivities().detect_scheduler, ValidationTarget(job_id="j")
+        ValidationActivities(ValidationSettings()).detect_scheduler, ValidationTarget(job_id="j")
     )
     assert [(p.scheduler, p.found) for p in facts.probes] == [("slurm", False), ("kubernetes", True)]
     assert evaluate_scheduler(facts).passed and not facts.allow_local
@@ -403,10 +403,10 @@ async def test_detect_scheduler_activity_reports_both_probes(
 async def test_a_bare_machine_fails_the_scheduler_check_unless_allowed(
     bare_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    acts = ValidationActivities()
+    acts = ValidationActivities(ValidationSettings())
     facts = await ActivityEnvironment().run(acts.detect_scheduler, ValidationTarget(job_id="j"))
     assert not evaluate_scheduler(facts).passed
     monkeypatch.setenv("TORCHPASS_VALIDATION_ALLOW_LOCAL", "true")
-    acts = ValidationActivities()
+    acts = ValidationActivities(ValidationSettings())
     facts = await ActivityEnvironment().run(acts.detect_scheduler, ValidationTarget(job_id="j"))
     assert facts.allow_local and evaluate_scheduler(facts).passed

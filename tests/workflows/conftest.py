@@ -11,7 +11,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from torchpass.ids import SEARCH_ATTRIBUTES
-from torchpass.server import temporal_binary
+from workers.server import temporal_binary
 
 
 @pytest.fixture(scope="session")

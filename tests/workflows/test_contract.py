@@ -22,10 +22,8 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowU
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from torchpass import contract_client as cc
 from torchpass.contract import add_months, day_start
 from torchpass.contract_models import (
-    ContractErrorType,
     ContractTerms,
     EntryStatus,
     ExpandInput,
@@ -33,9 +31,11 @@ from torchpass.contract_models import (
     Trigger,
 )
 from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
+from torchpass.errors import ErrorType
 from torchpass.ids import ControlActivity, contract_workflow_id
 from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
 from torchpass.validation import CheckResult, ValidationReport
+from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
@@ -367,18 +367,18 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
                 await cc.expand(c.client, CUSTOMER, c.id, inp)
             return e.value.error_type
 
-        assert await rejected(ExpandInput(on=today, annual_fee=usd("-10"))) == ContractErrorType.INVALID_FEE
+        assert await rejected(ExpandInput(on=today, annual_fee=usd("-10"))) == ErrorType.CONTRACT_INVALID_FEE
         later = today + timedelta(days=3)
         assert (
             await rejected(ExpandInput(on=later, annual_fee=usd("10")))
-            == ContractErrorType.DATES_OUT_OF_ORDER
+            == ErrorType.CONTRACT_DATES_OUT_OF_ORDER
         )
         eur = Money(amount=Decimal("10"), currency="EUR")
-        assert await rejected(ExpandInput(on=today, annual_fee=eur)) == ContractErrorType.CURRENCY_MISMATCH
+        assert await rejected(ExpandInput(on=today, annual_fee=eur)) == ErrorType.CONTRACT_CURRENCY_MISMATCH
         await c.cover("job-a")
         with pytest.raises(cc.ContractRejected) as e:
             await cc.opt_out(c.client, CUSTOMER, c.id, "job-unknown")
-        assert e.value.error_type == ContractErrorType.UNKNOWN_JOB
+        assert e.value.error_type == ErrorType.CONTRACT_UNKNOWN_JOB
         report = ValidationReport(
             contract_id=c.id,
             job_id="job-unknown",
@@ -388,10 +388,10 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
         )
         with pytest.raises(cc.ContractRejected) as e:
             await cc.record_validation(c.client, CUSTOMER, report)
-        assert e.value.error_type == ContractErrorType.UNKNOWN_JOB
+        assert e.value.error_type == ErrorType.CONTRACT_UNKNOWN_JOB
         with pytest.raises(cc.ContractRejected) as e:
             await cc.renew(c.client, CUSTOMER, c.id, RenewInput(next_renewal=start))
-        assert e.value.error_type == ContractErrorType.DATES_OUT_OF_ORDER
+        assert e.value.error_type == ErrorType.CONTRACT_DATES_OUT_OF_ORDER
         with pytest.raises(WorkflowUpdateFailedError):  # not even a model: rejected before the validator
             await handle.execute_update("expand", {"on": "yesterday", "annual_fee": 5})
         for client_call in (
@@ -496,7 +496,7 @@ async def test_a_renewal_ten_days_late_starts_the_next_term_from_the_renewal_dat
         with pytest.raises(cc.ContractRejected) as e:
             today = (await env.get_current_time()).date()
             await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=today, annual_fee=usd("150000")))
-        assert e.value.error_type == ContractErrorType.AWAITING_RENEWAL
+        assert e.value.error_type == ErrorType.CONTRACT_AWAITING_RENEWAL
         renewed = await cc.renew(c.client, CUSTOMER, c.id, RenewInput(annual_fee=usd("130000")))
         renewal2 = add_months(renewal, 12)
         assert (renewed.term, renewed.term_start, renewed.renewal_date) == (1, renewal, renewal2)

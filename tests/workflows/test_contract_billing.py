@@ -2,7 +2,7 @@
 
 Everything on the delivery path is real: ContractWorkflow's own renewal timer and delivery policy, the
 production `deliver_credit` activity (BillingActivities) signing real HTTP requests, and the reference
-receiver (torchpass.billing_receiver) that verifies signatures, refuses the first attempts with 503 and
+receiver (torchpass.dev.billing_receiver) that verifies signatures, refuses the first attempts with 503 and
 deduplicates by idempotency key. Time is skipped by the Temporal test server.
 """
 
@@ -15,13 +15,13 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.billing import BillingActivities
+from activities.billing_settings import BillingSettings
 from tests.workflows.test_contract import CUSTOMER, Contract, _start_day
-from torchpass import contract_client as cc
-from torchpass.billing import BillingSettings
-from torchpass.billing_receiver import BillingReceiver
 from torchpass.contract import day_start
 from torchpass.contract_models import RenewInput
 from torchpass.credit import credit_idempotency_key
+from torchpass.dev.billing_receiver import BillingReceiver
+from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 
 SECRET = "whsec-test-contract-billing"

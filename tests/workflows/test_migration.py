@@ -26,17 +26,15 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
-from torchpass import contract_client as cc
 from torchpass.contract_models import ContractTerms
 from torchpass.credit import Money
-from torchpass.decisions import RETRY_MAX_ATTEMPTS
+from torchpass.errors import ErrorType
 from torchpass.ids import (
     CONTROL_TASK_QUEUE,
     SA_JOB_ID,
     SA_KIND,
     SA_OUTCOME,
     SA_QUALIFYING,
-    ErrorType,
     JobActivity,
     incident_workflow_id,
 )
@@ -62,6 +60,8 @@ from torchpass.models import (
     TransferProof,
     TransferResult,
 )
+from torchpass.policies import MIGRATION_RETRY
+from workers import contract_client as cc
 from workflows.contract import ContractWorkflow
 from workflows.migration import MigrationWorkflow
 
@@ -290,7 +290,7 @@ async def test_no_spare_disqualifies_and_falls_back_to_a_checkpoint_restart(
 async def test_spare_is_released_when_transfer_keeps_failing(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(transfer=True)
     outcome, _ = await _incident(env, job, name)
-    assert job.calls["transfer"] == RETRY_MAX_ATTEMPTS  # retried to the policy's limit, no further
+    assert job.calls["transfer"] == MIGRATION_RETRY.attempts  # retried to the policy's limit, no further
     assert job.calls["release"] == 1 and job.calls["restart"] == 1 and job.calls["rejoin"] == 0
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
     assert outcome.classification.qualifying  # a qualifying failure we failed to migrate: counts against us
@@ -348,7 +348,7 @@ async def test_a_false_alarm_changes_nothing(env: WorkflowEnvironment, name: str
 async def test_a_job_that_cannot_confirm_still_gets_a_restart(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(confirm=True)
     outcome, _ = await _incident(env, job, name)
-    assert job.calls["confirm"] == RETRY_MAX_ATTEMPTS and job.calls["reserve"] == 0
+    assert job.calls["confirm"] == MIGRATION_RETRY.attempts and job.calls["reserve"] == 0
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
     assert not outcome.covered and outcome.error and "confirm_failure failed" in outcome.error
     assert outcome.classification.qualifying  # our failure to reach the job must not disqualify it
@@ -393,7 +393,7 @@ async def test_the_outcome_stands_when_the_job_cannot_record_it(env: WorkflowEnv
     job = FakeJob(complete=True)
     outcome, _ = await _incident(env, job, name)
     assert outcome.success and outcome.disposition == Disposition.MIGRATED
-    assert job.calls["complete"] == RETRY_MAX_ATTEMPTS
+    assert job.calls["complete"] == MIGRATION_RETRY.attempts
     assert outcome.error and "record store unreachable" in outcome.error
 
 

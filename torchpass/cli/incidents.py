@@ -9,8 +9,26 @@ from typing import Any
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from torchpass.cli.common import CliError, connect, temporal_args
 from torchpass.ids import SA_JOB_ID, SA_KIND, SA_OUTCOME
 from torchpass.models import MigrationOutcome
+from torchpass.render import format_outcome
+
+
+def register(sub: Any) -> None:
+    inc = sub.add_parser("incidents", help="find and inspect incidents (Temporal visibility)")
+    isub = inc.add_subparsers(dest="incidents_command", required=True)
+    il = isub.add_parser("list")
+    il.add_argument("--job", default=None)
+    il.add_argument("--kind", default=None)
+    il.add_argument("--outcome", default=None, help="running, migrated, fallback_restart, failed")
+    il.add_argument("--limit", type=int, default=50)
+    il.add_argument("--json", action="store_true")
+    temporal_args(il)
+    ish = isub.add_parser("show")
+    ish.add_argument("incident", help="workflow id (as listed)")
+    ish.add_argument("--json", action="store_true")
+    temporal_args(ish)
 
 
 def _query(args: argparse.Namespace) -> str:
@@ -23,14 +41,8 @@ def _query(args: argparse.Namespace) -> str:
     return " AND ".join(parts)
 
 
-async def incidents(args: argparse.Namespace, temporal: Any) -> int:
-    from torchpass.cli import CliError
-    from workers.temporal import connect
-
-    try:
-        client = await connect(temporal)
-    except RuntimeError as e:
-        raise CliError(f"cannot reach Temporal at {temporal.address}: {e}") from None
+async def incidents(args: argparse.Namespace, settings: Any) -> int:
+    client = await connect(settings)
     if args.incidents_command == "list":
         rows = []
         async for wf in client.list_workflows(_query(args), limit=args.limit):
@@ -64,33 +76,3 @@ async def incidents(args: argparse.Namespace, temporal: Any) -> int:
     outcome = MigrationOutcome.model_validate(await handle.result())
     print(outcome.model_dump_json(indent=2) if args.json else format_outcome(outcome))
     return 0
-
-
-def format_outcome(o: MigrationOutcome) -> str:
-    lines = [
-        f"incident   {o.incident_id}",
-        f"job        {o.job_id}   domain {o.failure_domain}   lost ranks {list(o.lost_slots)}",
-        f"kind       {o.kind}   ({o.evidence_count} report(s))",
-        f"class      {o.classification.category} - "
-        f"{'qualifying' if o.classification.qualifying else 'disqualifying'}: {o.classification.reason}",
-        f"outcome    {o.disposition}   success={o.success}   steps recomputed {o.steps_recomputed}",
-    ]
-    if o.recovery_seconds is not None:
-        lines.append(f"recovery   {o.recovery_seconds:.3f} s from failure to all ranks training again")
-    for p in o.phases:
-        work = f"  (in activity {p.work_seconds:.3f} s)" if p.work_seconds is not None else ""
-        lines.append(f"  {p.phase:<9} {p.seconds:7.3f} s{work}")
-    if o.proof is not None:
-        pr = o.proof
-        lines.append(
-            f"proof      donor rank {pr.donor_slot} -> ranks {list(pr.receiver_slots)}, step {pr.step_before}"
-            f" -> {pr.step_after}, {pr.bytes / 1e6:.1f} MB in {pr.seconds:.3f} s"
-        )
-        lines.append(f"           digest {pr.donor_digest[:16]}... matches on every receiver")
-    if o.fallback is not None:
-        lines.append(
-            f"fallback   restored step {o.fallback.restored_step}, {o.fallback.steps_recomputed} recomputed"
-        )
-    if o.error:
-        lines.append(f"error      {o.error}")
-    return "\n".join(lines)

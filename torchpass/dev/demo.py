@@ -23,19 +23,18 @@ from urllib.parse import quote
 
 from temporalio.client import Client
 
-from activities.validation import ValidationSettings
 from job_agent.jobs import request, wait_until_ready
-from torchpass import contract_client as cc
 from torchpass.contract import add_months
-from torchpass.contract_cli import format_ledger, format_standing
 from torchpass.contract_models import ContractTerms, Standing
 from torchpass.credit import Money
-from torchpass.incidents_cli import format_outcome
+from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import ContractRef
+from torchpass.render import format_ledger, format_outcome, format_standing
+from workers import contract_client as cc
 from workers.control import control_worker
 from workers.job import run_job
-from workers.temporal import start_dev_server
+from workers.settings import Settings
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_dp.py"
 STEPS = 160
@@ -149,10 +148,10 @@ async def main() -> int:
     address = env.client.service_client.config.target_host
     print(f"demo: Temporal dev server up at {address}, web UI at {ui}", flush=True)
     # This host runs neither Slurm nor Kubernetes: the demo's worker waives that one check, and says so.
-    waive = ValidationSettings(allow_local=True)
+    waive = Settings.load(validation={"allow_local": True})
     with tempfile.TemporaryDirectory(prefix="torchpass-demo-") as tmp:
         state_dir = Path(tmp)
-        async with env, control_worker(env.client, validation=waive):
+        async with env, control_worker(env.client, waive):
             t0 = time.monotonic()
             reference = await run_job(_spec(state_dir, "demo-reference", spares=0), env.client)
             print(f"demo: reference run {reference.status} in {time.monotonic() - t0:.1f} s", flush=True)

@@ -14,13 +14,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from torchpass.cli.common import CliError, connect
 from torchpass.contract_models import LedgerRow
 from torchpass.cost import HOURS_PER_MONTH, CostInputs, MonthlyCost, inputs_from_ledger, monthly_cost
 from torchpass.credit import Money
 
 LedgerLookup = Callable[[str], Awaitable[Sequence[LedgerRow]]]
 """`async def ledger_for_contract(contract_id) -> list[LedgerRow]`: the rows of the contract's current
-trailing window, wired by the CLI (`torchpass.contract_cli.contract_ledger_rows`)."""
+trailing window, wired by `run_with_contract` (`torchpass.cli.contract.contract_ledger_rows`)."""
 
 CONTRACT_LOOKUP_TIMEOUT_S = 30.0
 
@@ -93,7 +94,6 @@ def run(args: argparse.Namespace, ledger_for_contract: LedgerLookup | None = Non
 def _measured(
     inputs: CostInputs, contract_id: str, given: dict[str, Any], lookup: LedgerLookup | None
 ) -> CostInputs:
-    from torchpass.cli import CliError
     from torchpass.cost import NoQualifyingOutcomes
 
     clash = [flag for flag, field, _, _ in _FLAGS if field in _MEASURED and field in given]
@@ -157,3 +157,22 @@ def render(result: MonthlyCost, contract: str | None = None) -> str:
         "  the rest fall back to the four costs",
     ]
     return "\n".join(lines)
+
+
+def run_with_contract(args: argparse.Namespace, settings: Any) -> int:
+    """`torchpass cost`; with --contract, measured on the contract's ledger alone: the counted rows of
+    its current trailing window, with the recovery times the ledger keeps (no incident workflow is read:
+    Temporal's retention may have deleted them)."""
+    from torchpass.cli.contract import contract_ledger_rows
+    from workers import contract_client
+
+    if args.contract is not None and args.customer is None:
+        raise CliError("--contract needs --customer")
+
+    async def lookup(contract_id: str) -> list[LedgerRow]:
+        try:
+            return await contract_ledger_rows(await connect(settings), args.customer, contract_id)
+        except contract_client.ContractClientError as e:
+            raise CliError(f"contract {contract_id} of {args.customer}: {e}") from None
+
+    return run(args, ledger_for_contract=lookup)

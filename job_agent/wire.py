@@ -1,0 +1,351 @@
+"""Every frame of the control channel and the state stream, as one pydantic discriminated union.
+
+A frame is a JSON object whose `t` names its kind. `decode` turns bytes into the one model of that kind or
+raises `BadFrame`, whose `error()` is the typed `Error` frame to answer with: nothing outside this module
+reads a frame as a dict, and a malformed or unknown frame never reaches a handler. Who sends what:
+
+- rank or spare -> coordinator: Hello, Heartbeat, Step, Collective, Ready, Frozen, Joined, Done,
+  CheckpointSaved, UserError, DeviceError, Serving, TransferProgress, Served, Received, TransferFailed
+- coordinator -> rank or spare: Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Exit
+- operator (`torchpass inject|drain|status`) -> coordinator: Inject, Drain, StatusRequest; answered with
+  Ok, Status or Error
+- donor <-> receiver (state transfer): StateHeader, StateEnd, StateAck
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter, ValidationError
+
+_TEXT = 4000
+_ID = 200
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Role(StrEnum):
+    RANK = "rank"
+    SPARE = "spare"
+
+
+class ErrorCode(StrEnum):
+    BAD_FRAME = "bad_frame"  # not JSON, not an object, a field missing or of the wrong type
+    UNKNOWN_FRAME = "unknown_frame"  # a kind this side does not know, or one it does not accept here
+    REFUSED = "refused"  # well-formed, but the request cannot be carried out
+
+
+# --- rank or spare -> coordinator ---------------------------------------------------------------------
+
+
+class Hello(_Frame):
+    t: Literal["hello"] = "hello"
+    agent_id: str = Field(min_length=1, max_length=_ID)
+    role: Role
+    slot: int = Field(ge=-1)
+    pid: NonNegativeInt
+
+
+class Heartbeat(_Frame):
+    t: Literal["hb"] = "hb"
+
+
+class Step(_Frame):
+    """The rank enters step k (so it completed k - 1)."""
+
+    t: Literal["step"] = "step"
+    k: NonNegativeInt
+
+
+class Collective(_Frame):
+    """The rank enters the collective of step k."""
+
+    t: Literal["coll"] = "coll"
+    k: NonNegativeInt
+
+
+class ShardLayout(_Frame):
+    """What part of the model a rank holds: ranks with the same `shard` are replicas of each other."""
+
+    shard: str = Field(min_length=1, max_length=_ID, description="digest of the shard's structure")
+    parallelism: str = Field(default="data_parallel", max_length=_ID)
+
+
+class Ready(_Frame):
+    t: Literal["ready"] = "ready"
+    completed: int = Field(ge=-1)
+    steps: NonNegativeInt
+    layout: ShardLayout | None = None
+
+
+class Frozen(_Frame):
+    t: Literal["frozen"] = "frozen"
+    completed: int = Field(ge=-1)
+    in_flight: int | None = None
+    reason: str = Field(default="", max_length=_TEXT)
+
+
+class Joined(_Frame):
+    t: Literal["joined"] = "joined"
+    generation: NonNegativeInt
+    completed: int = Field(ge=-1)
+    layout: ShardLayout | None = None
+
+
+class Done(_Frame):
+    t: Literal["done"] = "done"
+    step: int = Field(ge=-1)
+    digest: str = Field(max_length=_ID)
+
+
+class CheckpointSaved(_Frame):
+    t: Literal["checkpoint"] = "checkpoint"
+    step: NonNegativeInt
+    path: str = Field(max_length=_TEXT)
+
+
+class UserError(_Frame):
+    t: Literal["user_error"] = "user_error"
+    step: int | None = None
+    traceback: str = Field(default="", max_length=_TEXT)
+
+
+class DeviceError(_Frame):
+    t: Literal["device_error"] = "device_error"
+    detail: str = Field(default="", max_length=_TEXT)
+
+
+class Serving(_Frame):
+    """The donor listens for receivers at `port` and serves its state after step `step`."""
+
+    t: Literal["serving"] = "serving"
+    port: int = Field(gt=0, lt=65536)
+    step: int = Field(ge=-1)
+
+
+class TransferProgress(_Frame):
+    t: Literal["progress"] = "progress"
+    bytes: NonNegativeInt
+
+
+class Served(_Frame):
+    t: Literal["served"] = "served"
+    digest: str = Field(max_length=_ID)
+    step: int = Field(ge=-1, description="the completed step the served state belongs to")
+    bytes: NonNegativeInt
+    seconds: float = Field(ge=0)
+    stream_seconds: float | None = Field(default=None, ge=0)
+
+
+class Received(_Frame):
+    """A receiver installed the donor's state; both digests and the step are its own computation."""
+
+    t: Literal["received"] = "received"
+    stream_digest: str = Field(max_length=_ID, description="over the bytes as they arrived")
+    installed_digest: str = Field(max_length=_ID, description="over its own state once installed")
+    step: int = Field(ge=-1, description="the completed step it holds once installed")
+    bytes: NonNegativeInt
+    seconds: float = Field(ge=0)
+
+
+class TransferFailed(_Frame):
+    t: Literal["transfer_failed"] = "transfer_failed"
+    error: str = Field(max_length=_TEXT)
+
+
+# --- coordinator -> rank or spare ---------------------------------------------------------------------
+
+
+class Welcome(_Frame):
+    t: Literal["welcome"] = "welcome"
+
+
+class Reject(_Frame):
+    t: Literal["reject"] = "reject"
+    reason: str = Field(max_length=_TEXT)
+
+
+class Regroup(_Frame):
+    t: Literal["regroup"] = "regroup"
+    generation: NonNegativeInt
+    world_size: int = Field(gt=0)
+
+
+class Freeze(_Frame):
+    t: Literal["freeze"] = "freeze"
+
+
+class Assign(_Frame):
+    t: Literal["assign"] = "assign"
+    slot: NonNegativeInt
+
+
+class Serve(_Frame):
+    t: Literal["serve"] = "serve"
+    receivers: int = Field(gt=0)
+    timeout: float = Field(gt=0, description="seconds")
+
+
+class Receive(_Frame):
+    t: Literal["receive"] = "receive"
+    host: str = Field(min_length=1, max_length=_ID)
+    port: int = Field(gt=0, lt=65536)
+    timeout: float = Field(gt=0, description="seconds")
+
+
+class Exit(_Frame):
+    t: Literal["exit"] = "exit"
+    code: int = 0
+    reason: str = Field(default="", max_length=_TEXT)
+
+
+# --- operator -> coordinator, and the answers -----------------------------------------------------------
+
+
+class InjectAction(StrEnum):
+    KILL = "kill"
+    HANG = "hang"
+    PAUSE = "pause"
+
+
+class Inject(_Frame):
+    t: Literal["inject"] = "inject"
+    action: InjectAction
+    slot: NonNegativeInt
+    after_step: NonNegativeInt | None = None
+    seconds: float = Field(default=5.0, gt=0, le=3600, description="how long a pause lasts")
+
+
+class Drain(_Frame):
+    t: Literal["drain"] = "drain"
+    slot: NonNegativeInt
+    reason: str = Field(default="operator request", max_length=500)
+    kind: Literal["drain", "cordon"] = "drain"
+
+
+class StatusRequest(_Frame):
+    t: Literal["status"] = "status"
+
+
+class RankStatus(_Frame):
+    slot: int
+    agent: str
+    state: str
+    step: int
+
+
+class Status(_Frame):
+    t: Literal["job_status"] = "job_status"
+    job_id: str
+    state: str
+    generation: int
+    world_size: int
+    ranks: tuple[RankStatus, ...]
+    spares: NonNegativeInt
+    incident: str | None = None
+
+
+class Ok(_Frame):
+    t: Literal["ok"] = "ok"
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Error(_Frame):
+    t: Literal["error"] = "error"
+    code: ErrorCode
+    reason: str = Field(max_length=_TEXT)
+
+
+# --- donor <-> receiver ---------------------------------------------------------------------------------
+
+
+class TensorEntry(_Frame):
+    path: str = Field(max_length=_TEXT)
+    dtype: str = Field(max_length=32)
+    shape: tuple[NonNegativeInt, ...]
+
+
+class StateHeader(_Frame):
+    t: Literal["state"] = "state"
+    header: dict[str, Any]
+    manifest: tuple[TensorEntry, ...]
+
+
+class StateEnd(_Frame):
+    t: Literal["end"] = "end"
+    digest: str = Field(max_length=_ID)
+
+
+class StateAck(_Frame):
+    t: Literal["ack"] = "ack"
+
+
+Frame = Annotated[
+    Hello
+    | Heartbeat
+    | Step
+    | Collective
+    | Ready
+    | Frozen
+    | Joined
+    | Done
+    | CheckpointSaved
+    | UserError
+    | DeviceError
+    | Serving
+    | TransferProgress
+    | Served
+    | Received
+    | TransferFailed
+    | Welcome
+    | Reject
+    | Regroup
+    | Freeze
+    | Assign
+    | Serve
+    | Receive
+    | Exit
+    | Inject
+    | Drain
+    | StatusRequest
+    | Status
+    | Ok
+    | Error
+    | StateHeader
+    | StateEnd
+    | StateAck,
+    Field(discriminator="t"),
+]
+_ADAPTER: TypeAdapter[Frame] = TypeAdapter(Frame)
+
+
+class BadFrame(Exception):
+    """A frame that is not JSON, of no known kind, or with a field missing or wrong."""
+
+    def __init__(self, code: ErrorCode, reason: str, kind: str | None = None) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.kind = kind
+
+    def error(self) -> Error:
+        return Error(code=self.code, reason=str(self)[:_TEXT])
+
+
+def encode(frame: _Frame) -> bytes:
+    return frame.model_dump_json().encode()
+
+
+def decode(body: bytes) -> Frame:
+    """The frame `body` holds, or BadFrame naming what is wrong (its field, or its unknown kind)."""
+    try:
+        return _ADAPTER.validate_json(body)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "union_tag_invalid":
+            kind = str(first["ctx"].get("tag", "?"))[:_ID]
+            raise BadFrame(ErrorCode.UNKNOWN_FRAME, f"unknown frame kind {kind!r}", kind) from None
+        where = ".".join(str(p) for p in first["loc"]) or "frame"
+        raise BadFrame(ErrorCode.BAD_FRAME, f"bad frame: {where}: {first['msg']}"[:_TEXT]) from None

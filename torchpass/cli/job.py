@@ -1,0 +1,136 @@
+"""`torchpass run`, `jobs`, `inject`, `drain`: launch a job under the agent and talk to running ones."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from torchpass.cli.common import EXIT_JOB_FAILED, CliError, connect, temporal_args
+
+COMMANDS = ("run", "jobs", "inject", "drain")
+
+
+def register(sub: Any) -> None:
+    r = sub.add_parser("run", help="launch a training script under the agent, like torchrun")
+    r.add_argument("--nproc", type=int, default=2, help="ranks (data-parallel replicas)")
+    r.add_argument("--spares", type=int, default=1, help="warm spare processes")
+    r.add_argument("--job-id", default=None)
+    r.add_argument("--hang-timeout", type=float, default=2.0, help="seconds without heartbeat or progress")
+    r.add_argument("--collective-timeout", type=float, default=60.0, help="seconds one collective may take")
+    r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    r.add_argument("--customer", help="customer of the YOCO contract the job's incidents count toward")
+    r.add_argument("--contract", help="that contract's id (with --customer)")
+    r.add_argument("script", type=Path)
+    r.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
+    temporal_args(r)
+
+    sub.add_parser("jobs", help="list the jobs running on this host")
+
+    i = sub.add_parser("inject", help="inject a failure into a running job (tests, demos, chaos)")
+    i.add_argument(
+        "action", choices=["kill", "hang", "pause"], help="pause: SIGSTOP, SIGCONT after --seconds"
+    )
+    i.add_argument("--job", required=True)
+    i.add_argument("--rank", type=int, required=True)
+    i.add_argument("--after-step", type=int, default=None, help="wait until the rank reaches this step")
+    i.add_argument("--seconds", type=float, default=5.0, help="how long a pause lasts")
+
+    d = sub.add_parser("drain", help="planned migration: move a healthy rank off its node (cordon/drain)")
+    d.add_argument("--job", required=True)
+    d.add_argument("--rank", type=int, required=True)
+    d.add_argument("--reason", default="operator request", help="recorded on the incident")
+    d.add_argument("--cordon", action="store_true", help="report it as a node cordon rather than a drain")
+
+
+def run_command(args: argparse.Namespace, settings: Any) -> int:
+    if args.command == "run":
+        return asyncio.run(_run(args, settings))
+    if args.command == "jobs":
+        from job_agent.jobs import running_jobs
+
+        for j in running_jobs(settings.state_dir):
+            print(
+                f"{j['job_id']}\tworld {j['world_size']}\tcoordinator pid {j['pid']}\tsince {j['started_at']}"
+            )
+        return 0
+    if args.command == "inject":
+        msg = {
+            "t": "inject",
+            "action": args.action,
+            "slot": args.rank,
+            "after_step": args.after_step,
+            "seconds": args.seconds,
+        }
+        _request(settings.state_dir, args.job, msg)
+        when = f" at step {args.after_step}" if args.after_step is not None else " now"
+        print(f"torchpass: {args.action} of rank {args.rank} in job {args.job} scheduled{when}")
+        return 0
+    kind = "cordon" if args.cordon else "drain"
+    msg = {"t": "drain", "slot": args.rank, "reason": args.reason, "kind": kind}
+    reply = _request(settings.state_dir, args.job, msg)
+    print(f"torchpass: rank {args.rank} of job {args.job} leaves {reply['node']}: incident started")
+    return 0
+
+
+async def _run(args: argparse.Namespace, settings: Any) -> int:
+    from torchpass.job import JobSpec
+
+    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    spec_fields: dict[str, Any] = {
+        "script": args.script,
+        "args": tuple(script_args),
+        "nproc": args.nproc,
+        "spares": args.spares,
+        "state_dir": settings.state_dir,
+        "hang_timeout": args.hang_timeout,
+        "collective_timeout": args.collective_timeout,
+        "checkpoint_every": args.checkpoint_every,
+        "seed": args.seed,
+        "threads": args.threads,
+    }
+    if args.job_id:
+        spec_fields["job_id"] = args.job_id
+    if (args.customer is None) != (args.contract is None):
+        raise CliError("--customer and --contract go together")
+    if args.contract is not None:
+        spec_fields["contract"] = {"customer_id": args.customer, "contract_id": args.contract}
+    spec = JobSpec(**spec_fields)
+    client = await connect(settings, traced=True)
+    from workers.job import run_job
+
+    print(f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)", flush=True)
+    result = await run_job(spec, client)
+    print(_summary(result.model_dump(mode="json")), flush=True)
+    return 0 if result.ok else EXIT_JOB_FAILED
+
+
+def _summary(result: dict[str, Any]) -> str:
+    lines = [f"torchpass: job {result['job_id']} {result['status']} after {result['steps_completed']} steps"]
+    for o in result["incidents"]:
+        lines.append(
+            f"  incident {o['incident_id']}: {o['kind']} -> {o['disposition']}, "
+            f"recovered in {o['recovery_seconds'] or 0:.2f} s, {o['steps_recomputed']} steps recomputed"
+        )
+    if result["error"]:
+        lines.append(f"torchpass: {result['error']}")
+    return "\n".join(lines)
+
+
+def _request(state_dir: Path, job: str, msg: dict[str, Any]) -> dict[str, Any]:
+    """One request to a job's coordinator on this host; an error reply is a CliError."""
+    from job_agent.jobs import UnknownJob, request
+
+    try:
+        reply = request(state_dir, job, msg)
+    except UnknownJob as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot reach the coordinator of job {job}: {e}") from None
+    if reply.get("t") != "ok":
+        raise CliError(reply.get("reason", json.dumps(reply)))
+    return reply

@@ -1,0 +1,1 @@
+"""Development tools: the live-migration demo, the embedded dev server, a reference billing receiver."""

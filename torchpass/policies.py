@@ -1,0 +1,103 @@
+"""How hard each workflow step is retried and how long it may take: plain data, one reviewed place.
+
+No Temporal here: the workflows turn a `Retry` into temporalio's `RetryPolicy` (`workflows.policy`), so the
+core stays importable by the job agent, which never imports Temporal. The non-retryable lists are built
+from the error vocabulary (`torchpass.errors`), where each type's retry decision is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from torchpass.errors import INCIDENT_ERRORS, ErrorType, non_retryable
+from torchpass.ids import ControlActivity, JobActivity, ValidationActivity
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Exponential backoff from `initial` up to `maximum`; `attempts` 0 means until it succeeds."""
+
+    initial: timedelta
+    backoff: float
+    maximum: timedelta
+    attempts: int
+    non_retryable: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ActivityTimeouts:
+    """start_to_close bounds one attempt; schedule_to_close bounds all of them, so that a job whose
+    coordinator (the worker of its task queue) is gone cannot leave an incident waiting forever."""
+
+    start_to_close: timedelta
+    schedule_to_close: timedelta
+    heartbeat: timedelta | None = None
+
+
+def _t(start: float, total: float, heartbeat: float | None = None) -> ActivityTimeouts:
+    hb = timedelta(seconds=heartbeat) if heartbeat is not None else None
+    return ActivityTimeouts(timedelta(seconds=start), timedelta(seconds=total), hb)
+
+
+# --- an incident: seconds matter, so retry fast (0.2 s) and few times, then fall back rather than wait ---
+
+MIGRATION_RETRY = Retry(
+    initial=timedelta(milliseconds=200),
+    backoff=2.0,
+    maximum=timedelta(seconds=5),
+    attempts=3,
+    non_retryable=non_retryable(INCIDENT_ERRORS),
+)
+
+ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
+    JobActivity.CONFIRM_FAILURE: _t(15, 60),
+    ControlActivity.CLASSIFY_FAILURE: _t(10, 60),
+    JobActivity.RESERVE_SPARE: _t(90, 200),  # may wait for a spare that is still warming up
+    JobActivity.RELEASE_SPARE: _t(15, 60),
+    JobActivity.FREEZE_RANKS: _t(45, 150),
+    JobActivity.TRANSFER_STATE: _t(150, 500, heartbeat=20),  # streams state, heartbeats bytes sent
+    JobActivity.REJOIN: _t(150, 500),
+    JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900),
+    JobActivity.COMPLETE_INCIDENT: _t(15, 60),
+    JobActivity.DESCRIBE_JOB: _t(10, 20),  # validation: a job that does not answer soon is not covered
+}
+
+# --- credits: billing may be down for days; retried until it acknowledges ---------------------------
+
+BILLING_RETRY = Retry(
+    initial=timedelta(seconds=1),
+    backoff=2.0,
+    maximum=timedelta(minutes=5),
+    attempts=0,
+    non_retryable=non_retryable(
+        (ErrorType.BILLING_REJECTED, ErrorType.BILLING_NOT_CONFIGURED, ErrorType.BILLING_UNAVAILABLE)
+    ),
+)
+"""Exponential from 1 s up to 5 min between attempts, no attempt limit; only a refusal no retry can cure
+stops it. Re-issuing the same notice is safe: billing deduplicates on its idempotency key."""
+
+BILLING_TIMEOUTS = ActivityTimeouts(
+    start_to_close=timedelta(seconds=60),
+    schedule_to_close=timedelta(days=7),
+    heartbeat=timedelta(seconds=30),
+)
+MAX_WEBHOOK_TIMEOUT_S = 25.0
+"""One webhook attempt blocks at most this long: under BILLING_TIMEOUTS' heartbeat timeout."""
+
+# --- environment validation: a few patient retries; a job that does not answer is a failed check ----
+
+VALIDATION_RETRY = Retry(
+    initial=timedelta(seconds=1),
+    backoff=2.0,
+    maximum=timedelta(seconds=10),
+    attempts=3,
+    non_retryable=non_retryable((ErrorType.INVALID_INPUT,)),
+)
+VALIDATION_TIMEOUTS: dict[str, ActivityTimeouts] = {
+    ValidationActivity.CHECK_CONTROL_PLANE: _t(30, 90),
+    ValidationActivity.DETECT_SCHEDULER: _t(40, 120),
+    ValidationActivity.RECORD_VALIDATION: _t(15, 60),
+}
+DESCRIBE_ATTEMPT = timedelta(seconds=10)
+"""One describe_job attempt; the overall deadline is the validation input's short `job_timeout_s`."""

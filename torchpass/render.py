@@ -1,0 +1,95 @@
+"""Plain-text renderings for SREs: an incident's outcome, a contract's standing and ledger.
+
+Pure functions of the core's models; `torchpass incidents show`, `torchpass contract show|ledger` and the
+demo print them.
+"""
+
+from __future__ import annotations
+
+from torchpass.contract_models import LedgerPage, Standing
+from torchpass.models import MigrationOutcome
+
+
+def format_outcome(o: MigrationOutcome) -> str:
+    lines = [
+        f"incident   {o.incident_id}",
+        f"job        {o.job_id}   domain {o.failure_domain}   lost ranks {list(o.lost_slots)}",
+        f"kind       {o.kind}   ({o.evidence_count} report(s))",
+        f"class      {o.classification.category} - "
+        f"{'qualifying' if o.classification.qualifying else 'disqualifying'}: {o.classification.reason}",
+        f"outcome    {o.disposition}   success={o.success}   steps recomputed {o.steps_recomputed}",
+    ]
+    if o.recovery_seconds is not None:
+        lines.append(f"recovery   {o.recovery_seconds:.3f} s from failure to all ranks training again")
+    for p in o.phases:
+        work = f"  (in activity {p.work_seconds:.3f} s)" if p.work_seconds is not None else ""
+        lines.append(f"  {p.phase:<9} {p.seconds:7.3f} s{work}")
+    if o.proof is not None:
+        pr = o.proof
+        lines.append(
+            f"proof      donor rank {pr.donor_slot} -> ranks {list(pr.receiver_slots)}, step {pr.step_before}"
+            f" -> {pr.step_after}, {pr.bytes / 1e6:.1f} MB in {pr.seconds:.3f} s"
+        )
+        lines.append(f"           digest {pr.donor_digest[:16]}... matches on every receiver")
+    if o.fallback is not None:
+        lines.append(
+            f"fallback   restored step {o.fallback.restored_step}, {o.fallback.steps_recomputed} recomputed"
+        )
+    if o.error:
+        lines.append(f"error      {o.error}")
+    return "\n".join(lines)
+
+
+def format_standing(st: Standing) -> str:
+    rate = f"{st.success_rate:.2%}" if st.success_rate is not None else "n/a"
+    credit = str(st.projected_credit) if st.projected_credit else "none"
+    rows = [
+        ("contract", f"{st.contract_id} of {st.customer_id}, term {st.term + 1} from {st.term_start}"),
+        ("annual fee", str(st.annual_fee)),
+        ("window", f"{st.window_start} .. {st.window_end} (trailing 12 months)"),
+        ("qualifying", str(st.qualifying)),
+        ("successful", str(st.successful)),
+        ("success rate", f"{rate}  (guarantee: at least 90%)"),
+        ("projected credit", credit),
+        ("next evaluation", str(st.next_evaluation or "none")),
+        ("renewal", _renewal(st)),
+        ("covered jobs", ", ".join(st.covered_jobs) or "none"),
+        ("excluded", ", ".join(f"{k.value} {v}" for k, v in st.excluded.items() if v) or "none"),
+        ("duplicates", str(st.duplicates)),
+        ("credits delivered", ", ".join(st.delivered_credits) or "none"),
+        ("credits pending", str(st.pending_credits)),
+    ]
+    lines = [f"{k:<18} {v}" for k, v in rows]
+    lines.append(f"{'':<18} {st.summary}")
+    for ev in st.evaluations:
+        got = f"{ev.success_rate:.2%}" if ev.success_rate is not None else "n/a"
+        amount = f", credit {ev.credit.amount}" if ev.credit else ""
+        lines.append(f"evaluation         {ev.period_end} {ev.trigger.value}: {got}{amount} ({ev.note})")
+    return "\n".join(lines)
+
+
+def _renewal(st: Standing) -> str:
+    if st.lapsed:
+        return "not renewed: the contract has lapsed"
+    if st.awaiting_renewal:
+        return (
+            f"AWAITING RENEWAL: the term ended {st.renewal_date} unrenewed; `renew` until "
+            f"{st.renewal_grace_ends} starts the next term from {st.renewal_date}, else it lapses then"
+        )
+    return "renewed" if st.renewed else f"due {st.renewal_date}"
+
+
+def format_ledger(page: LedgerPage) -> str:
+    lines = [f"{'detected (UTC)':<20} {'job':<16} {'status':<22} {'counted':<8} incident"]
+    for r in page.rows:
+        flags = " (late)" if r.late else ""
+        flags += f" (+{r.duplicates} duplicate)" if r.duplicates else ""
+        lines.append(
+            f"{r.detected_at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.status.value:<22} "
+            f"{'yes' if r.counted else 'no':<8} {r.incident_id}{flags}"
+        )
+        if r.reason:
+            lines.append(f"{'':<20} {r.reason}")
+    more = f", next page: --offset {page.next_offset}" if page.next_offset is not None else ""
+    lines.append(f"{len(page.rows)} of {page.total} entries ({page.pruned} pruned as too old){more}")
+    return "\n".join(lines)
