@@ -1,7 +1,7 @@
 """Activities on a job's own task queue, served by the Temporal worker inside its coordinator.
 
-Thin: each turns one model into a call on `job_agent.incident.IncidentActions` and its errors into
-ApplicationErrors that carry the retry decision.
+Thin: each turns one model into a call on `job_agent.steps.IncidentSteps` and its errors into
+ApplicationErrors that carry the retry decision. The transfer's heartbeats carry the bytes streamed.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from typing import TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from job_agent.coordinator import JobFailed
+from job_agent.coordinator import Coordinator
 from job_agent.describe import describe
-from job_agent.incident import IncidentActions, IncidentError
+from job_agent.incident import IncidentError
+from job_agent.steps import IncidentSteps
+from job_agent.waiting import JobFailed
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity
-from torchpass.models import (
-    CompleteInput,
+from torchpass.outcome import CompleteInput
+from torchpass.steps import (
     ConfirmInput,
     ConfirmResult,
     FallbackInput,
@@ -45,11 +47,16 @@ async def _guard(call: Awaitable[T]) -> T:
         raise ApplicationError(str(e), type=ErrorType.TIMEOUT.value) from e
 
 
-class JobActivities:
-    """Built by the job worker with its coordinator's incident actions."""
+def _heartbeat_bytes(sent: int) -> None:
+    activity.heartbeat({"bytes_sent": sent})
 
-    def __init__(self, actions: IncidentActions) -> None:
-        self._a = actions
+
+class JobActivities:
+    """Built by the job worker with its coordinator and the incident steps acting on it."""
+
+    def __init__(self, coordinator: Coordinator, steps: IncidentSteps) -> None:
+        self._c = coordinator
+        self._a = steps
 
     @activity.defn(name=JobActivity.CONFIRM_FAILURE)
     async def confirm_failure(self, inp: ConfirmInput) -> ConfirmResult:
@@ -69,7 +76,7 @@ class JobActivities:
 
     @activity.defn(name=JobActivity.TRANSFER_STATE)
     async def transfer_state(self, inp: IncidentRef) -> TransferResult:
-        return await _guard(self._a.transfer(inp.incident_id, tick=activity.heartbeat))
+        return await _guard(self._a.transfer(inp.incident_id, tick=_heartbeat_bytes))
 
     @activity.defn(name=JobActivity.REJOIN)
     async def rejoin(self, inp: IncidentRef) -> RejoinResult:
@@ -85,10 +92,10 @@ class JobActivities:
 
     @activity.defn(name=JobActivity.DESCRIBE_JOB)
     async def describe_job(self, inp: ValidationTarget) -> JobDescription:
-        if inp.job_id != self._a.c.job_id:  # a queue name pointing at the wrong job: no retry helps
+        if inp.job_id != self._c.job_id:  # a queue name pointing at the wrong job: no retry helps
             raise ApplicationError(
-                f"this is job {self._a.c.job_id}, not {inp.job_id}",
+                f"this is job {self._c.job_id}, not {inp.job_id}",
                 type=ErrorType.INVALID_INPUT.value,
                 non_retryable=True,
             )
-        return describe(self._a.c)
+        return describe(self._c)

@@ -27,7 +27,7 @@ from temporalio.client import Client
 
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
-from torchpass.models import MigrationOutcome
+from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
 from workers.job import run_job
 
@@ -54,6 +54,7 @@ def _spec(state: Path, job_id: str, spares: int, times: Path) -> JobSpec:
 
 
 async def _run(client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]) -> JobResult:
+    from job_agent import wire
     from job_agent.jobs import request, running_jobs
 
     task = asyncio.create_task(run_job(spec, client))
@@ -64,7 +65,7 @@ async def _run(client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]
             request,
             spec.state_dir,
             spec.job_id,
-            {"t": "inject", "action": "kill", "slot": rank, "after_step": step},
+            wire.Inject(action=wire.InjectAction.KILL, slot=rank, after_step=step),
         )
     return await task
 

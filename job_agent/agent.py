@@ -19,24 +19,22 @@ import contextlib
 import gc
 import os
 import queue
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from job_agent import protocol
+from job_agent import wire
+from job_agent.link import CoordinatorLink, exit_now
 from job_agent.settings import AgentSettings
 from job_agent.state import Stateful, TrackedState
 from job_agent.transport import StateServer, TransferError, receive_state
 
-_EXIT_COORDINATOR_LOST = 70
 _EXIT_DEVICE_ERROR = 75
+_PROGRESS_EVERY = 0.5  # seconds between a donor's progress reports while it streams
 _COLLECTIVE_MARKERS = ("gloo", "Connection closed by peer", "Connection reset by peer", "NCCL", "Broken pipe")
 _DEVICE_MARKERS = ("CUDA error", "CUDA driver", "cudaError", "device-side assert")
 
@@ -71,24 +69,14 @@ class RankAgent:
         self._secret = s.read_secret()
         self._tracked: TrackedState | None = None
         self._grad_buckets: list[list[torch.Tensor]] | None = None
-        self._inbox: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self._send_lock = threading.Lock()
-        self._finished = threading.Event()
         self._coll_timeout = timedelta(seconds=s.collective_timeout)
+        self._recovery_timeout = timedelta(seconds=s.recovery_timeout)
         host, port = s.store_addr
-        self._store = dist.TCPStore(
-            host, port, is_master=False, timeout=timedelta(seconds=s.recovery_timeout)
+        self._store = dist.TCPStore(host, port, is_master=False, timeout=self._recovery_timeout)
+        hello = wire.Hello(agent_id=s.agent_id, role=wire.Role(s.role), slot=s.slot, pid=os.getpid())
+        self._link = CoordinatorLink(
+            *s.coordinator_addr, self._secret, hello, timedelta(seconds=s.heartbeat_interval)
         )
-        self._sock = protocol.connect(*s.coordinator_addr, self._secret, timeout=30.0)
-        protocol.send_frame(
-            self._sock,
-            {"t": "hello", "agent_id": s.agent_id, "role": s.role, "slot": s.slot, "pid": os.getpid()},
-        )
-        reply = protocol.recv_frame(self._sock)
-        if reply["t"] != "welcome":
-            raise RuntimeError(f"coordinator refused this process: {reply.get('reason')}")
-        threading.Thread(target=self._read_loop, name="torchpass-control", daemon=True).start()
-        threading.Thread(target=self._heartbeat_loop, name="torchpass-heartbeat", daemon=True).start()
 
     @property
     def rank(self) -> int:
@@ -118,7 +106,7 @@ class RankAgent:
 
     def all_reduce_gradients(self) -> None:
         """Average gradients over the data-parallel group, in a fixed order (bitwise reproducible)."""
-        self._send({"t": "coll", "k": self.completed_step + 1})
+        self._send(wire.Collective(k=self.completed_step + 1))
         for bucket in self._buckets():
             flat = torch._utils._flatten_dense_tensors([p.grad for p in bucket])
             self.all_reduce(flat)
@@ -144,11 +132,11 @@ class RankAgent:
         """Run steps completed_step+1 .. steps-1, surviving failures of this rank's peers."""
         if self._tracked is None:
             raise RuntimeError("call agent.track(model, optimizer) before agent.run()")
-        self._send({"t": "ready", "completed": self.completed_step, "steps": steps})
+        self._send(wire.Ready(completed=self.completed_step, steps=steps, layout=self._tracked.layout()))
         self._obey_until_regrouped()
         while (step := self.completed_step + 1) < steps:
             self._check_inbox()
-            self._send({"t": "step", "k": step})
+            self._send(wire.Step(k=step))
             torch.manual_seed(_mix(self.settings.seed, step, self.slot))
             failure = self._attempt(train_step, step)
             if failure is not None:
@@ -171,11 +159,11 @@ class RankAgent:
             if isinstance(e, RuntimeError) and any(m in msg for m in _COLLECTIVE_MARKERS):
                 return msg
             if isinstance(e, torch.OutOfMemoryError) or any(m in msg for m in _DEVICE_MARKERS):
-                self._send({"t": "device_error", "detail": msg[:2000]})
+                self._send(wire.DeviceError(detail=msg[:2000]))
                 traceback.print_exc()
                 os._exit(_EXIT_DEVICE_ERROR)
             # The script's own bug: the user must see their traceback, and no migration starts.
-            self._send({"t": "user_error", "step": step, "traceback": traceback.format_exc()[-4000:]})
+            self._send(wire.UserError(step=step, traceback=traceback.format_exc()[-4000:]))
             raise
         return None
 
@@ -183,91 +171,98 @@ class RankAgent:
         # Outside the except block, so no traceback keeps the old group's sockets alive (which would
         # leave peers blocked until the group timeout).
         self._drop_group()
-        self._send(
-            {"t": "frozen", "completed": self.completed_step, "in_flight": in_flight, "reason": reason}
-        )
+        self._send(wire.Frozen(completed=self.completed_step, in_flight=in_flight, reason=reason[:4000]))
         self._obey_until_regrouped()
 
     def _check_inbox(self) -> None:
-        if self._inbox.empty():
+        if self._link.inbox.empty():
             return
-        msg = self._inbox.get()
-        if msg["t"] == "freeze":  # planned migration: stop at this step boundary
+        frame = self._link.inbox.get()
+        if isinstance(frame, wire.Freeze):  # planned migration: stop at this step boundary
             self._freeze(None, "freeze requested")
         else:
-            self._handle(msg)
+            self._handle(frame)
 
     def _obey_until_regrouped(self) -> None:
-        deadline = time.monotonic() + self.settings.recovery_timeout
+        deadline = time.monotonic() + self._recovery_timeout.total_seconds()
         while True:
             try:
-                msg = self._inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                frame = self._link.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise RecoveryTimeout(
-                    f"no instruction from the coordinator for {self.settings.recovery_timeout:.0f} s"
+                    f"no instruction from the coordinator for {self._recovery_timeout.total_seconds():.0f} s"
                 ) from None
-            if self._handle(msg):
+            if self._handle(frame):
                 return
 
-    def _handle(self, msg: dict[str, Any]) -> bool:
+    def _handle(self, frame: wire.Frame) -> bool:
         """Carry out one coordinator command; True once the group is re-formed."""
-        t = msg["t"]
-        if t == "freeze":
-            self._send(
-                {"t": "frozen", "completed": self.completed_step, "in_flight": None, "reason": "freeze"}
-            )
-        elif t == "assign":
-            self.slot = int(msg["slot"])
-        elif t == "serve":
-            self._serve(int(msg["receivers"]), float(msg["timeout"]))
-        elif t == "receive":
-            self._receive(msg["host"], int(msg["port"]), float(msg["timeout"]))
-        elif t == "regroup":
-            self._regroup(int(msg["generation"]), int(msg["world_size"]))
-            return True
-        elif t == "exit":
-            self._exit(int(msg.get("code", 0)), msg.get("reason", ""))
+        match frame:
+            case wire.Freeze():
+                self._send(wire.Frozen(completed=self.completed_step, reason="freeze"))
+            case wire.Assign(slot=slot):
+                self.slot = slot
+            case wire.Serve(receivers=n, timeout=timeout):
+                self._serve(n, timedelta(seconds=timeout))
+            case wire.Receive(host=host, port=port, timeout=timeout):
+                self._receive(host, port, timedelta(seconds=timeout))
+            case wire.Regroup(generation=generation, world_size=world_size):
+                self._regroup(generation, world_size)
+                return True
+            case wire.Exit(code=code, reason=reason):
+                exit_now(code, reason)
         return False
 
     # --- recovery actions ----------------------------------------------------------------------------
 
-    def _serve(self, receivers: int, timeout: float) -> None:
+    def _serve(self, receivers: int, timeout: timedelta) -> None:
         assert self._tracked is not None
         server = StateServer(self._secret, self.settings.advertise_host)
-        self._send({"t": "serving", "port": server.port, "step": self.completed_step})
+        self._send(wire.Serving(port=server.port, step=self.completed_step))
         t0 = time.perf_counter()
         snap = self._tracked.snapshot(self.completed_step)
+        last = [t0]
+
+        def progress(sent: int) -> None:  # what the transfer activity's heartbeats carry
+            if time.perf_counter() - last[0] >= _PROGRESS_EVERY:
+                last[0] = time.perf_counter()
+                self._send(wire.TransferProgress(bytes=sent))
+
         try:
-            digest = server.serve(snap, receivers, timeout, on_progress=lambda: None)
+            digest = server.serve(snap, receivers, timeout, on_progress=progress)
         except TransferError as e:
-            self._send({"t": "transfer_failed", "error": str(e)})
+            self._send(wire.TransferFailed(error=str(e)[:4000]))
             return
+        self._send(wire.TransferProgress(bytes=server.bytes_sent))
         self._send(
-            {
-                "t": "served",
-                "digest": digest,
-                "bytes": snap.nbytes,
-                "seconds": time.perf_counter() - t0,
-                "stream_seconds": server.stream_seconds,
-            }
+            wire.Served(
+                digest=digest,
+                step=self.completed_step,
+                bytes=snap.nbytes,
+                seconds=time.perf_counter() - t0,
+                stream_seconds=server.stream_seconds,
+            )
         )
 
-    def _receive(self, host: str, port: int, timeout: float) -> None:
+    def _receive(self, host: str, port: int, timeout: timedelta) -> None:
         assert self._tracked is not None
         try:
             stats = receive_state(self._tracked, host, port, self._secret, timeout)
         except TransferError as e:
-            self._send({"t": "transfer_failed", "error": str(e)})
+            self._send(wire.TransferFailed(error=str(e)[:4000]))
             return
         self.completed_step = stats.step
+        # The proof's receiver side: what this rank holds now, hashed from its own memory, not the bytes
+        # that arrived (a load that altered anything would show here).
+        installed = self._tracked.snapshot(self.completed_step).digest()
         self._send(
-            {
-                "t": "received",
-                "digest": stats.digest,
-                "bytes": stats.nbytes,
-                "seconds": stats.seconds,
-                "step": stats.step,
-            }
+            wire.Received(
+                stream_digest=stats.digest,
+                installed_digest=installed,
+                step=self.completed_step,
+                bytes=stats.nbytes,
+                seconds=stats.seconds,
+            )
         )
 
     def _regroup(self, generation: int, world_size: int) -> None:
@@ -283,7 +278,9 @@ class RankAgent:
             world_size=world_size,
             timeout=self._coll_timeout,
         )
-        self._send({"t": "joined", "generation": generation, "completed": self.completed_step})
+        assert self._tracked is not None
+        layout = self._tracked.layout()
+        self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
 
     def _drop_group(self) -> None:
         if not dist.is_initialized():
@@ -305,32 +302,19 @@ class RankAgent:
         self._tracked.save_checkpoint(path, step)
         for old in sorted(s.checkpoint_dir.glob("step-*.pt"))[:-2]:
             old.unlink(missing_ok=True)
-        self._send({"t": "checkpoint", "step": step, "path": str(path)})
+        self._send(wire.CheckpointSaved(step=step, path=str(path)))
 
     def _finish(self) -> None:
         assert self._tracked is not None
         digest = self._tracked.snapshot(self.completed_step).digest()
-        self._send({"t": "done", "step": self.completed_step, "digest": digest})
+        self._send(wire.Done(step=self.completed_step, digest=digest))
         # Wait for the coordinator's word: leaving before every peer has finished the last collective
         # could break theirs.
-        self._obey_exit()
-        self._finished.set()
+        while not isinstance(self._link.inbox.get(timeout=self._recovery_timeout.total_seconds()), wire.Exit):
+            pass
+        self._link.finished.set()
         self._drop_group()
-        self._sock.close()
-
-    def _obey_exit(self) -> None:
-        while True:
-            msg = self._inbox.get(timeout=self.settings.recovery_timeout)
-            if msg["t"] == "exit":
-                return
-
-    def _exit(self, code: int, reason: str) -> None:
-        if reason:
-            print(f"torchpass: {reason}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)
-
-    # --- control channel -----------------------------------------------------------------------------
+        self._link.close()
 
     def _buckets(self) -> list[list[torch.Tensor]]:
         if self._grad_buckets is None:
@@ -339,28 +323,8 @@ class RankAgent:
             self._grad_buckets = _bucketize(params, 25 * 2**20)
         return [[p for p in b if p.grad is not None] for b in self._grad_buckets]
 
-    def _send(self, msg: dict[str, Any]) -> None:
-        with self._send_lock:
-            protocol.send_frame(self._sock, msg)
-
-    def _read_loop(self) -> None:
-        try:
-            while True:
-                msg = protocol.recv_frame(self._sock)
-                # A non-zero exit is obeyed at once, even while the main thread is blocked in a collective.
-                if msg["t"] == "exit" and (int(msg.get("code", 0)) != 0 or self.is_spare):
-                    self._exit(int(msg.get("code", 0)), msg.get("reason", ""))
-                self._inbox.put(msg)
-        except (OSError, ConnectionError, protocol.ProtocolError):
-            if not self._finished.is_set():
-                self._exit(_EXIT_COORDINATOR_LOST, "lost the connection to the job coordinator; stopping")
-
-    def _heartbeat_loop(self) -> None:
-        while not self._finished.wait(self.settings.heartbeat_interval):
-            try:
-                self._send({"t": "hb"})
-            except OSError:
-                return
+    def _send(self, frame: wire.Frame) -> None:
+        self._link.send(frame)
 
 
 def _bucketize(params: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:

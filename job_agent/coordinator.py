@@ -1,52 +1,43 @@
-"""The per-job coordinator: membership, failure detection, and the job side of every incident.
+"""The per-job coordinator: the job's processes, its control channel, and the job side of its incidents.
 
 It runs off the training ranks (so no training node is special): it hosts the rendezvous store, launches
-the ranks and a pool of warm spares, takes heartbeats and step progress over the authenticated control
-channel, detects a lost or hung rank and reports it (the caller turns reports into incident workflows).
-The recovery steps themselves (`job_agent.incident.IncidentActions`) are driven by those workflows.
+the ranks and a pool of warm spares, and reads every frame they send. What it sees goes to its parts:
+membership (`members.Roster`), detection (`detection.Detector` -> evidence), operator requests
+(`injection.Injector`), the spare pool (`spares.SparePool`), the state transport (`transfer`), the steps'
+measurements (`progress.StepTracker`) and the incident in progress (`incident.IncidentTracker`, whose
+reports become incident workflows). The recovery steps (`steps.IncidentSteps`) act through it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import secrets
-import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import torch.distributed as dist
 
-from job_agent import protocol
-from job_agent.incident import Incident
-from job_agent.launcher import Launcher, LocalLauncher
-from job_agent.members import ControlServer, Member
-from job_agent.recovery import Progress, find_hung
-from torchpass.ids import incident_workflow_id, job_task_queue
-from torchpass.job import JobResult, JobSpec
-from torchpass.models import EventSource, Evidence, FailureKind, FailureReport, MigrationOutcome
+from job_agent import wire
+from job_agent.channel import ControlServer, send
+from job_agent.detection import Detector, signal_name
+from job_agent.incident import IncidentTracker, Reporter
+from job_agent.injection import Injector
+from job_agent.jobs import register_job
+from job_agent.launcher import Launcher, LocalLauncher, agent_env
+from job_agent.members import Member, MemberState, Roster
+from job_agent.progress import StepTracker
+from job_agent.spares import LocalSparePool, SparePool
+from job_agent.transfer import DirectTransport, StateTransport
+from job_agent.waiting import Changes, JobFailed
+from job_agent.wire import Role
+from torchpass.job import JobResult, JobSpec, JobState
+from torchpass.models import Evidence
+from torchpass.outcome import MigrationOutcome
 
-Reporter = Callable[[str, FailureReport], Awaitable[None]]
-
-
-class JobFailed(Exception):
-    """The job cannot go on: a script error, a start-up failure, an unrecoverable incident."""
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"exit code {code}"
-
-
-# Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.
-_STALL_MARGIN = 0.5
+WATCH_EVERY = timedelta(seconds=0.1)
+SHUTDOWN_GRACE = timedelta(seconds=10)
+_ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR)
 
 
 class Coordinator:
@@ -56,43 +47,51 @@ class Coordinator:
         self.spec = spec
         self.job_id = spec.job_id
         self.world_size = spec.nproc
-        self.generation = -1
-        self.secret = secrets.token_bytes(32)
-        self._reporter = reporter
-        self._launcher = launcher or LocalLauncher(str(spec.script), spec.args)
-        self.members: dict[str, Member] = {}
-        self._conns: dict[socket.socket, Member] = {}
-        self._pending: dict[str, str] = {}  # agent_id -> node, spawned but not yet connected
-        self._changed = asyncio.Event()
-        self._done = asyncio.get_running_loop().create_future()
-        self._injections: list[dict[str, Any]] = []
-        self.checkpoints: list[tuple[int, str]] = []
-        self.recomputed: set[int] = set()
-        self._high_water = -1  # the most advanced step any rank has completed
-        self._settled = -1  # ... as of the start of the current generation
-        self.incidents: list[MigrationOutcome] = []
-        self.incident: Incident | None = None
-        self._queued: list[Evidence] = []
-        self._spawned = 0
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self._server = ControlServer(self.secret, asyncio.get_running_loop(), self._on_frame, self._on_close)
-        self.job_dir = spec.job_dir
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self.state = "starting"
+        self.covered = spec.contract is not None
+        self.startup_timeout = timedelta(seconds=spec.startup_timeout)
+        self.state = JobState.STARTING
         self.error: str | None = None
+        self.checkpoints: list[tuple[int, str]] = []
+        self._generation = -1
+        self._secret = secrets.token_bytes(32)
+        self._launcher = launcher or LocalLauncher(str(spec.script), spec.args)
+        self._spawned = 0
+        self._done = asyncio.get_running_loop().create_future()
+        self._watcher: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self._server = ControlServer(self._secret, asyncio.get_running_loop(), self._on_frame, self._on_close)
+        self._address, self._store_address = f"127.0.0.1:{self._server.port}", f"127.0.0.1:{self._store.port}"
+        self.roster = Roster()
+        self.changes = Changes()
+        self.progress = StepTracker()
+        self.spares: SparePool = LocalSparePool(self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence)
+        self.transport: StateTransport = DirectTransport(self.changes)
+        self.incidents = IncidentTracker(self.job_id, lambda: self._generation, reporter, spec.contract)
+        self._detector = Detector(self.job_id, self.roster, timedelta(seconds=spec.hang_timeout))
+        self._injector = Injector(self.job_id, self.world_size, self.roster, self._launcher)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def run(self) -> JobResult:
-        self._write_registry()
+        register_job(self.spec.job_dir, self._secret, self._address, self.world_size)
         for slot in range(self.world_size):
-            self.spawn("rank", slot)
+            self.spawn(Role.RANK, slot)
         for _ in range(self.spec.spares):
-            self.spawn("spare", -1)
-        self._bg(self._watch())
+            self.spawn(Role.SPARE, -1)
+        self._watcher = asyncio.ensure_future(self._watch())
         try:
-            await asyncio.wait_for(self._start_world(), self.spec.startup_timeout)
-            self.state = "training"
+            await self.changes.wait_for(
+                lambda: len(self.roster.ranks(MemberState.READY)) == self.world_size,
+                self.startup_timeout,
+                "the ranks to start",
+            )
+            self.regroup()
+            self.state = JobState.TRAINING
             await self._done
         except TimeoutError:
             self._fail("the ranks did not all join within the start-up timeout")
@@ -100,232 +99,156 @@ class Coordinator:
             self._fail(str(e))
         return await self._shutdown()
 
-    async def _start_world(self) -> None:
-        await self.wait_for(lambda: len(self.ranks("ready")) == self.world_size, None, "ranks to start")
-        self.regroup()
-
     def regroup(self) -> int:
         """Form the next generation of the world with every current rank; returns its number."""
-        self.generation += 1
-        self._settled = self._high_water
-        for m in self.ranks():
-            m.state = "joining"
+        self._generation += 1
+        self.progress.begin_generation()
+        for m in self.roster.ranks():
+            m.state = MemberState.JOINING
             m.replies.pop("joined", None)
-            m.send({"t": "regroup", "generation": self.generation, "world_size": self.world_size})
-        return self.generation
+            m.send(wire.Regroup(generation=self._generation, world_size=self.world_size))
+        return self._generation
 
     async def _shutdown(self) -> JobResult:
-        finished = self.state == "finished"
-        code = 0 if finished else 1
+        finished = self.state is JobState.FINISHED
         reason = "" if finished else f"job {self.job_id} stopped: {self.error}"
-        for m in self.members.values():
+        for m in self.roster.members.values():
             if m.alive:
-                m.send({"t": "exit", "code": code, "reason": reason})
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(self._launcher.poll(a) is None for a in self.members):
+                m.send(wire.Exit(code=0 if finished else 1, reason=reason))
+        deadline = time.monotonic() + SHUTDOWN_GRACE.total_seconds()
+        while time.monotonic() < deadline and any(
+            self._launcher.poll(a) is None for a in self.roster.members
+        ):
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(self._launcher.shutdown, 5.0)
-        for t in self._tasks:
-            t.cancel()
+        await asyncio.to_thread(self._launcher.shutdown, timedelta(seconds=5))
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self.incidents.cancel()
         self._server.close()
-        digests = {m.digest for m in self.ranks() if m.digest}
+        ranks = self.roster.ranks()
+        digests = {m.digest for m in ranks if m.digest}
         result = JobResult(
             job_id=self.job_id,
-            status=self.state if self.state in ("finished", "user_error") else "failed",
-            steps_completed=max((m.completed for m in self.ranks()), default=-1) + 1,
+            status=self.state if self.state in (JobState.FINISHED, JobState.USER_ERROR) else JobState.FAILED,
+            steps_completed=max((m.completed for m in ranks), default=-1) + 1,
             final_digest=digests.pop() if len(digests) == 1 else None,
-            generation=self.generation,
-            steps_recomputed=len(self.recomputed),
-            incidents=tuple(self.incidents),
+            generation=self._generation,
+            steps_recomputed=len(self.progress.recomputed),
+            incidents=tuple(self.incidents.outcomes),
+            reports_undelivered=self.incidents.undelivered,
             error=self.error,
         )
-        (self.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
-        (self.job_dir / "job.json").unlink(missing_ok=True)
+        (self.spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
+        (self.spec.job_dir / "job.json").unlink(missing_ok=True)
         return result
 
-    def _fail(self, error: str, state: str = "failed") -> None:
-        if self.state in ("finished", "failed", "user_error"):
+    def _fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:
+        """The job ends (`error` None: it finished); every wait on it fails from now on."""
+        if self.state in _ENDED:
             return
         self.state, self.error = state, error
+        self.changes.stop(error or "the job finished")
         if not self._done.done():
             self._done.set_result(None)
 
-    def _write_registry(self) -> None:
-        """Where `torchpass inject` and `torchpass jobs` find this job (the secret file is 0600)."""
-        self.job_dir.mkdir(parents=True, exist_ok=True)
-        secret_file = self.job_dir / "secret"
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.secret.hex())
-        info = {
-            "job_id": self.job_id,
-            "coordinator": f"127.0.0.1:{self._server.port}",
-            "pid": os.getpid(),
-            "world_size": self.world_size,
-            "started_at": datetime.now(UTC).isoformat(),
-        }
-        (self.job_dir / "job.json").write_text(json.dumps(info, indent=2))
-
-    def spawn(self, role: str, slot: int, restore: str | None = None) -> str:
+    def spawn(self, role: Role, slot: int, restore: str | None = None) -> str:
         self._spawned += 1
-        agent_id = f"{role}{slot if slot >= 0 else ''}-{self._spawned}"
-        s = self.spec
-        env = {
-            "TORCHPASS_JOB_ID": self.job_id,
-            "TORCHPASS_AGENT_ID": agent_id,
-            "TORCHPASS_ROLE": role,
-            "TORCHPASS_SLOT": str(slot),
-            "TORCHPASS_WORLD_SIZE": str(self.world_size),
-            "TORCHPASS_COORDINATOR": f"127.0.0.1:{self._server.port}",
-            "TORCHPASS_STORE": f"127.0.0.1:{self._store.port}",
-            "TORCHPASS_SECRET_FILE": str(self.job_dir / "secret"),
-            "TORCHPASS_CHECKPOINT_DIR": str(self.job_dir / "checkpoints"),
-            "TORCHPASS_CHECKPOINT_EVERY": str(s.checkpoint_every),
-            "TORCHPASS_SEED": str(s.seed),
-            "TORCHPASS_THREADS": str(s.threads),
-            "TORCHPASS_COLLECTIVE_TIMEOUT": str(s.collective_timeout),
-        }
-        if restore:
-            env["TORCHPASS_RESTORE"] = restore
-        self._pending[agent_id] = self._launcher.spawn(agent_id, env)
+        agent_id = f"{role.value}{slot if slot >= 0 else ''}-{self._spawned}"
+        env = agent_env(self.spec, agent_id, role.value, slot, self._address, self._store_address, restore)
+        self.roster.pending[agent_id] = self._launcher.spawn(agent_id, env)
         return agent_id
 
-    # --- queries -------------------------------------------------------------------------------------
+    # --- what the incident steps may do (steps.JobControl) ----------------------------------------------
 
-    def ranks(self, *states: str) -> list[Member]:
-        """Live members holding a slot (optionally in given states), by slot."""
-        out = [
-            m for m in self.members.values() if m.slot >= 0 and m.alive and (not states or m.state in states)
-        ]
-        return sorted(out, key=lambda m: m.slot)
-
-    def spares(self) -> list[Member]:
-        """Warm spares free to be reserved."""
-        return [
-            m
-            for m in self.members.values()
-            if m.slot < 0 and m.alive and m.state == "ready" and m.reserved_for is None
-        ]
-
-    def starting_spares(self) -> int:
-        """Spares launched but not yet warm."""
-        connecting = [m for m in self.members.values() if m.slot < 0 and m.alive and m.state == "connected"]
-        return len(connecting) + sum(1 for a in self._pending if a.startswith("spare-"))
-
-    def kill(self, m: Member) -> None:
+    def fence(self, m: Member) -> None:
+        """Kill for good: a fenced process is never let back in."""
+        m.fenced = True
         self._launcher.kill(m.agent_id)
 
-    def member_at(self, slot: int) -> Member | None:
-        return next((m for m in self.ranks() if m.slot == slot), None)
+    def restart_ranks(self, restore: str | None) -> None:
+        for slot in range(self.world_size):
+            self.spawn(Role.RANK, slot, restore=restore)
 
-    async def wait_for(
-        self,
-        pred: Callable[[], bool],
-        timeout: float | None,
-        what: str,
-        tick: Callable[[], None] | None = None,
-    ) -> None:
-        """Wait until `pred()` holds; every wait is bounded (None only under an outer timeout)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not pred():
-            if self._done.done() and self.state != "training":
-                raise JobFailed(self.error or "job stopped")
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"timed out after {timeout:.1f} s waiting for {what}")
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(left or 1.0, 1.0))
-            if tick is not None:
-                tick()
+    def latest_checkpoint(self) -> tuple[int, str | None]:
+        return self.checkpoints[-1] if self.checkpoints else (-1, None)
+
+    def end_incident(self, outcome: MigrationOutcome) -> None:
+        """The incident's workflow is done with the job; detection resumes, queued failures go next."""
+
+        def replaced(slots: tuple[int, ...]) -> bool:  # a queued loss already repaired (say by a restart)
+            return any((m := self.roster.at(s)) is not None and not m.fenced for s in slots)
+
+        if self.incidents.end(outcome, replaced):
+            with (self.spec.job_dir / "incidents.jsonl").open("a") as f:
+                f.write(outcome.model_dump_json() + "\n")
+
+    def add_evidence(self, ev: Evidence) -> None:
+        self.incidents.add(ev)
 
     # --- control channel -----------------------------------------------------------------------------
 
-    def _on_frame(self, conn: socket.socket, msg: dict[str, Any], ts: float) -> None:
-        member = self._conns.get(conn)
-        try:
-            if member is None:
-                self._on_first_frame(conn, msg)
-            else:
-                self._on_member_frame(member, msg, ts)
-        except (KeyError, TypeError, ValueError) as e:
-            # A malformed frame is the sender's problem; the coordinator carries on.
-            _send_raw(conn, {"t": "error", "reason": f"bad frame {msg.get('t')!r}: {e}"})
-        self._changed.set()
+    def _on_frame(self, conn: socket.socket, frame: wire.Frame | wire.BadFrame, ts: float) -> None:
+        member = self.roster.of(conn)
+        if isinstance(frame, wire.BadFrame):
+            send(conn, frame.error())  # the sender's problem: it hears why, the coordinator carries on
+        elif member is None:
+            send(conn, self._request(conn, frame))
+        else:
+            self._on_member_frame(member, frame, ts)
+        self.changes.notify()
 
-    def _on_first_frame(self, conn: socket.socket, msg: dict[str, Any]) -> None:
-        t = msg["t"]
-        if t == "hello":
-            agent_id = str(msg["agent_id"])
-            node = self._pending.pop(agent_id, None)
-            if node is None:
-                _send_raw(
-                    conn, {"t": "reject", "reason": f"{agent_id} is not a process of this job (or fenced)"}
+    def _request(self, conn: socket.socket, frame: wire.Frame) -> wire.Frame:
+        """A frame from a connection that is not (yet) a member: a hello or an operator's request."""
+        if isinstance(frame, wire.Hello):
+            m = self.roster.admit(conn, frame)
+            if m is None:
+                return wire.Reject(reason=f"{frame.agent_id} is not a process of this job (or fenced)")
+            return wire.Welcome()
+        if isinstance(frame, wire.Inject):
+            return self._injector.inject(frame)
+        if isinstance(frame, wire.Drain):
+            reply, ev = self._injector.drain(frame, self.state)
+            if ev is not None:
+                self.add_evidence(ev)
+            return reply
+        if isinstance(frame, wire.StatusRequest):
+            return self.status()
+        return wire.Error(code=wire.ErrorCode.UNKNOWN_FRAME, reason=f"unexpected request {frame.t!r}")
+
+    def _on_member_frame(self, m: Member, frame: wire.Frame, ts: float) -> None:
+        if isinstance(frame, wire.Step):  # measured before the member's own view moves on
+            self.progress.entered(m.slot, frame.k, m.completed)
+        m.observe(frame, time.monotonic(), ts)
+        match frame:
+            case wire.Step():
+                self._injector.on_step(m)
+            case wire.Ready(layout=layout) | wire.Joined(layout=layout):
+                self.roster.record_layout(m, layout)
+            case wire.Frozen(completed=step):
+                self.progress.completed(step)
+            case wire.Done(step=step):
+                self.progress.completed(step)
+                self._maybe_finished()
+            case wire.CheckpointSaved(step=step, path=path):
+                self.checkpoints.append((step, path))
+            case wire.UserError(step=step, traceback=tb):
+                self._fail(
+                    f"rank {m.slot} failed in the training script at step {step} (not a migration; "
+                    f"its traceback is above):\n{tb.rstrip()}",
+                    state=JobState.USER_ERROR,
                 )
-                return
-            m = Member(agent_id, str(msg["role"]), int(msg["slot"]), int(msg["pid"]), node, conn)
-            self.members[agent_id] = m
-            self._conns[conn] = m
-            m.send({"t": "welcome"})
-        elif t == "inject":
-            _send_raw(conn, self._inject(msg))
-        elif t == "drain":
-            _send_raw(conn, self._drain(msg))
-        elif t == "status":
-            _send_raw(conn, self.status())
-        else:
-            _send_raw(conn, {"t": "error", "reason": f"unknown request {t!r}"})
+            case wire.Hello() | wire.Inject() | wire.Drain() | wire.StatusRequest():
+                why = f"a member does not send {frame.t!r}"
+                m.send(wire.Error(code=wire.ErrorCode.UNKNOWN_FRAME, reason=why))
 
-    def _on_member_frame(self, m: Member, msg: dict[str, Any], ts: float) -> None:
-        now = time.monotonic()
-        m.last_heartbeat = now
-        t = msg["t"]
-        if t == "hb":
+    def _on_close(self, conn: socket.socket, reason: str, ts: float) -> None:
+        m = self.roster.closed(conn)
+        if m is None or not m.alive or (m.state is MemberState.DONE and self.state is JobState.FINISHED):
             return
-        if t == "step":
-            step = int(msg["k"])
-            # An independent count of what the outcome claims: a step entered again after any rank had
-            # completed it is recomputed work. Across ranks only completions before this generation count:
-            # within one, frames of different ranks may be read out of order.
-            if step <= self._settled or step <= m.completed:
-                self.recomputed.add(step)
-            m.step, m.step_at, m.step_wall, m.state = step, now, ts, "training"
-            m.completed, m.frozen_at = step - 1, None
-            self._high_water = max(self._high_water, m.completed)
-            self._fire_injections(m)
-        elif t == "coll":
-            m.collective_step, m.collective_at = int(msg["k"]), now
-        elif t == "ready":
-            m.state, m.completed = "ready", int(msg["completed"])
-        elif t == "frozen":
-            m.state, m.completed = "frozen", int(msg["completed"])
-            m.frozen_at = m.frozen_at or now
-        elif t == "joined":
-            m.state = "joined"
-            m.replies["joined"] = msg
-            m.collective_step = -1
-        elif t == "done":
-            m.state, m.completed, m.digest = "done", int(msg["step"]), str(msg["digest"])
-            self._maybe_finished()
-        elif t == "checkpoint":
-            self.checkpoints.append((int(msg["step"]), str(msg["path"])))
-        elif t == "user_error":
-            self._fail(
-                f"rank {m.slot} failed in the training script at step {msg.get('step')} (not a migration; "
-                f"its traceback is above):\n{msg.get('traceback', '').rstrip()}",
-                state="user_error",
-            )
-        elif t == "device_error":
-            m.replies["device_error"] = msg
-        else:
-            m.replies[t] = msg
-
-    def _on_close(self, conn: socket.socket, info: dict[str, Any], ts: float) -> None:
-        m = self._conns.pop(conn, None)
-        if m is None or not m.alive or (m.state == "done" and self.state == "finished"):
-            return
-        self._bg(self._lost(m, ts, info.get("reason", "")))
-        self._changed.set()
+        task = asyncio.ensure_future(self._lost(m, ts, reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.changes.notify()
 
     async def _lost(self, m: Member, observed: float, reason: str) -> None:
         """A member's connection closed: find out whether its process died, then report it."""
@@ -334,218 +257,61 @@ class Coordinator:
                 break
             await asyncio.sleep(0.005)
         code = self._launcher.poll(m.agent_id)
-        was_fenced = m.fenced
-        m.state = "lost"
-        self._changed.set()
-        if was_fenced or self.state != "training":
+        m.state = MemberState.LOST
+        self.changes.notify()
+        if m.fenced or self.state is not JobState.TRAINING:
             return
-        if m.slot < 0:  # a spare died: refill the pool, nothing to migrate
-            self.spawn("spare", -1)
+        if m.role is Role.SPARE:  # a spare died: refill the pool, nothing to migrate
+            self.spares.lost(m)
             return
-        if "device_error" in m.replies:
-            kind, detail = FailureKind.CUDA_ERROR, m.replies["device_error"].get("detail", "")
-        elif code is not None:
-            kind, detail = FailureKind.PROCESS_EXIT, f"rank {m.slot} ({m.agent_id}) {_signal_name(code)}"
-        else:
-            kind, detail = FailureKind.CONNECTION_LOST, f"rank {m.slot} connection lost: {reason}"
-        self.report(m, kind, detail, observed, code)
+        self.add_evidence(self._detector.lost(m, code, reason, observed))
 
     # --- detection -----------------------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        """Hang detection and process reaping, ten times a second."""
+        """Hang and stall detection and process reaping, ten times a second."""
         while True:
-            await asyncio.sleep(0.1)
-            now = time.monotonic()
+            await asyncio.sleep(WATCH_EVERY.total_seconds())
             self._reap()
-            if self.state != "training" or self.incident is not None:
+            if self.state is not JobState.TRAINING or self.incidents.current is not None:
                 continue
-            training = [m for m in self.ranks("training") if not m.fenced]
-            progress = [
-                Progress(m.slot, m.last_heartbeat, m.collective_step, m.collective_at) for m in training
-            ]
-            for hang in find_hung(progress, now, self.spec.hang_timeout):
-                m = self.member_at(hang.slot)
+            now = time.monotonic()
+            for ev in self._detector.hung(now):
+                m = self.roster.at(ev.slots[0])
                 if m is not None:
-                    self.report(m, FailureKind.HANG, f"rank {m.slot} hung: {hang.detail}", time.time(), None)
-            if self.incident is None:
-                self._check_stall(now)
-
-    def _check_stall(self, now: float) -> None:
-        """Ranks frozen with nobody lost: a collective failed or timed out with every rank alive.
-
-        Reported once every rank of the world is frozen (nobody died: a dead rank is never "frozen"), or
-        when some have been frozen past the hang timeout while the rest still heart-beat in a collective
-        of their own. A real loss or hang is detected well within that time and takes precedence.
-        """
-        ranks = self.ranks()
-        frozen = [m for m in ranks if m.state == "frozen" and m.frozen_at is not None]
-        if not frozen:
-            return
-        everyone = len(ranks) == self.world_size and len(frozen) == len(ranks)
-        waited = now - min(m.frozen_at for m in frozen if m.frozen_at is not None)
-        if not everyone and waited <= self.spec.hang_timeout + _STALL_MARGIN:
-            return
-        ev = Evidence(
-            kind=FailureKind.COLLECTIVE_TIMEOUT,
-            source=EventSource.COORDINATOR,
-            job_id=self.job_id,
-            failure_domain="collective",
-            slots=(),
-            detail=f"ranks {sorted(m.slot for m in frozen)} left a failed collective with every rank alive"
-            f" ({len(frozen)} of {self.world_size} frozen for {waited:.1f} s); re-forming the group in place",
-            observed_at=datetime.now(UTC) - timedelta(seconds=waited),
-        )
-        self.add_evidence(ev)
+                    m.fenced = True  # never report the same rank twice; confirm kills it
+                    self.add_evidence(ev)
+            stall = self._detector.stalled(now, self.world_size) if self.incidents.current is None else None
+            if stall is not None:
+                self.add_evidence(stall)
 
     def _reap(self) -> None:
         """A process that died before it ever connected (import error, bad arguments) fails the job."""
-        for agent_id in list(self._pending):
+        for agent_id in list(self.roster.pending):
             code = self._launcher.poll(agent_id)
             if code is not None:
-                del self._pending[agent_id]
+                del self.roster.pending[agent_id]
                 self._fail(
-                    f"{agent_id} exited ({_signal_name(code)}) before joining the job; see its output above"
+                    f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above"
                 )
 
-    def report(self, m: Member, kind: FailureKind, detail: str, observed: float, code: int | None) -> None:
-        """Turn a detection into evidence for the incident workflow (folded by workflow id)."""
-        ev = Evidence(
-            kind=kind,
-            source=EventSource.COORDINATOR,
-            job_id=self.job_id,
-            failure_domain=m.node,
-            slots=(m.slot,),
-            detail=detail,
-            observed_at=datetime.fromtimestamp(observed, UTC),
-            exit_code=code,
-        )
-        m.fenced = m.fenced or kind == FailureKind.HANG  # never report the same rank twice
-        self.add_evidence(ev)
-
-    def add_evidence(self, ev: Evidence) -> None:
-        inc = self.incident
-        if inc is None:
-            inc = self.incident = Incident(
-                incident_workflow_id(self.job_id, ev.failure_domain, self.generation)
-            )
-        elif inc.past_freeze:
-            # The world of this incident is already decided: the next incident takes it.
-            self._queued.append(ev)
-            return
-        inc.evidence.append(ev)
-        inc.lost.update(ev.slots)
-        report = FailureReport(
-            evidence=ev,
-            job_task_queue=job_task_queue(self.job_id),
-            generation=self.generation,
-            contract=self.spec.contract,
-        )
-        self._bg(self._reporter(inc.workflow_id, report))
-
-    def _replaced(self, slots: tuple[int, ...]) -> bool:
-        """A queued loss was already repaired (say by a fallback restart): a healthy rank holds its slot."""
-        return any((m := self.member_at(s)) is not None and not m.fenced for s in slots)
-
-    def end_incident(self, outcome: MigrationOutcome) -> None:
-        """The incident's workflow is done with the job; detection resumes, queued failures go next."""
-        if all(o.incident_id != outcome.incident_id for o in self.incidents):
-            self.incidents.append(outcome)
-            with (self.job_dir / "incidents.jsonl").open("a") as f:
-                f.write(outcome.model_dump_json() + "\n")
-        self.incident = None
-        queued, self._queued = self._queued, []
-        for ev in queued:
-            if not self._replaced(ev.slots):
-                self.add_evidence(ev)
-
     def _maybe_finished(self) -> None:
-        ranks = self.ranks()
-        if len(ranks) == self.world_size and all(m.state == "done" for m in ranks):
-            self.state = "finished"
-            if not self._done.done():
-                self._done.set_result(None)
+        ranks = self.roster.ranks()
+        if len(ranks) == self.world_size and all(m.state is MemberState.DONE for m in ranks):
+            self._fail(None, JobState.FINISHED)
 
-    # --- failure injection (tests, demos, chaos) -------------------------------------------------------
-
-    def _inject(self, msg: dict[str, Any]) -> dict[str, Any]:
-        action, slot = msg.get("action"), msg.get("slot")
-        if action not in ("kill", "hang", "pause"):
-            return {"t": "error", "reason": f"unknown injection {action!r}: use kill, hang or pause"}
-        seconds = msg.get("seconds", 5.0)
-        if action == "pause" and not (isinstance(seconds, int | float) and 0 < seconds <= 3600):
-            return {"t": "error", "reason": f"pause needs 0 < seconds <= 3600, not {seconds!r}"}
-        if not isinstance(slot, int) or not 0 <= slot < self.world_size:
-            return {
-                "t": "error",
-                "reason": f"job {self.job_id} has ranks 0-{self.world_size - 1}, not {slot!r}",
-            }
-        after = msg.get("after_step")
-        self._injections.append({"action": action, "slot": slot, "after_step": after, "seconds": seconds})
-        m = self.member_at(slot)
-        if m is not None:
-            self._fire_injections(m)
-        return {"t": "ok", "action": action, "slot": slot, "after_step": after}
-
-    def _drain(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """A planned migration (node cordon or drain, security patch, rising temperature): the rank's
-        slot moves to a spare while the rank is still healthy; it is fenced only once every rank froze."""
-        slot = msg.get("slot")
-        m = self.member_at(slot) if isinstance(slot, int) else None
-        if m is None or m.role != "rank":
-            return {
-                "t": "error",
-                "reason": f"job {self.job_id} has ranks 0-{self.world_size - 1}, not {slot!r}",
-            }
-        if self.state != "training":
-            return {"t": "error", "reason": f"job {self.job_id} is {self.state}, not training"}
-        reason = str(msg.get("reason") or "operator request")[:500]
-        kind = FailureKind.NODE_CORDON if msg.get("kind") == "cordon" else FailureKind.NODE_DRAIN
-        self.add_evidence(
-            Evidence(
-                kind=kind,
-                source=EventSource.OPERATOR,
-                job_id=self.job_id,
-                failure_domain=m.node,
-                slots=(m.slot,),
-                detail=f"planned migration of rank {m.slot} off {m.node}: {reason}",
-                observed_at=datetime.now(UTC),
-            )
+    def status(self) -> wire.Status:
+        inc = self.incidents.current
+        ranks = tuple(
+            wire.RankStatus(slot=m.slot, agent=m.agent_id, state=m.state.value, step=m.step)
+            for m in self.roster.ranks()
         )
-        return {"t": "ok", "slot": m.slot, "node": m.node}
-
-    def _fire_injections(self, m: Member) -> None:
-        for inj in list(self._injections):
-            if inj["slot"] == m.slot and (inj["after_step"] is None or m.step >= inj["after_step"]):
-                self._injections.remove(inj)
-                if inj["action"] == "kill":
-                    self._launcher.kill(m.agent_id)
-                else:
-                    self._launcher.suspend(m.agent_id)
-                if inj["action"] == "pause":  # a stall that ends: the rank resumes on its own
-                    loop = asyncio.get_running_loop()
-                    loop.call_later(float(inj["seconds"]), self._launcher.resume, m.agent_id)
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "t": "status",
-            "job_id": self.job_id,
-            "state": self.state,
-            "generation": self.generation,
-            "world_size": self.world_size,
-            "ranks": [
-                {"slot": m.slot, "agent": m.agent_id, "state": m.state, "step": m.step} for m in self.ranks()
-            ],
-            "spares": len(self.spares()),
-            "incident": self.incident.workflow_id if self.incident else None,
-        }
-
-    def _bg(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-
-def _send_raw(conn: socket.socket, msg: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # the peer already hung up: nothing to tell it
-        protocol.send_frame(conn, msg)
+        return wire.Status(
+            job_id=self.job_id,
+            state=self.state.value,
+            generation=self._generation,
+            world_size=self.world_size,
+            ranks=ranks,
+            spares=len(self.spares.ready()),
+            incident=inc.workflow_id if inc else None,
+        )

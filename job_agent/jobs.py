@@ -5,10 +5,27 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from job_agent import protocol
+from job_agent import protocol, wire
+
+
+def register_job(job_dir: Path, secret: bytes, coordinator: str, world_size: int) -> None:
+    """Where `torchpass inject` and `torchpass jobs` find a job (the secret file is 0600)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(job_dir / "secret", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret.hex())
+    info = {
+        "job_id": job_dir.name,
+        "coordinator": coordinator,
+        "pid": os.getpid(),
+        "world_size": world_size,
+        "started_at": datetime.now(UTC).isoformat(),
+    }
+    (job_dir / "job.json").write_text(json.dumps(info, indent=2))
 
 
 class UnknownJob(Exception):
@@ -29,7 +46,12 @@ def running_jobs(state_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def request(state_dir: Path, job_id: str, msg: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+REQUEST_TIMEOUT = timedelta(seconds=10)
+
+
+def request(
+    state_dir: Path, job_id: str, frame: wire.Frame, timeout: timedelta = REQUEST_TIMEOUT
+) -> wire.Frame:
     """One authenticated request to a job's coordinator; its reply."""
     jobs = {j["job_id"]: j for j in running_jobs(state_dir)}
     info = jobs.get(job_id)
@@ -40,25 +62,27 @@ def request(state_dir: Path, job_id: str, msg: dict[str, Any], timeout: float = 
     host, _, port = info["coordinator"].rpartition(":")
     sock = protocol.connect(host, int(port), secret, timeout)
     with sock:
-        sock.settimeout(timeout)
-        protocol.send_frame(sock, msg)
+        sock.settimeout(timeout.total_seconds())
+        protocol.send_frame(sock, frame)
         return protocol.recv_frame(sock)
 
 
-def wait_until_ready(state_dir: Path, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+def wait_until_ready(
+    state_dir: Path, job_id: str, timeout: timedelta = timedelta(seconds=120)
+) -> wire.Status:
     """Block until the job is training with a warm spare (what validation checks); its status.
 
     For scripts, demos and tests that opt a job in right after launching it.
     """
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout.total_seconds()
+    last: wire.Frame | None = None
     while time.monotonic() < deadline:
         try:
-            last = request(state_dir, job_id, {"t": "status"})
+            last = request(state_dir, job_id, wire.StatusRequest())
         except (UnknownJob, OSError, protocol.ProtocolError):
             pass  # not registered yet, or between two accepts
         else:
-            if last.get("state") == "training" and last.get("spares", 0) >= 1:
+            if isinstance(last, wire.Status) and last.state == "training" and last.spares >= 1:
                 return last
         time.sleep(0.1)
-    raise TimeoutError(f"job {job_id} not training with a warm spare after {timeout:.0f} s: {last}")
+    raise TimeoutError(f"job {job_id} not training with a warm spare after {timeout}: {last}")

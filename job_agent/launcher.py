@@ -10,6 +10,39 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
+
+from torchpass.job import JobSpec
+
+
+def agent_env(
+    spec: JobSpec,
+    agent_id: str,
+    role: str,
+    slot: int,
+    coordinator: str,
+    store: str,
+    restore: str | None = None,
+) -> dict[str, str]:
+    """The TORCHPASS_* variables a rank or spare reads its `AgentSettings` from."""
+    env = {
+        "TORCHPASS_JOB_ID": spec.job_id,
+        "TORCHPASS_AGENT_ID": agent_id,
+        "TORCHPASS_ROLE": role,
+        "TORCHPASS_SLOT": str(slot),
+        "TORCHPASS_WORLD_SIZE": str(spec.nproc),
+        "TORCHPASS_COORDINATOR": coordinator,
+        "TORCHPASS_STORE": store,
+        "TORCHPASS_SECRET_FILE": str(spec.job_dir / "secret"),
+        "TORCHPASS_CHECKPOINT_DIR": str(spec.job_dir / "checkpoints"),
+        "TORCHPASS_CHECKPOINT_EVERY": str(spec.checkpoint_every),
+        "TORCHPASS_SEED": str(spec.seed),
+        "TORCHPASS_THREADS": str(spec.threads),
+        "TORCHPASS_COLLECTIVE_TIMEOUT": str(spec.collective_timeout),
+    }
+    if restore:
+        env["TORCHPASS_RESTORE"] = restore
+    return env
 
 
 class Launcher(abc.ABC):
@@ -39,7 +72,7 @@ class Launcher(abc.ABC):
     def pid(self, agent_id: str) -> int | None: ...
 
     @abc.abstractmethod
-    def shutdown(self, timeout: float) -> None:
+    def shutdown(self, timeout: timedelta) -> None:
         """Stop every process still running, waiting at most `timeout` seconds before killing."""
 
 
@@ -79,14 +112,14 @@ class LocalLauncher(Launcher):
         proc = self._procs.get(agent_id)
         return None if proc is None else proc.pid
 
-    def shutdown(self, timeout: float) -> None:
+    def shutdown(self, timeout: timedelta) -> None:
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.terminate()
                 proc.send_signal(signal.SIGCONT)  # a suspended process acts on SIGTERM only once resumed
         for proc in self._procs.values():
             try:
-                proc.wait(timeout)
+                proc.wait(timeout.total_seconds())
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)

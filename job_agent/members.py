@@ -1,105 +1,131 @@
-"""The coordinator's view of one process of the job, and the control-channel server feeding it."""
+"""The coordinator's view of the job's processes: each member from its hello to its loss, and the roster.
+
+Every field is what a process said of itself over the control channel (or what the coordinator saw of
+its connection); nothing here is assumed.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import socket
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
 
-from job_agent import protocol
+from job_agent import wire
+from job_agent.channel import send
+from job_agent.wire import Role
+
+
+class MemberState(StrEnum):
+    CONNECTED = "connected"  # said hello, still building its model
+    READY = "ready"  # model built: a rank waits for its world, a spare for a slot
+    JOINING = "joining"  # told to form the next generation of the world
+    JOINED = "joined"  # in the new world, not yet stepping
+    TRAINING = "training"
+    FROZEN = "frozen"  # left a failed collective (or was asked to stop) at a step boundary
+    DONE = "done"  # finished every step
+    LOST = "lost"  # its connection closed: dead, fenced or gone
 
 
 @dataclass
 class Member:
-    """A rank or spare process, from its hello to its exit."""
+    """A rank or spare process. Monotonic times are the coordinator's; `step_wall` is wall-clock."""
 
     agent_id: str
-    role: str  # "rank" | "spare"
+    role: Role
     slot: int
     pid: int
     node: str
     conn: socket.socket | None = None
-    state: str = "connected"  # connected, ready, training, frozen, done, lost
+    state: MemberState = MemberState.CONNECTED
     last_heartbeat: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)  # its last step or collective entry
     step: int = -1
-    step_at: float = 0.0
     step_wall: float = 0.0
     collective_step: int = -1
     collective_at: float = 0.0
     completed: int = -1
-    frozen_at: float | None = None  # monotonic time of its last "frozen" report while training
+    frozen_at: float | None = None  # when it reported "frozen" while the job was training
     fenced: bool = False
     reserved_for: str | None = None
-    replies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    layout: wire.ShardLayout | None = None
     digest: str | None = None
+    # The latest answer of each kind to a recovery command (serving, served, received, ...).
+    replies: dict[str, wire.Frame] = field(default_factory=dict)
+    bytes_moved: int = 0  # state bytes a transfer has streamed so far, as the donor reports them
 
     @property
     def alive(self) -> bool:
-        return self.state not in ("lost", "exited")
+        return self.state is not MemberState.LOST
 
-    def send(self, msg: dict[str, Any]) -> None:
-        if self.conn is None:
-            return
-        # The reader thread reports the loss; a send to a dying process is not an error here.
-        with contextlib.suppress(OSError):
-            protocol.send_frame(self.conn, msg)
+    def send(self, frame: wire.Frame) -> None:
+        if self.conn is not None:
+            send(self.conn, frame)
+
+    def observe(self, frame: wire.Frame, now: float, wall: float) -> None:
+        """What a frame from this process says about it (any frame is a sign of life)."""
+        self.last_heartbeat = now
+        match frame:
+            case wire.Step(k=k):
+                self.step, self.last_progress, self.step_wall, self.state = k, now, wall, MemberState.TRAINING
+                self.completed, self.frozen_at = k - 1, None
+            case wire.Collective(k=k):
+                self.collective_step, self.collective_at, self.last_progress = k, now, now
+            case wire.Ready(completed=c):
+                self.state, self.completed = MemberState.READY, c
+            case wire.Frozen(completed=c):
+                self.state, self.completed = MemberState.FROZEN, c
+                self.frozen_at = self.frozen_at or now
+            case wire.Joined():
+                self.state, self.collective_step = MemberState.JOINED, -1
+                self.replies["joined"] = frame
+            case wire.Done(step=step, digest=digest):
+                self.state, self.completed, self.digest = MemberState.DONE, step, digest
+            case wire.TransferProgress(bytes=n):
+                self.bytes_moved = n
+            case (
+                wire.DeviceError() | wire.Serving() | wire.Served() | wire.Received() | wire.TransferFailed()
+            ):
+                self.replies[frame.t] = frame
 
 
-Handler = Callable[[socket.socket, dict[str, Any], float], None]
+class Roster:
+    """Every process of the job: launched and not yet connected (`pending`), and connected (`members`)."""
 
+    def __init__(self) -> None:
+        self.members: dict[str, Member] = {}
+        self.pending: dict[str, str] = {}  # agent_id -> node, launched but not yet connected
+        self._by_conn: dict[socket.socket, Member] = {}
+        self.shards: dict[int, str] = {}  # slot -> shard its rank last reported holding
 
-class ControlServer:
-    """Accepts authenticated connections; each runs a reader thread that hands frames to the event loop.
+    def admit(self, conn: socket.socket, hello: wire.Hello) -> Member | None:
+        """The member a hello announces, or None when no such process was launched (or it was fenced)."""
+        node = self.pending.pop(hello.agent_id, None)
+        if node is None:
+            return None
+        m = Member(hello.agent_id, hello.role, hello.slot, hello.pid, node, conn)
+        self.members[m.agent_id] = m
+        self._by_conn[conn] = m
+        return m
 
-    Threads only read and forward: every state change happens on the coordinator's event loop, so the
-    coordinator has one writer and needs no locks.
-    """
+    def of(self, conn: socket.socket) -> Member | None:
+        return self._by_conn.get(conn)
 
-    def __init__(self, secret: bytes, loop: asyncio.AbstractEventLoop, on_frame: Handler, on_close: Handler):
-        self._secret = secret
-        self._loop = loop
-        self._on_frame = on_frame
-        self._on_close = on_close
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept_loop, name="torchpass-accept", daemon=True).start()
+    def closed(self, conn: socket.socket) -> Member | None:
+        return self._by_conn.pop(conn, None)
 
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def ranks(self, *states: MemberState) -> list[Member]:
+        """Live members holding a slot (optionally in given states), by slot."""
+        out = [
+            m for m in self.members.values() if m.slot >= 0 and m.alive and (not states or m.state in states)
+        ]
+        return sorted(out, key=lambda m: m.slot)
 
-    def _serve(self, conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            conn.settimeout(10.0)
-            protocol.authenticate_server(conn, self._secret)
-            conn.settimeout(None)
-        except (OSError, ConnectionError, protocol.ProtocolError) as e:
-            # A peer without the job's secret: refused before it can say anything.
-            self._loop.call_soon_threadsafe(
-                self._on_close, conn, {"t": "refused", "reason": str(e)}, time.time()
-            )
-            conn.close()
-            return
-        reason = "closed"
-        try:
-            while True:
-                msg = protocol.recv_frame(conn)
-                self._loop.call_soon_threadsafe(self._on_frame, conn, msg, time.time())
-        except (OSError, ConnectionError, protocol.ProtocolError) as e:
-            reason = str(e) or type(e).__name__
-        self._loop.call_soon_threadsafe(self._on_close, conn, {"t": "closed", "reason": reason}, time.time())
+    def at(self, slot: int) -> Member | None:
+        return next((m for m in self.ranks() if m.slot == slot), None)
 
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
+    def record_layout(self, m: Member, layout: wire.ShardLayout | None) -> None:
+        if layout is not None:
+            m.layout = layout
+            if m.slot >= 0:
+                self.shards[m.slot] = layout.shard

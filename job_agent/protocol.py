@@ -1,19 +1,21 @@
-"""The authenticated wire protocol between coordinator, ranks, spares and state-transfer peers.
+"""The authenticated transport between coordinator, ranks, spares and state-transfer peers.
 
-Frames are a 4-byte big-endian length and a JSON object. A connection starts with a mutual HMAC-SHA256
-challenge: each side proves it holds the job's secret without sending it, so a stray process, another
-job's rank or a port scanner is refused before it can send a command or read a byte of model state.
+Frames are a 4-byte big-endian length and a JSON object, one of the models in `job_agent.wire`. A
+connection starts with a mutual HMAC-SHA256 challenge: each side proves it holds the job's secret without
+sending it, so a stray process, another job's rank or a port scanner is refused before it can send a
+command or read a byte of model state.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import socket
 import struct
-from typing import Any
+from datetime import timedelta
+
+from job_agent import wire
 
 _LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 2**20
@@ -22,15 +24,15 @@ _MAC_BYTES = 32
 
 
 class ProtocolError(Exception):
-    """The peer broke the protocol: bad frame, bad JSON, oversized message."""
+    """The peer broke the protocol: a malformed or unknown frame, an oversized message."""
 
 
 class AuthError(ProtocolError):
     """The peer does not hold the job's secret."""
 
 
-def send_frame(sock: socket.socket, msg: dict[str, Any]) -> None:
-    body = json.dumps(msg, separators=(",", ":")).encode()
+def send_frame(sock: socket.socket, frame: wire.Frame) -> None:
+    body = wire.encode(frame)
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
@@ -46,17 +48,19 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any]:
+def recv_body(sock: socket.socket) -> bytes:
+    """One frame's bytes, not yet decoded (the coordinator answers a bad one instead of hanging up)."""
     (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
     if n > MAX_FRAME:
         raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
+    return recv_exact(sock, n)
+
+
+def recv_frame(sock: socket.socket) -> wire.Frame:
     try:
-        msg = json.loads(recv_exact(sock, n))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"frame is not JSON: {e}") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
-        raise ProtocolError("frame is not an object with a string 't' field")
-    return msg
+        return wire.decode(recv_body(sock))
+    except wire.BadFrame as e:
+        raise ProtocolError(str(e)) from None
 
 
 def _mac(secret: bytes, label: bytes, *nonces: bytes) -> bytes:
@@ -84,9 +88,9 @@ def authenticate_server(sock: socket.socket, secret: bytes) -> None:
     sock.sendall(_mac(secret, b"server", client_nonce, server_nonce))
 
 
-def connect(host: str, port: int, secret: bytes, timeout: float) -> socket.socket:
-    """Open an authenticated connection; the returned socket is blocking with no timeout."""
-    sock = socket.create_connection((host, port), timeout=timeout)
+def connect(host: str, port: int, secret: bytes, timeout: timedelta) -> socket.socket:
+    """Open an authenticated connection within `timeout`; the returned socket blocks with no timeout."""
+    sock = socket.create_connection((host, port), timeout=timeout.total_seconds())
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         authenticate_client(sock, secret)

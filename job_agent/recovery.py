@@ -20,6 +20,7 @@ class Progress:
 class Hang:
     slot: int
     detail: str
+    silent: bool  # no heartbeat at all (stopped process), rather than absent from a collective
 
 
 def find_hung(ranks: list[Progress], now: float, timeout: float) -> list[Hang]:
@@ -29,7 +30,7 @@ def find_hung(ranks: list[Progress], now: float, timeout: float) -> list[Hang]:
     device kernel still heart-beats but never enters the collective every peer has been waiting in.
     """
     hung = [
-        Hang(r.slot, f"no heartbeat for {now - r.last_heartbeat:.1f} s")
+        Hang(r.slot, f"no heartbeat for {now - r.last_heartbeat:.1f} s", silent=True)
         for r in ranks
         if now - r.last_heartbeat > timeout
     ]
@@ -47,6 +48,7 @@ def find_hung(ranks: list[Progress], now: float, timeout: float) -> list[Hang]:
         Hang(
             r.slot,
             f"peers have waited {waited:.1f} s in the collective of step {front}; this rank never came",
+            silent=False,
         )
         for r in behind
     ]

@@ -11,11 +11,14 @@ import ctypes
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+from job_agent import wire
 
 _TENSOR = "__tensor__"
 _MAP = "__map__"
@@ -80,15 +83,16 @@ class Snapshot:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
-    def manifest(self) -> list[dict[str, Any]]:
+    def manifest(self) -> list[wire.TensorEntry]:
         return [
-            {"path": p, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            wire.TensorEntry(path=p, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
             for p, t in self.tensors
         ]
 
     def header_bytes(self) -> bytes:
+        manifest = [e.model_dump() for e in self.manifest()]
         return json.dumps(
-            {"header": self.header, "manifest": self.manifest()}, sort_keys=True, separators=(",", ":")
+            {"header": self.header, "manifest": manifest}, sort_keys=True, separators=(",", ":")
         ).encode()
 
     def digest(self) -> str:
@@ -129,21 +133,42 @@ class TrackedState:
         }
         return Snapshot(header, tensors)
 
-    def receive_targets(self, manifest: list[dict[str, Any]]) -> list[torch.Tensor]:
+    def receive_targets(self, manifest: Sequence[wire.TensorEntry]) -> list[torch.Tensor]:
         """Tensors to receive into, in manifest order: our own where they match, new ones otherwise."""
         own = dict(self.snapshot(-1).tensors)
         targets = []
         for entry in manifest:
-            dtype = getattr(torch, entry["dtype"], None)
+            dtype = getattr(torch, entry.dtype, None)
             if not isinstance(dtype, torch.dtype):
-                raise StateMismatch(f"unknown dtype {entry['dtype']!r} at {entry['path']}")
-            mine = own.get(entry["path"])
-            if mine is not None and mine.dtype == dtype and list(mine.shape) == entry["shape"]:
+                raise StateMismatch(f"unknown dtype {entry.dtype!r} at {entry.path}")
+            mine = own.get(entry.path)
+            if mine is not None and mine.dtype == dtype and tuple(mine.shape) == entry.shape:
                 targets.append(mine)
             else:
                 device = mine.device if mine is not None else torch.device("cpu")
-                targets.append(torch.empty(entry["shape"], dtype=dtype, device=device))
+                targets.append(torch.empty(entry.shape, dtype=dtype, device=device))
         return targets
+
+    def layout(self) -> wire.ShardLayout:
+        """Which shard of the model this rank holds, from its own parameters: the names, dtypes and shapes
+        of every entry of the model's state, and for a DTensor its placements and this rank's coordinate
+        on the sharded mesh dimensions. Ranks that hold the same shard are replicas of each other."""
+        # No DTensor can exist unless the script imported its module (importing it here costs ~1 s).
+        dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        entries: list[list[Any]] = []
+        sharded = False
+        for name, t in self.model.state_dict().items():
+            if not isinstance(t, torch.Tensor):
+                continue
+            entry: list[Any] = [name, str(t.dtype), list(t.shape)]
+            if dtensor is not None and isinstance(t, dtensor):
+                coord = t.device_mesh.get_coordinate() or []
+                shard_dims = [i for i, p in enumerate(t.placements) if p.is_shard()]
+                sharded = sharded or bool(shard_dims)
+                entry += [str(t.placements), [coord[i] for i in shard_dims if i < len(coord)]]
+            entries.append(entry)
+        key = hashlib.sha256(json.dumps(entries, separators=(",", ":")).encode()).hexdigest()[:16]
+        return wire.ShardLayout(shard=key, parallelism="sharded" if sharded else "data_parallel")
 
     def load(self, header: dict[str, Any], tensors: Mapping[str, torch.Tensor]) -> int:
         """Install a received or restored state; returns its step."""

@@ -14,11 +14,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 
+from job_agent import wire
 from job_agent.protocol import AuthError, ProtocolError, authenticate_server, connect, recv_frame, send_frame
-from job_agent.state import Snapshot, TrackedState, byte_view
+from job_agent.state import Snapshot, StateMismatch, TrackedState, byte_view
 
 _SOCK_BUF = 8 * 2**20
 _CHUNK = 4 * 2**20
@@ -30,10 +32,14 @@ class TransferError(Exception):
 
 @dataclass(frozen=True)
 class TransferStats:
-    digest: str
+    digest: str  # over the bytes as they arrived (and the header), equal to the donor's when intact
     nbytes: int
     seconds: float
     step: int
+
+
+Progress = Callable[[int], None]
+"""Called with the bytes streamed so far."""
 
 
 class _Hasher:
@@ -72,17 +78,18 @@ class StateServer:
         _tune(self._listener)
         self.port: int = self._listener.getsockname()[1]
         self.stream_seconds = 0.0  # bytes on the wire only: no snapshot, no waiting for the digest
+        self.bytes_sent = 0
 
-    def serve(self, snap: Snapshot, receivers: int, timeout: float, on_progress: Callable[[], None]) -> str:
+    def serve(self, snap: Snapshot, receivers: int, timeout: timedelta, on_progress: Progress) -> str:
         """Send `snap` to `receivers` authenticated peers; returns the donor's digest."""
         digest: str | None = None
-        self._listener.settimeout(timeout)
+        self._listener.settimeout(timeout.total_seconds())
         try:
             served = 0
             while served < receivers:
                 conn, _addr = self._listener.accept()
                 with conn:
-                    conn.settimeout(timeout)
+                    conn.settimeout(timeout.total_seconds())
                     _tune(conn)
                     try:
                         authenticate_server(conn, self._secret)
@@ -96,10 +103,8 @@ class StateServer:
             self._listener.close()
         return digest or snap.digest()
 
-    def _send(
-        self, conn: socket.socket, snap: Snapshot, digest: str | None, on_progress: Callable[[], None]
-    ) -> str:
-        send_frame(conn, {"t": "state", "header": snap.header, "manifest": snap.manifest()})
+    def _send(self, conn: socket.socket, snap: Snapshot, digest: str | None, on_progress: Progress) -> str:
+        send_frame(conn, wire.StateHeader(header=snap.header, manifest=snap.manifest()))
         # Hash while sending, once: the snapshot is frozen for every receiver.
         hasher = _Hasher(snap.header_bytes()) if digest is None else None
         t0 = time.perf_counter()
@@ -107,14 +112,15 @@ class StateServer:
             if hasher is not None:
                 hasher.feed(chunk)
             conn.sendall(chunk)
-            on_progress()
+            self.bytes_sent += len(chunk)
+            on_progress(self.bytes_sent)
         self.stream_seconds += time.perf_counter() - t0
         if hasher is not None:
             digest = hasher.hexdigest()
-        send_frame(conn, {"t": "end", "digest": digest})
-        if recv_frame(conn).get("t") != "ok":
-            raise TransferError("receiver did not confirm the state")
         assert digest is not None
+        send_frame(conn, wire.StateEnd(digest=digest))
+        if not isinstance(recv_frame(conn), wire.StateAck):
+            raise TransferError("receiver did not confirm the state")
         return digest
 
 
@@ -133,8 +139,8 @@ def receive_state(
     host: str,
     port: int,
     secret: bytes,
-    timeout: float,
-    on_progress: Callable[[], None] = lambda: None,
+    timeout: timedelta,
+    on_progress: Progress = lambda n: None,
 ) -> TransferStats:
     """Receive a donor's state into `tracked`, verify its digest and install it."""
     t0 = time.perf_counter()
@@ -143,30 +149,37 @@ def receive_state(
     except (OSError, ProtocolError) as e:
         raise TransferError(f"cannot reach donor at {host}:{port}: {e}") from e
     with sock:
-        sock.settimeout(timeout)
+        sock.settimeout(timeout.total_seconds())
         _tune(sock)
         try:
             first = recv_frame(sock)
-            header, manifest = first["header"], first["manifest"]
+            if not isinstance(first, wire.StateHeader):
+                raise ProtocolError(f"expected the state header, got {first.t!r}")
+            header, manifest = first.header, first.manifest
             targets = tracked.receive_targets(manifest)
-            snap = Snapshot(header, [(e["path"], t) for e, t in zip(manifest, targets, strict=True)])
+            snap = Snapshot(header, [(e.path, t) for e, t in zip(manifest, targets, strict=True)])
             hasher = _Hasher(snap.header_bytes())
             staged = _receive_tensors(sock, targets, hasher, on_progress)
             digest = hasher.hexdigest()
             end = recv_frame(sock)
-        except (OSError, ConnectionError, ProtocolError, KeyError) as e:
+        except (OSError, ConnectionError, ProtocolError, StateMismatch) as e:
             raise TransferError(f"receiving state failed: {e}") from e
-        if end.get("digest") != digest:
-            raise TransferError(f"digest mismatch: donor {end.get('digest')}, received {digest}")
-        step = tracked.load(header, {e["path"]: t for e, t in zip(manifest, staged, strict=True)})
-        send_frame(sock, {"t": "ok"})
+        if not isinstance(end, wire.StateEnd) or end.digest != digest:
+            donor = end.digest if isinstance(end, wire.StateEnd) else f"no digest ({end.t})"
+            raise TransferError(f"digest mismatch: donor {donor}, received {digest}")
+        try:
+            step = tracked.load(header, {e.path: t for e, t in zip(manifest, staged, strict=True)})
+        except StateMismatch as e:
+            raise TransferError(str(e)) from e
+        send_frame(sock, wire.StateAck())
     return TransferStats(digest=digest, nbytes=snap.nbytes, seconds=time.perf_counter() - t0, step=step)
 
 
 def _receive_tensors(
-    sock: socket.socket, targets: Iterable[torch.Tensor], hasher: _Hasher, on_progress: Callable[[], None]
+    sock: socket.socket, targets: Iterable[torch.Tensor], hasher: _Hasher, on_progress: Progress
 ) -> list[torch.Tensor]:
     out = []
+    got = 0
     for t in targets:
         # CPU tensors are filled in place; device tensors through a host buffer, copied up after.
         host = t if t.device.type == "cpu" and t.is_contiguous() else torch.empty_like(t, device="cpu")
@@ -176,5 +189,6 @@ def _receive_tensors(
         if host is not t:
             t.copy_(host)
         out.append(t)
-        on_progress()
+        got += len(view)
+        on_progress(got)
     return out

@@ -4,7 +4,8 @@ A pure function, no Temporal and no I/O, so that every example in the brief's qu
 tables is one unit test. The rules, first match wins:
 
 1. any shared-infrastructure evidence (fabric outage, filesystem, host memory) -> disqualifying;
-2. lost slots reach the parallelism redundancy (no healthy replica left to rebuild from) -> unable to recover;
+2. some shard has lost every rank holding it (no healthy replica left to rebuild from), from the shards the
+   ranks reported (or, without them, lost slots reaching the redundancy) -> unable to recover;
 3. a failure (not a planned drain) of node 0, i.e. slot 0, under Slurm -> unable to recover;
 4. no spare available -> unable to recover;
 5. silent data corruption -> unable to recover;
@@ -108,14 +109,16 @@ def classify(inp: ClassifyInput) -> Classification:
     kind = primary_kind(inp.evidence)
     category = CATEGORY_OF[kind]
     if category is Category.SHARED_INFRASTRUCTURE:
-        return _disqualified(category, f"{_kinds(inp.evidence, category)} affects more than this job")
+        c = _disqualified(category, f"{_kinds(inp.evidence, category)} affects more than this job")
+        return c.model_copy(update={"kind": kind})
     for reason in _unable_reasons(inp):
-        return unable_to_recover(reason)
+        return unable_to_recover(reason).model_copy(update={"kind": kind})
     return Classification(
         category=category,
         qualifying=True,
         reason=f"{ROW_TITLE[category]} (qualifying): {_kinds(inp.evidence, category)}"
         f" on {_domains(inp.evidence)}",
+        kind=kind,
     )
 
 
@@ -124,10 +127,27 @@ def unable_to_recover(reason: str) -> Classification:
     return _disqualified(Category.UNABLE_TO_RECOVER, reason)
 
 
+def unclassified(error: str) -> Classification:
+    """The classification step failed: qualifying, with why. Reads no table, so a workflow may call it."""
+    return Classification(
+        category=Category.UNCLASSIFIED,
+        qualifying=True,
+        reason=f"not classified ({error}); counted as qualifying: torchpass's own failure never "
+        "disqualifies a customer's failure",
+    )
+
+
 def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
     lost = set(inp.lost_slots)
     # With no lost slot (a planned move) the leaving rank is its own donor: redundancy does not matter.
-    if lost and len(lost) >= inp.redundancy:
+    if lost and inp.shard_of:
+        orphaned = sorted({s for s in inp.shard_of.values() if _holders(inp, s) <= lost})
+        if orphaned:
+            yield (
+                f"failures exceeding parallelism redundancy: slot(s) {sorted(lost)} held every replica of "
+                f"shard(s) {', '.join(orphaned)}, no healthy replica left"
+            )
+    elif lost and len(lost) >= inp.redundancy:
         yield (
             f"failures exceeding parallelism redundancy: {len(lost)} slot(s) lost"
             f" {sorted(lost)} with redundancy {inp.redundancy}, no healthy replica left"
@@ -139,6 +159,10 @@ def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
         yield NO_SPARE_REASON
     if any(e.kind is K.SILENT_DATA_CORRUPTION for e in inp.evidence):
         yield "silent data corruption: no replica's state can be trusted to rebuild from"
+
+
+def _holders(inp: ClassifyInput, shard: str) -> set[int]:
+    return {slot for slot, s in inp.shard_of.items() if s == shard}
 
 
 def _slurm_node0(inp: ClassifyInput) -> bool:

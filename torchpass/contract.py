@@ -33,7 +33,8 @@ from torchpass.contract_models import (
 )
 from torchpass.credit import CreditNotice, Money, credit_idempotency_key
 from torchpass.errors import ErrorType
-from torchpass.models import Category, Disposition, MigrationOutcome
+from torchpass.models import Category, Disposition
+from torchpass.outcome import MigrationOutcome
 
 TARGET_RATE = Fraction(9, 10)
 CREDIT_SHARE = Decimal("0.25")

@@ -45,7 +45,7 @@ from torchpass.contract_models import (
 )
 from torchpass.credit import CreditDelivery
 from torchpass.errors import ErrorType
-from torchpass.models import MigrationOutcome
+from torchpass.outcome import MigrationOutcome
 from torchpass.validation import ValidationReport
 
 

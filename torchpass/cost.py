@@ -26,7 +26,8 @@ from pydantic import Field, PositiveInt
 
 from torchpass.contract_models import EntryStatus, LedgerRow
 from torchpass.credit import Money
-from torchpass.models import Disposition, MigrationOutcome, Model
+from torchpass.models import Disposition, Model
+from torchpass.outcome import MigrationOutcome
 
 HOURS_PER_MONTH = Decimal(730)  # 365 days * 24 h / 12 months
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from torchpass.models import Category, Classification, ConfirmResult
+from torchpass.models import Category, Classification
+from torchpass.steps import ConfirmResult
 
 
 class RecoveryAction(StrEnum):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import secrets
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from torchpass.models import ContractRef, MigrationOutcome, Model
+from torchpass.models import ContractRef, Model
+from torchpass.outcome import MigrationOutcome
 
 
 def new_job_id() -> str:
@@ -23,8 +25,6 @@ class JobSpec(Model):
     nproc: int = Field(default=2, ge=1, le=1024)
     spares: int = Field(default=1, ge=0, le=64)
     state_dir: Path
-    temporal_address: str = "127.0.0.1:7233"
-    temporal_namespace: str = "default"
     hang_timeout: float = Field(default=2.0, gt=0, description="seconds without heartbeat or progress")
     collective_timeout: float = Field(
         default=60.0, gt=0, description="seconds one collective may take before it fails (gloo/NCCL)"
@@ -47,9 +47,17 @@ class JobSpec(Model):
         return self.state_dir / "jobs" / self.job_id
 
 
+class JobState(StrEnum):
+    STARTING = "starting"
+    TRAINING = "training"
+    FINISHED = "finished"
+    USER_ERROR = "user_error"  # the training script raised: the user's bug, not a migration
+    FAILED = "failed"
+
+
 class JobResult(Model):
     job_id: str
-    status: str = Field(description="'finished', 'user_error' or 'failed'")
+    status: JobState = Field(description="finished, user_error or failed")
     steps_completed: int
     final_digest: str | None = None
     generation: int
@@ -57,8 +65,9 @@ class JobResult(Model):
         default=0, description="completed steps run again, counted by the coordinator"
     )
     incidents: tuple[MigrationOutcome, ...] = ()
+    reports_undelivered: int = Field(default=0, description="failure reports Temporal never received")
     error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.status == "finished"
+        return self.status is JobState.FINISHED

@@ -1,20 +1,16 @@
-"""The domain models: what a failure report, an incident and its outcome are.
+"""The domain models: what a failure is, how it was observed and classified, how an incident ended.
 
-Every workflow, activity, signal and update takes one of these and returns one. They are validated at the
-edges (a malformed signal is rejected with a typed error, it never kills a worker) and serialise to JSON
-through Temporal's pydantic data converter.
+The job-side steps' inputs and results are in `torchpass.steps`, an incident's record in
+`torchpass.outcome`. Every workflow, activity, signal and update takes one model and returns one. They
+are validated at the edges (a malformed signal is rejected with a typed error, it never kills a worker)
+and serialise to JSON through Temporal's pydantic data converter.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from enum import StrEnum
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt
 
 
 class Model(BaseModel):
@@ -80,6 +76,9 @@ class Evidence(Model):
     slots: tuple[NonNegativeInt, ...] = Field(default=(), description="rank slots affected, if known")
     detail: str = Field(default="", max_length=4000)
     observed_at: AwareDatetime
+    last_progress_at: AwareDatetime | None = Field(
+        default=None, description="a hang: when the rank last made progress (a step, a collective, a beat)"
+    )
     exit_code: int | None = None
     xid: int | None = None
     scheduler: str | None = Field(default=None, description="'slurm' or 'kubernetes' where that matters")
@@ -102,13 +101,16 @@ class FailureReport(Model):
 
 
 class Category(StrEnum):
-    """The brief's rows: three qualifying, two disqualifying."""
+    """The brief's rows: three qualifying, two disqualifying; and our own failure to classify."""
 
     PLANNED = "planned"
     INTERRUPTION = "interruption"
     HOST_GPU_FABRIC = "host_gpu_fabric"
     SHARED_INFRASTRUCTURE = "shared_infrastructure"
     UNABLE_TO_RECOVER = "unable_to_recover"
+    # The classification step itself failed: counted as qualifying, since torchpass's own failure must
+    # never disqualify a customer's failure.
+    UNCLASSIFIED = "unclassified"
 
 
 QUALIFYING_CATEGORIES = frozenset({Category.PLANNED, Category.INTERRUPTION, Category.HOST_GPU_FABRIC})
@@ -118,14 +120,20 @@ class Classification(Model):
     category: Category
     qualifying: bool
     reason: str
+    kind: FailureKind | None = Field(
+        default=None, description="the kind of evidence that named the category (None: unclassified)"
+    )
 
 
 class ClassifyInput(Model):
     evidence: tuple[Evidence, ...] = Field(min_length=1)
     lost_slots: tuple[NonNegativeInt, ...] = ()
     world_size: NonNegativeInt
-    redundancy: NonNegativeInt = Field(description="replicas of every shard; 4-rank data parallel has 4")
-    spare_available: bool = True
+    redundancy: NonNegativeInt = Field(description="replicas of the least replicated shard, as measured")
+    shard_of: dict[int, str] = Field(
+        default_factory=dict, description="slot -> the shard its rank reported holding (empty: not known)"
+    )
+    spare_available: bool = Field(default=True, description="enough spares ready or warming, as measured")
 
 
 class Phase(StrEnum):
@@ -146,132 +154,8 @@ class PhaseTiming(Model):
     work_seconds: float | None = Field(default=None, ge=0, description="time spent inside the activity")
 
 
-# --- job-side activity inputs and results --------------------------------------------------------
-
-
-class IncidentRef(Model):
-    """Identifies the incident an activity acts for; every job-side activity is idempotent on it."""
-
-    incident_id: str = Field(min_length=1)
-    job_id: str = Field(min_length=1)
-
-
-class ConfirmInput(Model):
-    incident: IncidentRef
-    evidence: tuple[Evidence, ...] = Field(min_length=1)
-
-
-class ConfirmResult(Model):
-    confirmed: bool
-    lost_slots: tuple[NonNegativeInt, ...]
-    fenced_slots: tuple[NonNegativeInt, ...]
-    world_size: NonNegativeInt
-    redundancy: NonNegativeInt
-    generation: NonNegativeInt
-    covered: bool = Field(
-        description="the job runs under a YOCO contract; whether the outcome counts (opted in and "
-        "validated at detection) is the contract's decision, recorded in its ledger"
-    )
-    detail: str = ""
-    work_seconds: float = 0.0
-
-
-class ReserveResult(Model):
-    spare_ids: tuple[str, ...]
-    work_seconds: float = 0.0
-
-
-class FreezeResult(Model):
-    completed_steps: dict[int, int] = Field(description="slot -> last completed step, per survivor")
-    target_step: int = Field(description="the step every rank will hold after the transfer")
-    work_seconds: float = 0.0
-
-
-class TransferProof(Model):
-    donor_slot: NonNegativeInt
-    receiver_slots: tuple[NonNegativeInt, ...]
-    donor_digest: str
-    receiver_digests: dict[int, str]
-    step_before: int = Field(description="last completed step when the failure struck")
-    step_after: int = Field(description="step held by every rank after the transfer")
-    bytes: NonNegativeInt
-    seconds: float = Field(ge=0, description="donor's snapshot, stream and both digests, end to end")
-    stream_seconds: float | None = Field(
-        default=None, ge=0, description="the bytes on the wire alone, summed over receivers"
-    )
-
-
-class TransferResult(Model):
-    proof: TransferProof
-    work_seconds: float = 0.0
-
-
-class RejoinResult(Model):
-    generation: NonNegativeInt
-    resumed_step: int
-    resumed_at: AwareDatetime
-    work_seconds: float = 0.0
-
-
-class FallbackResult(Model):
-    restored_step: int = Field(description="step of the checkpoint the job restarted from (-1: none)")
-    failed_at_step: int
-    steps_recomputed: NonNegativeInt
-    resumed_at: AwareDatetime | None = None
-    work_seconds: float = 0.0
-
-
-class FallbackInput(Model):
-    incident: IncidentRef
-    reason: str
-
-
 class Disposition(StrEnum):
     MIGRATED = "migrated"
     FALLBACK_RESTART = "fallback_restart"
     FAILED = "failed"
     NOT_A_FAILURE = "not_a_failure"
-
-
-class MigrationOutcome(Model):
-    """The record of one incident: what billing counts and what an SRE reads."""
-
-    incident_id: str
-    job_id: str
-    failure_domain: str
-    kind: FailureKind
-    evidence_count: NonNegativeInt
-    classification: Classification
-    covered: bool = Field(description="the job runs under a YOCO contract (see ConfirmResult.covered)")
-    disposition: Disposition
-    success: bool = Field(description="live-migrated: no restart, no rollback, no recomputed step")
-    lost_slots: tuple[NonNegativeInt, ...] = ()
-    steps_recomputed: NonNegativeInt = 0
-    phases: tuple[PhaseTiming, ...] = ()
-    proof: TransferProof | None = None
-    fallback: FallbackResult | None = None
-    error: str | None = None
-    detected_at: AwareDatetime
-    recovered_at: AwareDatetime | None = None
-    recovery_seconds: float | None = Field(default=None, description="failure observed -> training again")
-
-    @field_validator("phases")
-    @classmethod
-    def _phases_unique(cls, phases: tuple[PhaseTiming, ...]) -> tuple[PhaseTiming, ...]:
-        names = [p.phase for p in phases]
-        if len(names) != len(set(names)):
-            raise ValueError(f"phase listed twice: {names}")
-        return phases
-
-
-class CompleteInput(Model):
-    incident: IncidentRef
-    outcome: MigrationOutcome
-
-
-class IncidentStatus(Model):
-    """What MigrationWorkflow's `status` query answers while the incident runs."""
-
-    phase: str
-    evidence_count: NonNegativeInt
-    disposition: Disposition | None = None

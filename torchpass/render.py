@@ -7,7 +7,7 @@ demo print them.
 from __future__ import annotations
 
 from torchpass.contract_models import LedgerPage, Standing
-from torchpass.models import MigrationOutcome
+from torchpass.outcome import MigrationOutcome
 
 
 def format_outcome(o: MigrationOutcome) -> str:

@@ -28,7 +28,7 @@ from torchpass.contract_models import (
     Standing,
 )
 from torchpass.ids import CONTROL_TASK_QUEUE, contract_workflow_id, validation_workflow_id
-from torchpass.models import MigrationOutcome
+from torchpass.outcome import MigrationOutcome
 from torchpass.validation import ValidateInput, ValidationReport
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from temporalio.worker import Worker
 
 from activities.job import JobActivities
 from job_agent.coordinator import Coordinator
-from job_agent.incident import IncidentActions
+from job_agent.steps import IncidentSteps
 from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport
@@ -38,12 +38,8 @@ def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
 
 async def run_job(spec: JobSpec, client: Client) -> JobResult:
     coordinator = Coordinator(spec, reporter(client))
-    actions = IncidentActions(coordinator)
-    worker = Worker(
-        client,
-        task_queue=job_task_queue(spec.job_id),
-        activities=list(_activity_methods(JobActivities(actions))),
-    )
+    acts = JobActivities(coordinator, IncidentSteps(coordinator))
+    worker = Worker(client, task_queue=job_task_queue(spec.job_id), activities=list(_activity_methods(acts)))
     async with worker:
         result = await coordinator.run()
         # Let an incident still recording finish before the worker goes.

@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.credit import CreditDelivery, CreditNotice
     from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
-    from torchpass.models import MigrationOutcome
+    from torchpass.outcome import MigrationOutcome
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
     from torchpass.validation import ValidationReport
     from workflows.policy import retry_policy

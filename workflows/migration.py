@@ -7,13 +7,13 @@ too: nothing waits for more evidence, the next step simply sees all of it.
 
 Only orchestration lives here. Job-side steps are activities on the job's own task queue, served by the
 worker inside its coordinator, and referenced by name; classification runs on the control queue, as an
-activity, so that a change to the table changes future incidents without breaking the replay of old ones.
+activity and its one owner, so that a change to the table changes future incidents without breaking the
+replay of old ones. What the job answers is checked again here (`torchpass.proof`) before a migration is
+recorded as live, and the outcome's figures are the job's measurements (`torchpass.outcome`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -21,13 +21,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.classify import (
-        CATEGORY_OF,
-        NO_SPARE_REASON,
-        ROW_TITLE,
-        primary_kind,
-        unable_to_recover,
-    )
+    from torchpass.classify import unclassified
     from torchpass.decisions import RecoveryAction, plan_recovery
     from torchpass.errors import ErrorType
     from torchpass.ids import (
@@ -41,29 +35,30 @@ with workflow.unsafe.imports_passed_through():
         contract_workflow_id,
     )
     from torchpass.models import (
-        QUALIFYING_CATEGORIES,
         Classification,
         ClassifyInput,
-        CompleteInput,
-        ConfirmInput,
-        ConfirmResult,
         Disposition,
         Evidence,
+        FailureKind,
         FailureReport,
+        Phase,
+        PhaseTiming,
+    )
+    from torchpass.outcome import CompleteInput, Ending, IncidentStatus, MigrationOutcome, build_outcome
+    from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
+    from torchpass.proof import resume_problems, transfer_problems
+    from torchpass.steps import (
+        ConfirmInput,
+        ConfirmResult,
         FallbackInput,
         FallbackResult,
         FreezeResult,
         IncidentRef,
-        IncidentStatus,
-        MigrationOutcome,
-        Phase,
-        PhaseTiming,
         RejoinResult,
         ReserveResult,
-        TransferProof,
         TransferResult,
     )
-    from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
+    from workflows import legacy
     from workflows.policy import retry_policy
 
 R = TypeVar("R")
@@ -73,31 +68,20 @@ _KIND = SearchAttributeKey.for_keyword(SA_KIND)
 _OUTCOME = SearchAttributeKey.for_keyword(SA_OUTCOME)
 _QUALIFYING = SearchAttributeKey.for_keyword(SA_QUALIFYING)
 RETRY_POLICY = retry_policy(MIGRATION_RETRY)
+# Histories recorded before this patch replay the legacy path (`workflows.legacy`).
+MEASURED = "measured-outcome"
 
 # A flapping detector must not grow the history without bound; a real incident has a handful of reports.
 MAX_EVIDENCE = 256
 
 
 class _Failed(Exception):
-    """A step failed past its retries (or with a non-retryable error)."""
+    """A step failed past its retries (or with a non-retryable error), or its answer did not hold."""
 
-    def __init__(self, name: str, err: ActivityError) -> None:
-        cause = err.cause
+    def __init__(self, name: str, err: ActivityError | None = None, why: str = "") -> None:
+        cause = err.cause if err is not None else None
         self.error_type = cause.type if isinstance(cause, ApplicationError) else None
-        super().__init__(f"{name} failed: {cause or err}")
-
-
-@dataclass
-class _Result:
-    """How the incident ended, before it becomes a MigrationOutcome."""
-
-    disposition: Disposition
-    success: bool = False
-    proof: TransferProof | None = None
-    fallback: FallbackResult | None = None
-    recovered_at: datetime | None = None
-    steps_recomputed: int = 0
-    error: str | None = None
+        super().__init__(f"{name} failed: {why or cause or err}")
 
 
 @workflow.defn(name="MigrationWorkflow")
@@ -111,7 +95,8 @@ class MigrationWorkflow:
         self._evidence: list[Evidence] = [first.evidence]
         self._phase = Phase.DETECT
         self._disposition: Disposition | None = None
-        self._phases: list[PhaseTiming] = []
+        self._phases: dict[Phase, PhaseTiming] = {}
+        self._measured = False
 
     @workflow.signal
     def report(self, rep: FailureReport) -> None:
@@ -136,12 +121,14 @@ class MigrationWorkflow:
 
     @workflow.run
     async def run(self, first: FailureReport) -> MigrationOutcome:
+        self._measured = workflow.patched(MEASURED)
         info = workflow.info()
         ref = IncidentRef(incident_id=f"{info.workflow_id}/{info.run_id}", job_id=self._job_id)
+        first_kind = first.evidence.kind if self._measured else legacy.kind_of(self._evidence)
         workflow.upsert_search_attributes(
             [
                 _JOB_ID.value_set(self._job_id),
-                _KIND.value_set(primary_kind(self._evidence).value),
+                _KIND.value_set(first_kind.value),
                 _OUTCOME.value_set("running"),
             ]
         )
@@ -150,17 +137,32 @@ class MigrationWorkflow:
         classification = await self._classify(evidence, confirm)
         if confirm is None:
             # The job did not answer: live migration needs it, a restart may still work.
-            result = await self._fall_back(ref, confirm_error or "confirm failed")
+            ending = await self._fall_back(ref, confirm_error or "confirm failed")
         else:
             action = plan_recovery(classification, confirm)
             if action is RecoveryAction.MIGRATE:
-                classification, result = await self._migrate(ref, classification)
+                classification, ending = await self._migrate(ref, evidence, confirm, classification)
             elif action is RecoveryAction.FALLBACK:
-                result = await self._fall_back(ref, classification.reason)
+                ending = await self._fall_back(ref, classification.reason)
             else:
-                result = _Result(disposition=Disposition.NOT_A_FAILURE)
-        outcome = self._outcome(ref, evidence, classification, confirm, result)
+                ending = Ending(disposition=Disposition.NOT_A_FAILURE)
+        outcome = build_outcome(
+            ref.incident_id,
+            self._evidence,
+            self._kind(evidence, classification),
+            classification,
+            confirm,
+            ending,
+            workflow.info().workflow_start_time,
+            tuple(self._phases.values()),
+        )
         return await self._complete(ref, outcome)
+
+    def _kind(self, evidence: tuple[Evidence, ...], c: Classification) -> FailureKind:
+        """The kind that named the category, as the classifier said (our clock never reads the table)."""
+        if not self._measured:
+            return legacy.kind_of(evidence)
+        return c.kind or evidence[0].kind
 
     async def _confirm(self, ref: IncidentRef) -> tuple[ConfirmResult | None, str | None]:
         inp = ConfirmInput(incident=ref, evidence=tuple(self._evidence))
@@ -170,32 +172,44 @@ class MigrationWorkflow:
             return None, str(e)
 
     async def _classify(
-        self, evidence: tuple[Evidence, ...], confirm: ConfirmResult | None
+        self, evidence: tuple[Evidence, ...], confirm: ConfirmResult | None, spare_lost: bool = False
     ) -> Classification:
-        inp = ClassifyInput(
-            evidence=evidence,
-            lost_slots=confirm.lost_slots if confirm else (),
-            world_size=confirm.world_size if confirm else 0,
-            redundancy=confirm.redundancy if confirm else 0,
-        )
+        fields: dict[str, Any] = {
+            "evidence": evidence,
+            "lost_slots": confirm.lost_slots if confirm else (),
+            "world_size": confirm.world_size if confirm else 0,
+            "redundancy": confirm.redundancy if confirm else 0,
+        }
+        if self._measured and confirm is not None:
+            fields["shard_of"] = confirm.shard_of
+            # Spare availability is evidence too: measured when the job confirmed, or learnt when the
+            # reservation found none.
+            ready = confirm.spares_ready
+            enough = ready is None or ready + confirm.spares_warming >= len(confirm.lost_slots)
+            fields["spare_available"] = enough and not spare_lost
+        inp = ClassifyInput.model_validate(fields)
         try:
             c = await self._call(
                 Phase.CLASSIFY, ControlActivity.CLASSIFY_FAILURE, inp, Classification, CONTROL_TASK_QUEUE
             )
         except _Failed as e:
-            # Our own step failed: never let that disqualify the customer's failure, judge by its kind.
-            category = CATEGORY_OF[primary_kind(evidence)]
-            c = Classification(
-                category=category,
-                qualifying=category in QUALIFYING_CATEGORIES,
-                reason=f"{ROW_TITLE[category]}, judged by the failure's kind alone ({e})",
-            )
-        self._set_classification(evidence, c)
+            # Our own step failed: it must never disqualify the customer's failure.
+            c = unclassified(str(e)) if self._measured else legacy.judged_by_kind(evidence, str(e))
+        workflow.upsert_search_attributes(
+            [
+                _KIND.value_set(self._kind(evidence, c).value),
+                _QUALIFYING.value_set("true" if c.qualifying else "false"),
+            ]
+        )
         return c
 
     async def _migrate(
-        self, ref: IncidentRef, classification: Classification
-    ) -> tuple[Classification, _Result]:
+        self,
+        ref: IncidentRef,
+        evidence: tuple[Evidence, ...],
+        confirm: ConfirmResult,
+        classification: Classification,
+    ) -> tuple[Classification, Ending]:
         try:
             await self._call(Phase.RESERVE, JobActivity.RESERVE_SPARE, ref, ReserveResult)
         except _Failed as e:
@@ -203,68 +217,36 @@ class MigrationWorkflow:
                 # The reservation may have half-happened: give back whatever was taken.
                 await self._try(JobActivity.RELEASE_SPARE, ref)
                 return classification, await self._fall_back(ref, str(e))
-            classification = unable_to_recover(NO_SPARE_REASON)
-            workflow.upsert_search_attributes([_QUALIFYING.value_set("false")])
+            if self._measured:
+                classification = await self._classify(evidence, confirm, spare_lost=True)
+            else:
+                classification = legacy.no_spare()
+                workflow.upsert_search_attributes([_QUALIFYING.value_set("false")])
             return classification, await self._fall_back(ref, classification.reason)
         try:
-            await self._call(Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult)
+            frozen = await self._call(Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult)
             transfer = await self._call(Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult)
+            self._check(JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step))
             rejoin = await self._call(Phase.REJOIN, JobActivity.REJOIN, ref, RejoinResult)
+            self._check(JobActivity.REJOIN, resume_problems(rejoin.resumed_steps, rejoin.resumed_step))
         except _Failed as e:
             # Compensation: the spare goes back to the pool, then the classic restart.
             await self._try(JobActivity.RELEASE_SPARE, ref)
             return classification, await self._fall_back(ref, str(e))
-        result = _Result(
-            Disposition.MIGRATED, success=True, proof=transfer.proof, recovered_at=rejoin.resumed_at
-        )
-        return classification, result
+        return classification, Ending(Disposition.MIGRATED, proof=transfer.proof, rejoin=rejoin)
 
-    async def _fall_back(self, ref: IncidentRef, reason: str) -> _Result:
+    def _check(self, name: str, problems: list[str]) -> None:
+        """The job's answer must hold on its own figures before the migration counts as live."""
+        if self._measured and problems:
+            raise _Failed(name, why="proof does not hold: " + "; ".join(problems))
+
+    async def _fall_back(self, ref: IncidentRef, reason: str) -> Ending:
         inp = FallbackInput(incident=ref, reason=reason)
         try:
             fb = await self._call(Phase.FALLBACK, JobActivity.RESTART_FROM_CHECKPOINT, inp, FallbackResult)
         except _Failed as e:
-            return _Result(Disposition.FAILED, error=f"{reason}; fallback: {e}")
-        return _Result(
-            Disposition.FALLBACK_RESTART,
-            fallback=fb,
-            recovered_at=fb.resumed_at,
-            steps_recomputed=fb.steps_recomputed,
-            error=reason,
-        )
-
-    def _outcome(
-        self,
-        ref: IncidentRef,
-        evidence: tuple[Evidence, ...],
-        classification: Classification,
-        confirm: ConfirmResult | None,
-        r: _Result,
-    ) -> MigrationOutcome:
-        detected = min(e.observed_at for e in self._evidence)
-        started = workflow.info().workflow_start_time
-        detect = PhaseTiming(phase=Phase.DETECT, seconds=max(0.0, (started - detected).total_seconds()))
-        recovered = r.recovered_at
-        return MigrationOutcome(
-            incident_id=ref.incident_id,
-            job_id=self._job_id,
-            failure_domain=self._evidence[0].failure_domain,
-            kind=primary_kind(evidence),
-            evidence_count=len(self._evidence),
-            classification=classification,
-            covered=confirm.covered if confirm else False,
-            disposition=r.disposition,
-            success=r.success,
-            lost_slots=confirm.lost_slots if confirm else (),
-            steps_recomputed=r.steps_recomputed,
-            phases=(detect, *self._phases),
-            proof=r.proof,
-            fallback=r.fallback,
-            error=r.error,
-            detected_at=detected,
-            recovered_at=recovered,
-            recovery_seconds=max(0.0, (recovered - detected).total_seconds()) if recovered else None,
-        )
+            return Ending(Disposition.FAILED, error=f"{reason}; fallback: {e}")
+        return Ending(Disposition.FALLBACK_RESTART, fallback=fb, error=reason)
 
     async def _complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> MigrationOutcome:
         """The contract and the job record the outcome; it stands, with the error, if either cannot."""
@@ -295,18 +277,11 @@ class MigrationWorkflow:
             return f"not recorded on contract {c.contract_id} of {c.customer_id}: {e}"
         return None
 
-    def _set_classification(self, evidence: tuple[Evidence, ...], c: Classification) -> None:
-        workflow.upsert_search_attributes(
-            [
-                _KIND.value_set(primary_kind(evidence).value),
-                _QUALIFYING.value_set("true" if c.qualifying else "false"),
-            ]
-        )
-
     async def _call(
         self, phase: Phase, name: str, arg: Any, result_type: type[R], queue: str | None = None
     ) -> R:
-        """One step: the activity by name, its timeouts and retries, and its timing."""
+        """One step: the activity by name, its timeouts and retries, and its timing (a phase run twice,
+        as classification after a failed reservation, is timed as one)."""
         self._phase = phase
         t = ACTIVITY_TIMEOUTS[name]
         t0 = workflow.now()
@@ -328,7 +303,11 @@ class MigrationWorkflow:
             raise _Failed(name, e) from e
         finally:
             seconds = (workflow.now() - t0).total_seconds()
-            self._phases.append(PhaseTiming(phase=phase, seconds=seconds, work_seconds=work))
+            prior = self._phases.get(phase)
+            if prior is not None:
+                seconds += prior.seconds
+                work = None if work is None or prior.work_seconds is None else work + prior.work_seconds
+            self._phases[phase] = PhaseTiming(phase=phase, seconds=seconds, work_seconds=work)
 
     async def _try(self, name: str, arg: Any) -> str | None:
         """A best-effort job step (compensation, the job's record): returns the error instead of raising."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
+from job_agent import wire
 from job_agent.jobs import request, running_jobs
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
@@ -71,9 +72,9 @@ async def run_with(
         return await asyncio.wait_for(run_job(job, client), timeout)
     task = await start_job(client, job)
     for action, rank, step in injections:
-        msg = {"t": "inject", "action": action, "slot": rank, "after_step": step}
-        reply = await asyncio.to_thread(request, job.state_dir, job.job_id, msg)
-        assert reply["t"] == "ok", reply
+        inject = wire.Inject(action=wire.InjectAction(action), slot=rank, after_step=step)
+        reply = await asyncio.to_thread(request, job.state_dir, job.job_id, inject)
+        assert isinstance(reply, wire.Ok), reply
     return await asyncio.wait_for(task, timeout)
 
 

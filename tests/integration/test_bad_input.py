@@ -6,12 +6,13 @@ import asyncio
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
-from job_agent import protocol
+from job_agent import protocol, wire
 from job_agent.jobs import UnknownJob, request, running_jobs
 from tests.integration.conftest import SCRIPT, spec
 from torchpass.job import JobSpec
@@ -37,6 +38,14 @@ async def test_a_bug_in_the_training_script_is_not_a_migration(
     assert "Traceback" in capfd.readouterr().err  # the user sees their own traceback
 
 
+def _raw_request(host: str, port: int, secret: bytes, body: bytes) -> wire.Frame:
+    """Bytes a well-behaved client could never send, through an authenticated connection."""
+    with protocol.connect(host, port, secret, timedelta(seconds=5)) as sock:
+        sock.settimeout(5)
+        sock.sendall(len(body).to_bytes(4, "big") + body)
+        return protocol.recv_frame(sock)
+
+
 async def test_a_peer_without_the_secret_is_refused_and_the_job_goes_on(
     client: Client, tmp_path: Path
 ) -> None:
@@ -47,24 +56,29 @@ async def test_a_peer_without_the_secret_is_refused_and_the_job_goes_on(
     info = running_jobs(tmp_path)[0]
     host, _, port = info["coordinator"].rpartition(":")
     with pytest.raises((protocol.AuthError, ConnectionError, OSError)):
-        sock = protocol.connect(host, int(port), b"not the secret" * 3, 5.0)
-        protocol.send_frame(sock, {"t": "inject", "action": "kill", "slot": 0})
+        sock = protocol.connect(host, int(port), b"not the secret" * 3, timedelta(seconds=5))
+        protocol.send_frame(sock, wire.Inject(action=wire.InjectAction.KILL, slot=0))
         protocol.recv_frame(sock)
     bad_rank = await asyncio.to_thread(
-        request, tmp_path, "intruder", {"t": "inject", "action": "kill", "slot": 9}
+        request, tmp_path, "intruder", wire.Inject(action=wire.InjectAction.KILL, slot=9)
     )
-    assert bad_rank["t"] == "error" and "ranks 0-3" in bad_rank["reason"]
-    bad_pause = await asyncio.to_thread(
-        request, tmp_path, "intruder", {"t": "inject", "action": "pause", "slot": 1, "seconds": -2}
-    )
-    assert bad_pause["t"] == "error" and "seconds" in bad_pause["reason"]
+    assert isinstance(bad_rank, wire.Error) and "ranks 0-3" in bad_rank.reason
+    secret = (Path(info["dir"]) / "secret").read_text().strip()
+    for raw, why in (
+        (b'{"t":"inject","action":"pause","slot":1,"seconds":-2}', "inject.seconds"),
+        (b'{"t":"inject","action":"explode","slot":1}', "inject.action"),
+        (b'{"t":"launch-missiles"}', "unknown frame kind 'launch-missiles'"),
+        (b"\x00garbage", "bad frame"),
+    ):
+        answer = await asyncio.to_thread(_raw_request, host, int(port), bytes.fromhex(secret), raw)
+        assert isinstance(answer, wire.Error) and why in answer.reason, (raw, answer)
     result = await asyncio.wait_for(task, 120)
     assert result.ok and not result.incidents
 
 
 def test_inject_into_an_unknown_job_names_the_running_ones(tmp_path: Path) -> None:
     with pytest.raises(UnknownJob, match="no running job 'nope'"):
-        request(tmp_path, "nope", {"t": "inject", "action": "kill", "slot": 0})
+        request(tmp_path, "nope", wire.Inject(action=wire.InjectAction.KILL, slot=0))
     out = _cli(
         "inject",
         "kill",

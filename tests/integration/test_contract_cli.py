@@ -10,12 +10,13 @@ import asyncio
 import contextlib
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
+from job_agent import wire
 from job_agent.jobs import request, wait_until_ready
 from tests.integration.conftest import run_with, spec, start_job
 from torchpass.cli import main
@@ -108,15 +109,15 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     )
     task = await start_job(client, job)
     try:
-        await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, 60)
+        await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, timedelta(seconds=60))
         # This host has neither Slurm nor Kubernetes: the explicit development override waives that check.
         code, out, err = await _cli(
             client, capsys, "contract", "opt-in", *who, "--job", job.job_id, "--allow-local"
         )
         assert code == 0, out + err
         assert "validated, covered" in out and "agent_present" in out
-        kill = {"t": "inject", "action": "kill", "slot": 2, "after_step": None}
-        assert (await asyncio.to_thread(request, job.state_dir, job.job_id, kill))["t"] == "ok"
+        kill = wire.Inject(action=wire.InjectAction.KILL, slot=2)
+        assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)
         result = await asyncio.wait_for(asyncio.shield(task), 150)
     finally:
         if not task.done():

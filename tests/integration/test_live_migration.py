@@ -7,11 +7,13 @@ recomputed (counted independently by the coordinator from the ranks' step report
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
+from job_agent import wire
 from job_agent.jobs import request, wait_until_ready
 from tests.integration.conftest import run_with, spec, start_job
 from torchpass.cli import main
@@ -84,8 +86,8 @@ async def test_a_collective_that_times_out_with_every_rank_alive_re_forms_in_pla
     job = spec(tmp_path, "stall-rank-1", hang_timeout=5.0, collective_timeout=1.0)
     task = await start_job(client, job)
     try:
-        pause = {"t": "inject", "action": "pause", "slot": 1, "after_step": 20, "seconds": 3.0}
-        assert (await asyncio.to_thread(request, job.state_dir, job.job_id, pause))["t"] == "ok"
+        pause = wire.Inject(action=wire.InjectAction.PAUSE, slot=1, after_step=20, seconds=3.0)
+        assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, pause), wire.Ok)
         result = await asyncio.wait_for(asyncio.shield(task), 150)
     finally:
         if not task.done():
@@ -107,7 +109,7 @@ async def test_a_planned_drain_moves_a_healthy_rank_to_the_spare(
     job = spec(tmp_path, "drain-rank-2", args=("--steps", "120", "--width", "128", "--depth", "2"))
     task = asyncio.create_task(run_job(job, client))
     try:
-        await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, 60)
+        await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, timedelta(seconds=60))
         env = {"TORCHPASS_STATE_DIR": str(job.state_dir)}
         with pytest.MonkeyPatch.context() as mp:
             for k, v in env.items():

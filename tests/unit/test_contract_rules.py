@@ -37,7 +37,8 @@ from torchpass.contract_models import (
 )
 from torchpass.credit import Money, credit_idempotency_key
 from torchpass.errors import ErrorType
-from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
+from torchpass.models import Category, Classification, Disposition, FailureKind
+from torchpass.outcome import MigrationOutcome
 from torchpass.validation import CheckResult, ValidationReport
 
 START = date(2026, 1, 15)

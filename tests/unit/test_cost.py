@@ -25,7 +25,8 @@ from torchpass.cost import (
     inputs_from_outcomes,
     monthly_cost,
 )
-from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
+from torchpass.models import Category, Classification, Disposition, FailureKind
+from torchpass.outcome import MigrationOutcome
 
 # 730 h / 7.3 h = exactly 100 failures a month: every amount is a whole number of cents.
 ROUND = CostInputs(mttf_hours=Decimal("7.3"))

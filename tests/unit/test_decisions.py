@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from torchpass.decisions import RecoveryAction, plan_recovery
-from torchpass.models import QUALIFYING_CATEGORIES, Category, Classification, ConfirmResult
+from torchpass.models import QUALIFYING_CATEGORIES, Category, Classification
+from torchpass.steps import ConfirmResult
 
 
 def confirm(confirmed: bool = True) -> ConfirmResult:

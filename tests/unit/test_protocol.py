@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from job_agent import protocol
+from job_agent import protocol, wire
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -17,15 +17,15 @@ def _pair() -> tuple[socket.socket, socket.socket]:
 def test_frames_round_trip() -> None:
     a, b = _pair()
     with a, b:
-        protocol.send_frame(a, {"t": "step", "k": 7})
-        assert protocol.recv_frame(b) == {"t": "step", "k": 7}
+        protocol.send_frame(a, wire.Step(k=7))
+        assert protocol.recv_frame(b) == wire.Step(k=7)
 
 
 def test_a_frame_that_is_not_json_is_a_protocol_error() -> None:
     a, b = _pair()
     with a, b:
         a.sendall(b"\x00\x00\x00\x03abc")
-        with pytest.raises(protocol.ProtocolError, match="not JSON"):
+        with pytest.raises(protocol.ProtocolError, match="Invalid JSON"):
             protocol.recv_frame(b)
 
 
@@ -40,7 +40,7 @@ def test_an_oversized_frame_is_refused_before_reading_it() -> None:
 def test_a_frame_without_type_is_refused() -> None:
     a, b = _pair()
     with a, b:
-        protocol.send_frame(a, {"k": 1})
+        a.sendall(b'\x00\x00\x00\x07{"k":1}')
         with pytest.raises(protocol.ProtocolError, match="'t'"):
             protocol.recv_frame(b)
 

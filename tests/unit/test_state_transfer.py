@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 import torch
 
-from job_agent.state import StateMismatch, TrackedState
+from job_agent.state import TrackedState
 from job_agent.transport import StateServer, TransferError, receive_state
 
 SECRET = b"k" * 32
+WAIT = timedelta(seconds=10)
 
 
 def _trained(seed: int, width: int = 32) -> TrackedState:
@@ -43,7 +45,9 @@ def _serve(
 
     def run() -> None:
         try:
-            out["digest"] = server.serve(state.snapshot(step), receivers, 10.0, lambda: None)
+            out["digest"] = server.serve(
+                state.snapshot(step), receivers, timedelta(seconds=10), lambda n: None
+            )
         except TransferError as e:
             out["error"] = e
 
@@ -65,7 +69,7 @@ def test_a_spare_receives_model_optimizer_and_extras_bit_for_bit() -> None:
     donor, spare = _trained(0), _fresh(1)
     before = [t.data_ptr() for _, t in spare.snapshot(0).tensors]
     server, out = _serve(donor, 3)
-    stats = receive_state(spare, "127.0.0.1", server.port, SECRET, 10.0)
+    stats = receive_state(spare, "127.0.0.1", server.port, SECRET, timedelta(seconds=10))
     out["thread"].join(10)
     assert stats.step == 3
     assert stats.digest == out["digest"] == donor.snapshot(3).digest() == spare.snapshot(3).digest()
@@ -77,7 +81,10 @@ def test_a_spare_receives_model_optimizer_and_extras_bit_for_bit() -> None:
 def test_one_donor_serves_several_receivers() -> None:
     donor = _trained(0)
     server, out = _serve(donor, 9, receivers=2)
-    digests = [receive_state(_fresh(s), "127.0.0.1", server.port, SECRET, 10.0).digest for s in (1, 2)]
+    digests = [
+        receive_state(_fresh(s), "127.0.0.1", server.port, SECRET, timedelta(seconds=10)).digest
+        for s in (1, 2)
+    ]
     out["thread"].join(10)
     assert digests == [out["digest"]] * 2
 
@@ -86,8 +93,8 @@ def test_a_peer_without_the_secret_gets_nothing_and_the_real_receiver_still_does
     donor = _trained(0)
     server, out = _serve(donor, 1)
     with pytest.raises(TransferError):
-        receive_state(_fresh(1), "127.0.0.1", server.port, b"wrong" * 8, 5.0)
-    stats = receive_state(_fresh(2), "127.0.0.1", server.port, SECRET, 5.0)
+        receive_state(_fresh(1), "127.0.0.1", server.port, b"wrong" * 8, timedelta(seconds=5))
+    stats = receive_state(_fresh(2), "127.0.0.1", server.port, SECRET, timedelta(seconds=5))
     out["thread"].join(10)
     assert stats.digest == out["digest"]
 
@@ -95,8 +102,8 @@ def test_a_peer_without_the_secret_gets_nothing_and_the_real_receiver_still_does
 def test_a_state_of_another_architecture_is_refused() -> None:
     donor = _trained(0, width=32)
     server, out = _serve(donor, 1)
-    with pytest.raises(StateMismatch):
-        receive_state(_fresh(1, width=16), "127.0.0.1", server.port, SECRET, 5.0)
+    with pytest.raises(TransferError, match="does not fit"):
+        receive_state(_fresh(1, width=16), "127.0.0.1", server.port, SECRET, timedelta(seconds=5))
     out["thread"].join(10)
 
 

@@ -30,3 +30,9 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
             )
         )
         yield env
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """The test's name: the file its workflow history is saved to."""
+    return str(request.node.name)

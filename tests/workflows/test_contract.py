@@ -33,7 +33,8 @@ from torchpass.contract_models import (
 from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
 from torchpass.errors import ErrorType
 from torchpass.ids import ControlActivity, contract_workflow_id
-from torchpass.models import Category, Classification, Disposition, FailureKind, MigrationOutcome
+from torchpass.models import Category, Classification, Disposition, FailureKind
+from torchpass.outcome import MigrationOutcome
 from torchpass.validation import CheckResult, ValidationReport
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS

@@ -9,243 +9,39 @@ test.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections import Counter
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
+from datetime import timedelta
 
-import pytest
-from temporalio import activity
-from temporalio.client import WorkflowHandle
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
-from activities.control import ControlActivities
+from tests.workflows.fake_job import (
+    T0,
+    FakeJob,
+    control_worker,
+    finish,
+    incident,
+    proof_of,
+    report,
+    signal_with_start,
+)
 from torchpass.contract_models import ContractTerms
 from torchpass.credit import Money
 from torchpass.errors import ErrorType
-from torchpass.ids import (
-    CONTROL_TASK_QUEUE,
-    SA_JOB_ID,
-    SA_KIND,
-    SA_OUTCOME,
-    SA_QUALIFYING,
-    JobActivity,
-    incident_workflow_id,
-)
-from torchpass.models import (
-    Category,
-    CompleteInput,
-    ConfirmInput,
-    ConfirmResult,
-    ContractRef,
-    Disposition,
-    EventSource,
-    Evidence,
-    FailureKind,
-    FailureReport,
-    FallbackInput,
-    FallbackResult,
-    FreezeResult,
-    IncidentRef,
-    MigrationOutcome,
-    Phase,
-    RejoinResult,
-    ReserveResult,
-    TransferProof,
-    TransferResult,
-)
+from torchpass.ids import SA_JOB_ID, SA_KIND, SA_OUTCOME, SA_QUALIFYING, JobActivity
+from torchpass.models import Category, ContractRef, Disposition, FailureKind, Phase
+from torchpass.outcome import MigrationOutcome
 from torchpass.policies import MIGRATION_RETRY
 from workers import contract_client as cc
-from workflows.contract import ContractWorkflow
 from workflows.migration import MigrationWorkflow
-
-HISTORIES = Path(__file__).resolve().parents[1] / "histories"
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-DOMAIN = "node-7"
-
-
-class FakeJob:
-    """The job side of an incident, scripted: counts calls, fails where told to."""
-
-    def __init__(self, **fail: bool) -> None:
-        unknown = set(fail) - {
-            "confirm",
-            "not_confirmed",
-            "no_spare",
-            "transfer",
-            "fallback",
-            "complete",
-            "gone",
-        }
-        assert not unknown, unknown
-        self.fail = fail
-        self.calls: Counter[str] = Counter()
-        self.completed: list[MigrationOutcome] = []
-
-    def _enter(self, name: str) -> None:
-        self.calls[name] += 1
-        if self.fail.get("gone"):
-            raise ApplicationError("coordinator is gone", type=ErrorType.JOB_GONE, non_retryable=True)
-
-    def activities(self) -> list[Any]:
-        @activity.defn(name=JobActivity.CONFIRM_FAILURE)
-        async def confirm(inp: ConfirmInput) -> ConfirmResult:
-            self._enter("confirm")
-            if self.fail.get("confirm"):
-                raise ApplicationError("coordinator unreachable")
-            slots = tuple(sorted({s for e in inp.evidence for s in e.slots}))
-            return ConfirmResult(
-                confirmed=not self.fail.get("not_confirmed"),
-                lost_slots=slots,
-                fenced_slots=slots,
-                world_size=4,
-                redundancy=4,
-                generation=0,
-                covered=True,
-                work_seconds=0.01,
-            )
-
-        @activity.defn(name=JobActivity.RESERVE_SPARE)
-        async def reserve(inp: IncidentRef) -> ReserveResult:
-            self._enter("reserve")
-            if self.fail.get("no_spare"):
-                raise ApplicationError("0 warm spares", type=ErrorType.NO_SPARE, non_retryable=True)
-            return ReserveResult(spare_ids=("spare-1",), work_seconds=0.01)
-
-        @activity.defn(name=JobActivity.RELEASE_SPARE)
-        async def release(inp: IncidentRef) -> None:
-            self._enter("release")
-
-        @activity.defn(name=JobActivity.FREEZE_RANKS)
-        async def freeze(inp: IncidentRef) -> FreezeResult:
-            self._enter("freeze")
-            return FreezeResult(completed_steps={0: 9, 1: 9, 3: 9}, target_step=9, work_seconds=0.01)
-
-        @activity.defn(name=JobActivity.TRANSFER_STATE)
-        async def transfer(inp: IncidentRef) -> TransferResult:
-            self._enter("transfer")
-            activity.heartbeat("streaming")
-            if self.fail.get("transfer"):
-                raise ApplicationError("donor lost mid-transfer", type=ErrorType.TRANSFER_FAILED)
-            return TransferResult(proof=_proof(), work_seconds=0.01)
-
-        @activity.defn(name=JobActivity.REJOIN)
-        async def rejoin(inp: IncidentRef) -> RejoinResult:
-            self._enter("rejoin")
-            return RejoinResult(generation=1, resumed_step=10, resumed_at=T0 + timedelta(seconds=1))
-
-        @activity.defn(name=JobActivity.RESTART_FROM_CHECKPOINT)
-        async def restart(inp: FallbackInput) -> FallbackResult:
-            self._enter("restart")
-            if self.fail.get("fallback"):
-                raise ApplicationError("no checkpoint", type=ErrorType.NO_CHECKPOINT, non_retryable=True)
-            return FallbackResult(
-                restored_step=4, failed_at_step=9, steps_recomputed=5, resumed_at=T0 + timedelta(seconds=30)
-            )
-
-        @activity.defn(name=JobActivity.COMPLETE_INCIDENT)
-        async def complete(inp: CompleteInput) -> None:
-            self._enter("complete")
-            if self.fail.get("complete"):
-                raise ApplicationError("record store unreachable")
-            self.completed.append(inp.outcome)
-
-        return [confirm, reserve, release, freeze, transfer, rejoin, restart, complete]
-
-
-def _proof() -> TransferProof:
-    return TransferProof(
-        donor_slot=0,
-        receiver_slots=(2,),
-        donor_digest="d",
-        receiver_digests={2: "d"},
-        step_before=9,
-        step_after=9,
-        bytes=100,
-        seconds=0.01,
-    )
-
-
-def _report(
-    job_id: str,
-    kind: FailureKind = FailureKind.PROCESS_EXIT,
-    slot: int = 2,
-    contract: ContractRef | None = None,
-    at: datetime = T0,
-) -> FailureReport:
-    ev = Evidence(
-        kind=kind,
-        source=EventSource.COORDINATOR,
-        job_id=job_id,
-        failure_domain=DOMAIN,
-        slots=(slot,),
-        detail=f"{kind} on rank {slot}",
-        observed_at=at,
-    )
-    return FailureReport(evidence=ev, job_task_queue=f"job-queue-{job_id}", generation=0, contract=contract)
-
-
-def _control_worker(env: WorkflowEnvironment) -> Worker:
-    return Worker(
-        env.client,
-        task_queue=CONTROL_TASK_QUEUE,
-        workflows=[MigrationWorkflow, ContractWorkflow],
-        activities=[ControlActivities().classify_failure],
-    )
-
-
-async def _signal_with_start(env: WorkflowEnvironment, rep: FailureReport) -> WorkflowHandle[Any, Any]:
-    return await env.client.start_workflow(
-        MigrationWorkflow.run,
-        rep,
-        id=incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation),
-        task_queue=CONTROL_TASK_QUEUE,
-        start_signal="report",
-        start_signal_args=[rep],
-    )
-
-
-async def _finish(
-    env: WorkflowEnvironment, handle: WorkflowHandle[Any, Any], job: FakeJob, name: str, queue: str
-) -> MigrationOutcome:
-    """Serve the job queue, wait for the outcome, save the history if asked."""
-    async with Worker(env.client, task_queue=queue, activities=job.activities()):
-        outcome: MigrationOutcome = await handle.result()
-    if os.environ.get("TORCHPASS_SAVE_HISTORIES") == "1":
-        HISTORIES.mkdir(exist_ok=True)
-        (HISTORIES / f"{name}.json").write_text((await handle.fetch_history()).to_json())
-    return outcome
-
-
-async def _incident(
-    env: WorkflowEnvironment,
-    job: FakeJob,
-    name: str,
-    kinds: Sequence[FailureKind] = (FailureKind.PROCESS_EXIT,),
-) -> tuple[MigrationOutcome, list[WorkflowHandle[Any, Any]]]:
-    job_id = f"job-{uuid.uuid4().hex[:8]}"
-    async with _control_worker(env):
-        handles = [await _signal_with_start(env, _report(job_id, kind)) for kind in kinds]
-        outcome = await _finish(env, handles[0], job, name, _report(job_id).job_task_queue)
-    return outcome, handles
-
-
-@pytest.fixture
-def name(request: pytest.FixtureRequest) -> str:
-    return str(request.node.name)
 
 
 async def test_a_confirmed_failure_is_migrated_live(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob()
-    outcome, (handle,) = await _incident(env, job, name)
+    outcome, (handle,) = await incident(env, job, name)
     assert outcome.disposition == Disposition.MIGRATED and outcome.success
-    assert outcome.steps_recomputed == 0 and outcome.proof == _proof() and outcome.fallback is None
+    assert outcome.steps_recomputed == 0 and outcome.proof == proof_of() and outcome.fallback is None
     assert outcome.classification.qualifying and outcome.classification.category == Category.INTERRUPTION
     assert outcome.kind == FailureKind.PROCESS_EXIT and outcome.covered and outcome.lost_slots == (2,)
     assert [p.phase for p in outcome.phases] == [
@@ -275,7 +71,7 @@ async def test_no_spare_disqualifies_and_falls_back_to_a_checkpoint_restart(
     env: WorkflowEnvironment, name: str
 ) -> None:
     job = FakeJob(no_spare=True)
-    outcome, (handle,) = await _incident(env, job, name)
+    outcome, (handle,) = await incident(env, job, name)
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
     assert outcome.classification.category == Category.UNABLE_TO_RECOVER
     assert not outcome.classification.qualifying and "no spare" in outcome.classification.reason
@@ -289,7 +85,7 @@ async def test_no_spare_disqualifies_and_falls_back_to_a_checkpoint_restart(
 
 async def test_spare_is_released_when_transfer_keeps_failing(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(transfer=True)
-    outcome, _ = await _incident(env, job, name)
+    outcome, _ = await incident(env, job, name)
     assert job.calls["transfer"] == MIGRATION_RETRY.attempts  # retried to the policy's limit, no further
     assert job.calls["release"] == 1 and job.calls["restart"] == 1 and job.calls["rejoin"] == 0
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
@@ -302,7 +98,7 @@ async def test_spare_is_released_when_transfer_keeps_failing(env: WorkflowEnviro
 
 async def test_a_failed_fallback_is_recorded_as_failed(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(transfer=True, fallback=True)
-    outcome, _ = await _incident(env, job, name)
+    outcome, _ = await incident(env, job, name)
     assert outcome.disposition == Disposition.FAILED and not outcome.success
     assert outcome.error and "no checkpoint" in outcome.error
     assert outcome.recovered_at is None and outcome.recovery_seconds is None
@@ -314,7 +110,7 @@ async def test_duplicate_and_correlated_reports_fold_into_one_incident(
 ) -> None:
     job = FakeJob()
     kinds = (FailureKind.CONNECTION_LOST, FailureKind.PROCESS_EXIT, FailureKind.NODE_POWER_LOSS)
-    outcome, handles = await _incident(env, job, name, kinds=(*kinds, FailureKind.PROCESS_EXIT))
+    outcome, handles = await incident(env, job, name, kinds=(*kinds, FailureKind.PROCESS_EXIT))
     assert len({h.result_run_id for h in handles}) == 1  # one run: the later starts were signals
     assert job.calls["confirm"] == 1 and job.calls["complete"] == 1
     assert outcome.evidence_count == 3  # the repeated process_exit report was folded away
@@ -325,14 +121,14 @@ async def test_duplicate_and_correlated_reports_fold_into_one_incident(
 async def test_a_malformed_signal_does_not_break_the_incident(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob()
     job_id = f"job-{uuid.uuid4().hex[:8]}"
-    async with _control_worker(env):
-        handle = await _signal_with_start(env, _report(job_id))
+    async with control_worker(env):
+        handle = await signal_with_start(env, report(job_id))
         await handle.signal("report", {"evidence": {"kind": "not-a-kind"}, "job_task_queue": 3})
-        await handle.signal("report", _report(job_id).model_dump(mode="json") | {"surprise": 1})
-        await handle.signal("report", _report("another-job", FailureKind.NODE_POWER_LOSS))
+        await handle.signal("report", report(job_id).model_dump(mode="json") | {"surprise": 1})
+        await handle.signal("report", report("another-job", FailureKind.NODE_POWER_LOSS))
         status = await handle.query(MigrationWorkflow.status)
         assert status.evidence_count == 1 and status.disposition is None
-        outcome = await _finish(env, handle, job, name, _report(job_id).job_task_queue)
+        outcome = await finish(env, handle, job, name, report(job_id).job_task_queue)
         status = await handle.query(MigrationWorkflow.status)  # a closed workflow's query needs a worker
     assert outcome.success and outcome.evidence_count == 1 and outcome.kind == FailureKind.PROCESS_EXIT
     assert status.phase == Phase.RECORD and status.disposition == Disposition.MIGRATED
@@ -340,14 +136,14 @@ async def test_a_malformed_signal_does_not_break_the_incident(env: WorkflowEnvir
 
 async def test_a_false_alarm_changes_nothing(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(not_confirmed=True)
-    outcome, _ = await _incident(env, job, name)
+    outcome, _ = await incident(env, job, name)
     assert outcome.disposition == Disposition.NOT_A_FAILURE and not outcome.success
     assert job.calls["reserve"] == 0 and job.calls["restart"] == 0 and job.calls["complete"] == 1
 
 
 async def test_a_job_that_cannot_confirm_still_gets_a_restart(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(confirm=True)
-    outcome, _ = await _incident(env, job, name)
+    outcome, _ = await incident(env, job, name)
     assert job.calls["confirm"] == MIGRATION_RETRY.attempts and job.calls["reserve"] == 0
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
     assert not outcome.covered and outcome.error and "confirm_failure failed" in outcome.error
@@ -358,7 +154,7 @@ async def test_every_step_is_bounded_in_time_and_retries(env: WorkflowEnvironmen
     # The time-skipping server does not skip time while an activity is outstanding, so a job that never
     # answers cannot be waited out here; the history shows that no step could wait forever.
     job = FakeJob(transfer=True)
-    outcome, (handle,) = await _incident(env, job, name)
+    outcome, (handle,) = await incident(env, job, name)
     scheduled = [
         e.activity_task_scheduled_event_attributes
         async for e in handle.fetch_history_events()
@@ -384,14 +180,14 @@ async def test_every_step_is_bounded_in_time_and_retries(env: WorkflowEnvironmen
 
 async def test_a_job_that_is_gone_is_not_retried(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(gone=True)
-    outcome, _ = await _incident(env, job, name)
+    outcome, _ = await incident(env, job, name)
     assert outcome.disposition == Disposition.FAILED
     assert job.calls == Counter(confirm=1, restart=1, complete=1)
 
 
 async def test_the_outcome_stands_when_the_job_cannot_record_it(env: WorkflowEnvironment, name: str) -> None:
     job = FakeJob(complete=True)
-    outcome, _ = await _incident(env, job, name)
+    outcome, _ = await incident(env, job, name)
     assert outcome.success and outcome.disposition == Disposition.MIGRATED
     assert job.calls["complete"] == MIGRATION_RETRY.attempts
     assert outcome.error and "record store unreachable" in outcome.error
@@ -401,9 +197,9 @@ async def _contract_incident(
     env: WorkflowEnvironment, name: str, contract: ContractRef, job_id: str
 ) -> MigrationOutcome:
     at = await env.get_current_time()
-    rep = _report(job_id, contract=contract, at=at)
-    handle = await _signal_with_start(env, rep)
-    return await _finish(env, handle, FakeJob(), name, rep.job_task_queue)
+    rep = report(job_id, contract=contract, at=at)
+    handle = await signal_with_start(env, rep)
+    return await finish(env, handle, FakeJob(), name, rep.job_task_queue)
 
 
 async def test_the_outcome_is_recorded_on_the_jobs_contract(env: WorkflowEnvironment, name: str) -> None:
@@ -417,7 +213,7 @@ async def test_the_outcome_is_recorded_on_the_jobs_contract(env: WorkflowEnviron
         renewal_date=today.replace(year=today.year + 1),
         annual_fee=Money(amount="100000", currency="USD"),
     )
-    async with _control_worker(env):
+    async with control_worker(env):
         await cc.create_contract(env.client, terms)
         await cc.opt_in(env.client, ref.customer_id, ref.contract_id, job_id)
         outcome = await _contract_incident(env, name, ref, job_id)
@@ -432,7 +228,7 @@ async def test_a_contract_that_is_not_running_is_an_error_the_outcome_keeps(
     env: WorkflowEnvironment, name: str
 ) -> None:
     ref = ContractRef(customer_id="acme", contract_id="never-created")
-    async with _control_worker(env):
+    async with control_worker(env):
         outcome = await _contract_incident(env, name, ref, f"job-{uuid.uuid4().hex[:8]}")
     assert outcome.success and outcome.disposition == Disposition.MIGRATED
     assert outcome.error and "not recorded on contract never-created" in outcome.error

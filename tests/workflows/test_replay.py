@@ -2,8 +2,10 @@
 change fails here.
 
 Regenerate them (after an intended change, once no old run can still be in flight) with
-`TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py` (or
-`test_contract.py`, whose histories are `contract_<test>_run<k>.json`, one per run of a contract).
+`TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py
+tests/workflows/test_migration_proof.py` (or `test_contract.py`, whose histories are
+`contract_<test>_run<k>.json`, one per run of a contract). `v1_*.json` are MigrationWorkflow histories
+recorded before the `measured-outcome` patch: they must keep replaying through its legacy path.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.workflows import test_contract, test_migration
+from tests.workflows import test_contract, test_migration, test_migration_proof
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.migration import MigrationWorkflow
 
@@ -28,7 +30,7 @@ def test_there_are_histories_to_replay() -> None:
 
 
 def test_every_workflow_test_has_a_saved_history() -> None:
-    tests = {n for n in dir(test_migration) if n.startswith("test_")}
+    tests = {n for m in (test_migration, test_migration_proof) for n in dir(m) if n.startswith("test_")}
     assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
 
 

@@ -20,9 +20,10 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.workflows.test_migration import FakeJob, _report
+from tests.workflows.fake_job import FakeJob, report
 from torchpass.ids import incident_workflow_id
-from torchpass.models import Disposition, MigrationOutcome
+from torchpass.models import Disposition
+from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
 from workers.job import reporter
 from workers.telemetry import TelemetrySettings, interceptors, tracer_provider
@@ -50,7 +51,7 @@ async def test_an_incident_is_one_trace_from_report_to_job_activities(
 ) -> None:
     provider, exporter = spans
     client = _traced_client(env, provider)
-    job, rep = FakeJob(), _report(f"job-{uuid.uuid4().hex[:8]}")
+    job, rep = FakeJob(), report(f"job-{uuid.uuid4().hex[:8]}")
     workflow_id = incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation)
     async with control_worker(client):
         await reporter(client)(workflow_id, rep)
@@ -81,7 +82,7 @@ async def test_an_untraced_report_leaves_only_lone_activity_spans(
     """With tracing off in the job agent, the workers trace no workflow (it would be an orphan on replay)."""
     provider, exporter = spans
     traced = _traced_client(env, provider)
-    job, rep = FakeJob(), _report(f"job-{uuid.uuid4().hex[:8]}")
+    job, rep = FakeJob(), report(f"job-{uuid.uuid4().hex[:8]}")
     workflow_id = incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation)
     async with control_worker(traced):
         await reporter(env.client)(workflow_id, rep)

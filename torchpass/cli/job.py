@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -58,22 +57,20 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
                 f"{j['job_id']}\tworld {j['world_size']}\tcoordinator pid {j['pid']}\tsince {j['started_at']}"
             )
         return 0
+    from job_agent import wire
+
     if args.command == "inject":
-        msg = {
-            "t": "inject",
-            "action": args.action,
-            "slot": args.rank,
-            "after_step": args.after_step,
-            "seconds": args.seconds,
-        }
-        _request(settings.state_dir, args.job, msg)
+        inject = wire.Inject(
+            action=args.action, slot=args.rank, after_step=args.after_step, seconds=args.seconds
+        )
+        _request(settings.state_dir, args.job, inject)
         when = f" at step {args.after_step}" if args.after_step is not None else " now"
         print(f"torchpass: {args.action} of rank {args.rank} in job {args.job} scheduled{when}")
         return 0
     kind = "cordon" if args.cordon else "drain"
-    msg = {"t": "drain", "slot": args.rank, "reason": args.reason, "kind": kind}
-    reply = _request(settings.state_dir, args.job, msg)
-    print(f"torchpass: rank {args.rank} of job {args.job} leaves {reply['node']}: incident started")
+    drain = wire.Drain(slot=args.rank, reason=args.reason, kind=kind)
+    reply = _request(settings.state_dir, args.job, drain)
+    print(f"torchpass: rank {args.rank} of job {args.job} leaves {reply.detail['node']}: incident started")
     return 0
 
 
@@ -121,16 +118,20 @@ def _summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _request(state_dir: Path, job: str, msg: dict[str, Any]) -> dict[str, Any]:
-    """One request to a job's coordinator on this host; an error reply is a CliError."""
+def _request(state_dir: Path, job: str, frame: Any) -> Any:
+    """One request to a job's coordinator on this host; its `Ok` reply, or a CliError saying why not."""
+    from job_agent import wire
     from job_agent.jobs import UnknownJob, request
+    from job_agent.protocol import ProtocolError
 
     try:
-        reply = request(state_dir, job, msg)
+        reply = request(state_dir, job, frame)
     except UnknownJob as e:
         raise CliError(str(e)) from None
-    except OSError as e:
+    except (OSError, ProtocolError) as e:
         raise CliError(f"cannot reach the coordinator of job {job}: {e}") from None
-    if reply.get("t") != "ok":
-        raise CliError(reply.get("reason", json.dumps(reply)))
+    if isinstance(reply, wire.Error):
+        raise CliError(reply.reason)
+    if not isinstance(reply, wire.Ok):
+        raise CliError(f"unexpected answer from the coordinator of job {job}: {reply.t}")
     return reply

@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from temporalio.client import Client
 
+from job_agent import wire
 from job_agent.jobs import request, wait_until_ready
 from torchpass.contract import add_months
 from torchpass.contract_models import ContractTerms, Standing
@@ -36,7 +37,7 @@ from workers.control import control_worker
 from workers.job import run_job
 from workers.settings import Settings
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_dp.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dp.py"
 STEPS = 160
 INJECT = (("kill", 1, 40), ("hang", 2, 110))
 CONTRACT = ContractRef(customer_id="demo-customer", contract_id="demo-contract")
@@ -87,9 +88,9 @@ async def _validate(client: Client) -> bool:
 
 async def _inject(state_dir: Path, job_id: str) -> None:
     for action, rank, step in INJECT:
-        msg = {"t": "inject", "action": action, "slot": rank, "after_step": step}
-        reply = await asyncio.to_thread(request, state_dir, job_id, msg)
-        print(f"demo: scheduled {action} of rank {rank} at step {step}: {reply['t']}", flush=True)
+        inject = wire.Inject(action=wire.InjectAction(action), slot=rank, after_step=step)
+        reply = await asyncio.to_thread(request, state_dir, job_id, inject)
+        print(f"demo: scheduled {action} of rank {rank} at step {step}: {reply.t}", flush=True)
 
 
 def _verdict(result: JobResult, reference: JobResult, ui: str, standing: Standing) -> bool:

@@ -1,0 +1,115 @@
+"""Failure detection: what the coordinator sees of its members, turned into evidence for an incident.
+
+- lost: a member's connection closed; its exit status (or a device error it reported first) names it;
+- hung: a rank silent past the hang timeout, or absent from a collective its peers have waited in;
+- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank alive.
+
+Each returns `Evidence` and decides nothing else: the incident's workflow does.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+
+from job_agent import wire
+from job_agent.members import Member, MemberState, Roster
+from job_agent.recovery import Progress, find_hung
+from torchpass.models import EventSource, Evidence, FailureKind
+
+# Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.
+STALL_MARGIN = timedelta(seconds=0.5)
+
+
+def signal_name(code: int) -> str:
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"exit code {code}"
+
+
+def _wall(monotonic: float, now: float) -> datetime:
+    """A monotonic instant of this process as wall-clock time."""
+    return datetime.fromtimestamp(time.time() - (now - monotonic), UTC)
+
+
+class Detector:
+    def __init__(self, job_id: str, roster: Roster, hang_timeout: timedelta) -> None:
+        self._job_id = job_id
+        self._roster = roster
+        self._hang = hang_timeout
+
+    def _evidence(self, m: Member, kind: FailureKind, detail: str, **kw: object) -> Evidence:
+        fields: dict[str, object] = {
+            "kind": kind,
+            "source": EventSource.COORDINATOR,
+            "job_id": self._job_id,
+            "failure_domain": m.node,
+            "slots": (m.slot,),
+            "detail": detail,
+            **kw,
+        }
+        return Evidence.model_validate(fields)
+
+    def lost(self, m: Member, code: int | None, reason: str, observed: float) -> Evidence:
+        """A rank's connection closed at wall time `observed`; `code` is its exit status if it ended."""
+        at = datetime.fromtimestamp(observed, UTC)
+        device = m.replies.get("device_error")
+        if isinstance(device, wire.DeviceError):
+            return self._evidence(m, FailureKind.CUDA_ERROR, device.detail, observed_at=at, exit_code=code)
+        if code is not None:
+            detail = f"rank {m.slot} ({m.agent_id}) {signal_name(code)}"
+            return self._evidence(m, FailureKind.PROCESS_EXIT, detail, observed_at=at, exit_code=code)
+        detail = f"rank {m.slot} connection lost: {reason}"
+        return self._evidence(m, FailureKind.CONNECTION_LOST, detail, observed_at=at)
+
+    def hung(self, now: float) -> list[Evidence]:
+        """Training ranks that are hung, each with the time it last made progress."""
+        training = [m for m in self._roster.ranks(MemberState.TRAINING) if not m.fenced]
+        progress = [Progress(m.slot, m.last_heartbeat, m.collective_step, m.collective_at) for m in training]
+        out = []
+        for hang in find_hung(progress, now, self._hang.total_seconds()):
+            m = self._roster.at(hang.slot)
+            if m is None:
+                continue
+            # A silent rank's last sign of life is its heartbeat; a rank that still heart-beats but never
+            # came to the collective last progressed when it entered its last step or collective.
+            last = min(m.last_heartbeat, m.last_progress) if hang.silent else m.last_progress
+            out.append(
+                self._evidence(
+                    m,
+                    FailureKind.HANG,
+                    f"rank {m.slot} hung: {hang.detail}",
+                    observed_at=datetime.now(UTC),
+                    last_progress_at=_wall(last, now),
+                )
+            )
+        return out
+
+    def stalled(self, now: float, world_size: int) -> Evidence | None:
+        """Ranks frozen with nobody lost: a collective failed or timed out with every rank alive.
+
+        Reported once every rank of the world is frozen (nobody died: a dead rank is never "frozen"), or
+        when some have been frozen past the hang timeout while the rest still heart-beat in a collective
+        of their own. A real loss or hang is detected well within that time and takes precedence.
+        """
+        ranks = self._roster.ranks()
+        frozen = [m for m in ranks if m.state is MemberState.FROZEN and m.frozen_at is not None]
+        if not frozen:
+            return None
+        everyone = len(ranks) == world_size and len(frozen) == len(ranks)
+        first = min(m.frozen_at for m in frozen if m.frozen_at is not None)
+        waited = now - first
+        if not everyone and waited <= (self._hang + STALL_MARGIN).total_seconds():
+            return None
+        return Evidence(
+            kind=FailureKind.COLLECTIVE_TIMEOUT,
+            source=EventSource.COORDINATOR,
+            job_id=self._job_id,
+            failure_domain="collective",
+            slots=(),
+            detail=f"ranks {sorted(m.slot for m in frozen)} left a failed collective with every rank alive"
+            f" ({len(frozen)} of {world_size} frozen for {waited:.1f} s); re-forming the group in place",
+            observed_at=_wall(first, now),
+        )

@@ -1,0 +1,75 @@
+"""Operator requests to a running job: failure injection (tests, demos, chaos) and planned migration.
+
+`torchpass inject kill|hang|pause` fires when the rank reaches the given step; `torchpass drain` turns a
+cordon or drain into planned-migration evidence while the rank is still healthy (it is fenced only once
+every rank froze, by the incident's freeze step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from job_agent import wire
+from job_agent.launcher import Launcher
+from job_agent.members import Member, Roster
+from job_agent.wire import ErrorCode, InjectAction, Role
+from torchpass.models import EventSource, Evidence, FailureKind
+
+
+def _refused(reason: str) -> wire.Error:
+    return wire.Error(code=ErrorCode.REFUSED, reason=reason)
+
+
+class Injector:
+    def __init__(self, job_id: str, world_size: int, roster: Roster, launcher: Launcher) -> None:
+        self._job_id = job_id
+        self._world = world_size
+        self._roster = roster
+        self._launcher = launcher
+        self._armed: list[wire.Inject] = []
+
+    def _no_such_rank(self, slot: int) -> wire.Error:
+        return _refused(f"job {self._job_id} has ranks 0-{self._world - 1}, not {slot!r}")
+
+    def inject(self, req: wire.Inject) -> wire.Ok | wire.Error:
+        if req.slot >= self._world:
+            return self._no_such_rank(req.slot)
+        self._armed.append(req)
+        m = self._roster.at(req.slot)
+        if m is not None:
+            self.on_step(m)
+        detail = {"action": req.action.value, "slot": req.slot, "after_step": req.after_step}
+        return wire.Ok(detail=detail)
+
+    def drain(self, req: wire.Drain, state: str) -> tuple[wire.Ok | wire.Error, Evidence | None]:
+        """A planned migration (node cordon or drain, security patch, rising temperature)."""
+        m = self._roster.at(req.slot)
+        if m is None or m.role is not Role.RANK:
+            return self._no_such_rank(req.slot), None
+        if state != "training":
+            return _refused(f"job {self._job_id} is {state}, not training"), None
+        kind = FailureKind.NODE_CORDON if req.kind == "cordon" else FailureKind.NODE_DRAIN
+        ev = Evidence(
+            kind=kind,
+            source=EventSource.OPERATOR,
+            job_id=self._job_id,
+            failure_domain=m.node,
+            slots=(m.slot,),
+            detail=f"planned migration of rank {m.slot} off {m.node}: {req.reason or 'operator request'}",
+            observed_at=datetime.now(UTC),
+        )
+        return wire.Ok(detail={"slot": m.slot, "node": m.node}), ev
+
+    def on_step(self, m: Member) -> None:
+        """Fire the injections armed for `m`'s slot that its step has reached."""
+        for req in list(self._armed):
+            if req.slot != m.slot or (req.after_step is not None and m.step < req.after_step):
+                continue
+            self._armed.remove(req)
+            if req.action is InjectAction.KILL:
+                self._launcher.kill(m.agent_id)
+                continue
+            self._launcher.suspend(m.agent_id)
+            if req.action is InjectAction.PAUSE:  # a stall that ends: the rank resumes on its own
+                asyncio.get_running_loop().call_later(req.seconds, self._launcher.resume, m.agent_id)

@@ -1,0 +1,93 @@
+"""The spare pool: processes ready to take a lost rank's slot. A plug point: warm local processes today,
+Kubernetes or Slurm spare nodes next.
+
+A reservation is held for one incident (idempotent: asking again returns the same spares), given back by
+`release` when a later step fails, and `refill` starts a new spare for every one that took a slot.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+from job_agent.members import Member, MemberState, Roster
+from job_agent.wire import Role
+
+
+class SparePool(abc.ABC):
+    @abc.abstractmethod
+    def ready(self) -> list[Member]:
+        """Spares warm (model built, memory touched) and not reserved."""
+
+    @abc.abstractmethod
+    def warming(self) -> int:
+        """Spares launched but not yet warm: worth a short wait before giving up on a migration."""
+
+    @abc.abstractmethod
+    def held(self, incident: str) -> list[Member]:
+        """What `incident` holds: spares reserved for it, including those that already took a slot."""
+
+    @abc.abstractmethod
+    def reserve(self, incident: str, n: int) -> list[Member]:
+        """Up to `n` ready spares, held for `incident` (those it already holds first)."""
+
+    @abc.abstractmethod
+    def release(self, incident: str) -> None:
+        """Give back what `incident` holds; a spare already given a slot or state is replaced."""
+
+    @abc.abstractmethod
+    def refill(self, incident: str) -> None:
+        """The incident is done: start a new spare for each of its spares that took a slot."""
+
+    @abc.abstractmethod
+    def lost(self, m: Member) -> None:
+        """A spare process died: replace it."""
+
+
+class LocalSparePool(SparePool):
+    """Warm spare processes on this host, launched like the ranks (`spawn`) and fenced with `kill`."""
+
+    def __init__(self, roster: Roster, spawn: Callable[[], str], kill: Callable[[Member], None]) -> None:
+        self._roster = roster
+        self._spawn = spawn
+        self._kill = kill
+
+    def _spares(self) -> list[Member]:
+        return [m for m in self._roster.members.values() if m.role is Role.SPARE and m.alive]
+
+    def ready(self) -> list[Member]:
+        return [m for m in self._spares() if m.state is MemberState.READY and m.reserved_for is None]
+
+    def warming(self) -> int:
+        connecting = [m for m in self._spares() if m.state is MemberState.CONNECTED]
+        return len(connecting) + sum(1 for a in self._roster.pending if a.startswith("spare-"))
+
+    def held(self, incident: str) -> list[Member]:
+        return [m for m in self._roster.members.values() if m.reserved_for == incident]
+
+    def reserve(self, incident: str, n: int) -> list[Member]:
+        held = self.held(incident)
+        for m in self.ready()[: max(0, n - len(held))]:
+            m.reserved_for = incident
+            held.append(m)
+        return held
+
+    def release(self, incident: str) -> None:
+        for m in self.held(incident):
+            m.reserved_for = None
+            if not m.alive:
+                continue
+            if m.role is not Role.SPARE or m.state is not MemberState.READY:
+                # It was already given a slot or state: not clean enough to wait as a spare again.
+                m.fenced = True
+                self._kill(m)
+                self._spawn()
+
+    def refill(self, incident: str) -> None:
+        for m in self.held(incident):
+            m.reserved_for = None
+            if m.role is Role.RANK:
+                self._spawn()
+
+    def lost(self, m: Member) -> None:
+        self._spawn()

@@ -1,0 +1,348 @@
+"""The job side of an incident: confirm and fence, reserve a spare, freeze, transfer, rejoin, fall back.
+
+Each step is idempotent for its incident (a retried activity gets the recorded result or redoes the step
+from a clean point), every wait is bounded, and every figure it returns is measured from the ranks' own
+reports. The workflow decides the order; these only act. They reach the job through `JobControl`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from job_agent.incident import Incident, IncidentError, IncidentTracker
+from job_agent.members import Member, MemberState, Roster
+from job_agent.progress import StepTracker
+from job_agent.recovery import choose_donor, receivers
+from job_agent.spares import SparePool
+from job_agent.transfer import StateTransport
+from job_agent.waiting import Changes
+from job_agent.wire import Assign, Freeze, Role
+from torchpass.classify import CATEGORY_OF
+from torchpass.errors import ErrorType
+from torchpass.models import Category, Evidence, FailureKind
+from torchpass.outcome import MigrationOutcome
+from torchpass.proof import resume_problems, transfer_problems
+from torchpass.steps import (
+    ConfirmResult,
+    FallbackResult,
+    FreezeResult,
+    ReceiverProof,
+    RejoinResult,
+    ReserveResult,
+    TransferProof,
+    TransferResult,
+)
+
+Tick = Callable[[int], None]
+FENCE_TIMEOUT = timedelta(seconds=10)
+
+
+class JobControl(Protocol):
+    """What the incident steps may see and do of a job (the coordinator implements it)."""
+
+    job_id: str
+    world_size: int
+    covered: bool
+    startup_timeout: timedelta
+    roster: Roster
+    spares: SparePool
+    transport: StateTransport
+    progress: StepTracker
+    incidents: IncidentTracker
+    changes: Changes
+
+    @property
+    def generation(self) -> int: ...
+    def fence(self, m: Member) -> None: ...
+    def regroup(self) -> int: ...
+    def restart_ranks(self, restore: str | None) -> None: ...
+    def latest_checkpoint(self) -> tuple[int, str | None]: ...
+    def end_incident(self, outcome: MigrationOutcome) -> None: ...
+
+
+def _since(t0: float) -> float:
+    return time.perf_counter() - t0
+
+
+def _mismatch(problems: list[str]) -> IncidentError:
+    return IncidentError(ErrorType.PROOF_MISMATCH, "proof does not hold: " + "; ".join(problems))
+
+
+class IncidentSteps:
+    """The recovery steps, run on the coordinator's event loop by the job's activity worker."""
+
+    def __init__(
+        self,
+        job: JobControl,
+        freeze_timeout: timedelta = timedelta(seconds=30),
+        transfer_timeout: timedelta = timedelta(seconds=120),
+        spare_wait: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self.job = job
+        self.freeze_timeout = freeze_timeout
+        self.transfer_timeout = transfer_timeout
+        self.spare_wait = spare_wait
+
+    def _incident(self, incident_id: str, evidence: tuple[Evidence, ...] = ()) -> Incident:
+        workflow_id = incident_id.split("/", 1)[0]
+        inc = self.job.incidents.current
+        if inc is not None and inc.workflow_id == workflow_id:
+            return inc
+        if inc is None and evidence:
+            # Reported by another source (a node watch, NVML): adopt it as this job's incident.
+            for ev in evidence:
+                self.job.incidents.add(ev)
+            inc = self.job.incidents.current
+            if inc is not None:
+                inc.workflow_id = workflow_id
+                return inc
+        raise IncidentError(
+            ErrorType.UNKNOWN_INCIDENT, f"job {self.job.job_id} has no incident {workflow_id}"
+        )
+
+    async def confirm(self, incident_id: str, evidence: tuple[Evidence, ...]) -> ConfirmResult:
+        t0 = time.perf_counter()
+        job, inc = self.job, self._incident(incident_id, evidence)
+        inc.leaving |= _planned_slots(inc)
+        fenced = []
+        for slot in sorted(inc.lost - inc.leaving):
+            m = job.roster.at(slot)
+            if m is not None:  # still running (hung): fence it so it can never rejoin
+                job.fence(m)
+            fenced.append(slot)
+        gone = inc.lost - inc.leaving
+        await job.changes.wait_for(
+            lambda: all(job.roster.at(s) is None for s in gone), FENCE_TIMEOUT, "fenced ranks to die"
+        )
+        shards = dict(job.roster.shards)
+        return ConfirmResult(
+            # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
+            confirmed=bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence),
+            lost_slots=tuple(sorted(inc.lost)),
+            fenced_slots=tuple(fenced),
+            world_size=job.world_size,
+            redundancy=_redundancy(shards, job.world_size),
+            shard_of=shards,
+            spares_ready=len(job.spares.ready()),
+            spares_warming=job.spares.warming(),
+            generation=job.generation,
+            covered=job.covered,
+            detail="; ".join(ev.detail for ev in inc.evidence),
+            work_seconds=_since(t0),
+        )
+
+    async def reserve(self, incident_id: str) -> ReserveResult:
+        t0 = time.perf_counter()
+        job, inc = self.job, self._incident(incident_id)
+        need = len(inc.lost)
+        # A spare still warming up (the pool refills after each migration) is worth a few seconds' wait:
+        # far cheaper than a checkpoint restart.
+        held = len(job.spares.held(inc.workflow_id))
+        with contextlib.suppress(TimeoutError):
+            await job.changes.wait_for(
+                lambda: held + len(job.spares.ready()) >= need or job.spares.warming() == 0,
+                self.spare_wait,
+                "a warm spare",
+            )
+        if held + len(job.spares.ready()) < need:
+            raise IncidentError(ErrorType.NO_SPARE, f"{need} spare(s) needed, {len(job.spares.ready())} warm")
+        spares = job.spares.reserve(inc.workflow_id, need)
+        return ReserveResult(spare_ids=tuple(m.agent_id for m in spares), work_seconds=_since(t0))
+
+    async def release(self, incident_id: str) -> None:
+        self.job.spares.release(self._incident(incident_id).workflow_id)
+
+    async def freeze(self, incident_id: str) -> FreezeResult:
+        t0 = time.perf_counter()
+        job, inc = self.job, self._incident(incident_id)
+        if inc.frozen is not None:
+            return inc.frozen
+        inc.past_freeze = True
+        survivors = [m for m in job.roster.ranks() if m.slot not in inc.lost]
+        leaving = [m for m in job.roster.ranks() if m.slot in inc.leaving and not m.fenced]
+        for m in (*survivors, *leaving):
+            m.send(Freeze())
+        await job.changes.wait_for(
+            lambda: all(m.state is MemberState.FROZEN or not m.alive for m in (*survivors, *leaving)),
+            self.freeze_timeout,
+            "ranks to freeze",
+        )
+        gone = [m.slot for m in survivors if not m.alive]
+        if gone:
+            raise IncidentError(ErrorType.FREEZE_FAILED, f"ranks {gone} were lost while freezing")
+        for m in leaving:  # a planned move: the leaving ranks froze with everyone else; now they go
+            job.fence(m)
+        await job.changes.wait_for(
+            lambda: all(job.roster.at(m.slot) is None for m in leaving),
+            FENCE_TIMEOUT,
+            "leaving ranks to stop",
+        )
+        completed = {m.slot: m.completed for m in survivors}
+        _, target = choose_donor(completed)
+        inc.frozen = FreezeResult(
+            completed_steps=completed,
+            target_step=target,
+            step_before=job.progress.high_water,
+            work_seconds=_since(t0),
+        )
+        return inc.frozen
+
+    async def transfer(self, incident_id: str, tick: Tick) -> TransferResult:
+        t0 = time.perf_counter()
+        job, inc = self.job, self._incident(incident_id)
+        if inc.proof is not None:
+            return TransferResult(proof=inc.proof, work_seconds=0.0)
+        if inc.frozen is None:
+            raise IncidentError(ErrorType.OUT_OF_ORDER, "transfer before freeze")
+        completed = dict(inc.frozen.completed_steps)
+        donor_slot, target = choose_donor(completed)
+        new = self._assign_spares(inc)
+        targets = [self._member(s) for s in receivers(completed, target, frozenset(new))]
+        donor = self._member(donor_slot)
+        moved = await job.transport.move(donor, targets, self.transfer_timeout, tick) if targets else None
+        survivors = {s: k for s, k in completed.items() if s not in {m.slot for m in targets}}
+        proof = TransferProof(
+            donor_slot=donor_slot,
+            donor_step=moved.served.step if moved else target,
+            receiver_slots=tuple(m.slot for m in targets),
+            donor_digest=moved.served.digest if moved else "",
+            receivers=tuple(
+                ReceiverProof(
+                    slot=s,
+                    stream_digest=r.stream_digest,
+                    installed_digest=r.installed_digest,
+                    installed_step=r.step,
+                    bytes=r.bytes,
+                    seconds=r.seconds,
+                )
+                for s, r in sorted((moved.received if moved else {}).items())
+            ),
+            receiver_digests={s: r.installed_digest for s, r in (moved.received if moved else {}).items()},
+            survivor_steps=survivors,
+            step_before=inc.frozen.step_before if inc.frozen.step_before is not None else target,
+            step_after=target,
+            bytes=moved.served.bytes if moved else 0,
+            seconds=moved.served.seconds if moved else 0.0,
+            stream_seconds=moved.served.stream_seconds if moved else None,
+        )
+        problems = transfer_problems(proof, target)
+        if problems:
+            raise _mismatch(problems)
+        inc.proof = proof
+        return TransferResult(proof=proof, work_seconds=_since(t0))
+
+    def _assign_spares(self, inc: Incident) -> dict[int, Member]:
+        """Give each lost slot one reserved spare: the newcomer takes the dead rank's exact place."""
+        held = sorted(self.job.spares.held(inc.workflow_id), key=lambda m: m.agent_id)
+        new = dict(zip(sorted(inc.lost), held, strict=True))
+        for slot, m in new.items():
+            if m.slot != slot:
+                m.slot, m.role = slot, Role.RANK
+                m.send(Assign(slot=slot))
+        return new
+
+    def _member(self, slot: int) -> Member:
+        m = self.job.roster.at(slot)
+        if m is None:
+            raise IncidentError(ErrorType.TRANSFER_FAILED, f"no live process holds slot {slot}")
+        return m
+
+    async def rejoin(self, incident_id: str) -> RejoinResult:
+        t0 = time.perf_counter()
+        inc = self._incident(incident_id)
+        if inc.rejoined is not None:
+            return inc.rejoined
+        if inc.frozen is None:
+            raise IncidentError(ErrorType.OUT_OF_ORDER, "rejoin before freeze")
+        resume = inc.frozen.target_step + 1
+        generation, resumed_at = await self._regroup_and_resume(resume)
+        step_before = inc.frozen.step_before if inc.frozen.step_before is not None else resume - 1
+        resumed = dict(self.job.progress.resumed)
+        problems = resume_problems(resumed, resume)
+        if problems:
+            raise _mismatch(problems)
+        inc.rejoined = RejoinResult(
+            generation=generation,
+            resumed_step=resume,
+            resumed_at=resumed_at,
+            resumed_steps=resumed,
+            step_before=step_before,
+            steps_recomputed=self.job.progress.recomputed_after(step_before),
+            work_seconds=_since(t0),
+        )
+        return inc.rejoined
+
+    async def _regroup_and_resume(self, resume: int) -> tuple[int, datetime]:
+        job = self.job
+        ranks = job.roster.ranks()
+        if len(ranks) != job.world_size:
+            raise IncidentError(ErrorType.REJOIN_FAILED, f"only {len(ranks)} of {job.world_size} ranks alive")
+        generation = job.regroup()
+
+        def resumed(m: Member) -> bool:
+            return m.state is MemberState.DONE or (m.state is MemberState.TRAINING and m.step >= resume)
+
+        await job.changes.wait_for(
+            lambda: all(resumed(m) for m in ranks), self.transfer_timeout, "every rank to train again"
+        )
+        return generation, datetime.fromtimestamp(max(m.step_wall for m in ranks), UTC)
+
+    async def restart_from_checkpoint(self, incident_id: str, reason: str) -> FallbackResult:
+        """The classic path: every rank restarted, the last checkpoint loaded, steps since it redone."""
+        t0 = time.perf_counter()
+        job, inc = self.job, self._incident(incident_id)
+        if inc.fallback is not None:
+            return inc.fallback
+        inc.past_freeze = True
+        failed_at = job.progress.high_water
+        restored_step, path = job.latest_checkpoint()
+        for m in job.roster.ranks():
+            job.fence(m)
+        await job.changes.wait_for(lambda: not job.roster.ranks(), FENCE_TIMEOUT, "old ranks to die")
+        job.restart_ranks(path)
+        await job.changes.wait_for(
+            lambda: len(job.roster.ranks(MemberState.READY)) == job.world_size,
+            job.startup_timeout,
+            "restarted ranks",
+        )
+        _, resumed_at = await self._regroup_and_resume(restored_step + 1)
+        inc.fallback = FallbackResult(
+            restored_step=restored_step,
+            failed_at_step=failed_at,
+            steps_recomputed=job.progress.recomputed_after(failed_at),
+            resumed_at=resumed_at,
+            resumed_steps=dict(job.progress.resumed),
+            work_seconds=_since(t0),
+        )
+        return inc.fallback
+
+    async def complete(self, incident_id: str, outcome: MigrationOutcome) -> None:
+        job = self.job
+        if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
+            return  # a retried completion: already recorded
+        inc = self._incident(incident_id)
+        if not inc.completed:
+            inc.completed = True
+            job.spares.refill(inc.workflow_id)  # a new spare for each one that took a slot, at once
+        job.end_incident(outcome)
+
+
+def _redundancy(shards: dict[int, str], world_size: int) -> int:
+    """Replicas of the least replicated shard, from what the ranks reported holding; a rank that
+    reported nothing is a shard of its own (never assumed to be a replica)."""
+    counts: dict[str, int] = {}
+    for slot in range(world_size):
+        key = shards.get(slot, f"unreported-rank-{slot}")
+        counts[key] = counts.get(key, 0) + 1
+    return min(counts.values(), default=0)
+
+
+def _planned_slots(inc: Incident) -> set[int]:
+    """Slots whose every report is a planned signal (cordon, drain): their ranks are healthy donors."""
+    planned = {s for ev in inc.evidence if CATEGORY_OF[ev.kind] is Category.PLANNED for s in ev.slots}
+    failed = {s for ev in inc.evidence if CATEGORY_OF[ev.kind] is not Category.PLANNED for s in ev.slots}
+    return planned - failed

@@ -1,0 +1,130 @@
+"""The job-side steps of an incident: what each activity takes and what the job measured doing it.
+
+Every figure here is the job's own measurement, from the ranks' own reports: steps completed, the step
+each rank resumed at, the digests each side computed of the state it holds, the shard each rank holds.
+The proof a live migration records is built from them and checked by `torchpass.proof`. Fields added
+after the first release have defaults, so results recorded in older workflow histories still decode.
+"""
+
+from __future__ import annotations
+
+from pydantic import AwareDatetime, Field, NonNegativeInt
+
+from torchpass.models import Evidence, Model
+
+
+class IncidentRef(Model):
+    """Identifies the incident an activity acts for; every job-side activity is idempotent on it."""
+
+    incident_id: str = Field(min_length=1)
+    job_id: str = Field(min_length=1)
+
+
+class ConfirmInput(Model):
+    incident: IncidentRef
+    evidence: tuple[Evidence, ...] = Field(min_length=1)
+
+
+class ConfirmResult(Model):
+    confirmed: bool
+    lost_slots: tuple[NonNegativeInt, ...]
+    fenced_slots: tuple[NonNegativeInt, ...]
+    world_size: NonNegativeInt
+    redundancy: NonNegativeInt = Field(
+        description="replicas of the least replicated shard, from the shards the ranks report holding"
+    )
+    generation: NonNegativeInt
+    covered: bool = Field(
+        description="the job runs under a YOCO contract; whether the outcome counts (opted in and "
+        "validated at detection) is the contract's decision, recorded in its ledger"
+    )
+    detail: str = ""
+    shard_of: dict[int, str] = Field(
+        default_factory=dict, description="slot -> the shard its rank reported holding (replicas share one)"
+    )
+    spares_ready: NonNegativeInt | None = Field(
+        default=None, description="warm spares free when the failure was confirmed (None: not measured)"
+    )
+    spares_warming: NonNegativeInt = 0
+    work_seconds: float = 0.0
+
+
+class ReserveResult(Model):
+    spare_ids: tuple[str, ...]
+    work_seconds: float = 0.0
+
+
+class FreezeResult(Model):
+    completed_steps: dict[int, int] = Field(description="slot -> last completed step, per survivor")
+    target_step: int = Field(description="the step every rank will hold after the transfer")
+    step_before: int | None = Field(
+        default=None,
+        description="the most advanced step any rank (the lost ones included) reported completing",
+    )
+    work_seconds: float = 0.0
+
+
+class ReceiverProof(Model):
+    """What one receiver computed itself, after installing the donor's state in its own memory."""
+
+    slot: NonNegativeInt
+    stream_digest: str = Field(description="over the bytes as they arrived")
+    installed_digest: str = Field(description="over the receiver's whole state once installed")
+    installed_step: int = Field(description="the completed step the receiver holds once installed")
+    bytes: NonNegativeInt = 0
+    seconds: float = Field(default=0.0, ge=0)
+
+
+class TransferProof(Model):
+    donor_slot: NonNegativeInt
+    receiver_slots: tuple[NonNegativeInt, ...]
+    donor_digest: str
+    receiver_digests: dict[int, str] = Field(description="slot -> the digest the receiver computed itself")
+    step_before: int = Field(description="last completed step when the failure struck, as the ranks said")
+    step_after: int = Field(description="step held by every rank after the transfer, as each one said")
+    bytes: NonNegativeInt
+    seconds: float = Field(ge=0, description="donor's snapshot, stream and both digests, end to end")
+    stream_seconds: float | None = Field(
+        default=None, ge=0, description="the bytes on the wire alone, summed over receivers"
+    )
+    donor_step: int | None = Field(default=None, description="the completed step the donor served")
+    receivers: tuple[ReceiverProof, ...] = Field(default=(), description="each receiver's own account")
+    survivor_steps: dict[int, int] = Field(
+        default_factory=dict, description="slot -> completed step of each survivor that received nothing"
+    )
+
+
+class TransferResult(Model):
+    proof: TransferProof
+    work_seconds: float = 0.0
+
+
+class RejoinResult(Model):
+    generation: NonNegativeInt
+    resumed_step: int = Field(description="the step every rank was to resume at")
+    resumed_at: AwareDatetime
+    resumed_steps: dict[int, int] = Field(
+        default_factory=dict, description="slot -> the first step the rank reported entering after rejoin"
+    )
+    step_before: int | None = Field(default=None, description="see FreezeResult.step_before")
+    steps_recomputed: NonNegativeInt = Field(
+        default=0, description="completed steps the ranks run again, from their own step reports"
+    )
+    work_seconds: float = 0.0
+
+
+class FallbackResult(Model):
+    restored_step: int = Field(description="step of the checkpoint the job restarted from (-1: none)")
+    failed_at_step: int = Field(description="the most advanced step any rank reported completing")
+    steps_recomputed: NonNegativeInt = Field(
+        description="completed steps the restarted ranks run again: from the first step they reported "
+        "entering up to failed_at_step"
+    )
+    resumed_at: AwareDatetime | None = None
+    resumed_steps: dict[int, int] = Field(default_factory=dict, description="see RejoinResult")
+    work_seconds: float = 0.0
+
+
+class FallbackInput(Model):
+    incident: IncidentRef
+    reason: str
