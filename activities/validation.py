@@ -43,7 +43,8 @@ class ValidationSettings(BaseSettings):
 
     allow_local: bool = Field(
         default=False,
-        description="development only: pass the scheduler check with neither Kubernetes nor Slurm",
+        description="development only: waive (never pass) the scheduler check with neither Kubernetes nor "
+        "Slurm; a waived check covers a job on a development contract only",
     )
     command_timeout: float = Field(default=10.0, gt=0, description="seconds per scontrol/sinfo call")
     api_timeout: float = Field(default=10.0, gt=0, description="seconds per Kubernetes/Temporal call")

@@ -5,8 +5,9 @@ months before the evaluation date (never before the contract start). Evaluations
 and at each expansion; an expansion in the first contract year is evaluated only when at least 3 months
 were measured. A rate below 90% (compared exactly, as fractions) earns a credit of 25% of the annual fee,
 at most once per contract year, and never twice for the same failures: the outcomes detected since the
-last evaluation that issued a credit must on their own be below 90% too (`credit_start`). The open cases
-the product brief leaves are decided in docs/contract.md.
+last evaluation that issued a credit must on their own be below 90% too (`credit_start`). A development
+contract evaluates the same way but never issues a credit notice. The open cases the product brief leaves
+are decided in docs/contract.md.
 
 `ContractBook` (`torchpass.contract_book`) applies these rules to a contract's running state;
 ContractWorkflow holds one and feeds it the time (`workflow.now()`), so that everything here stays
@@ -23,6 +24,7 @@ from fractions import Fraction
 
 from torchpass.contract_models import (
     COUNTED,
+    ContractPurpose,
     ContractRuleError,
     EntryStatus,
     Evaluation,
@@ -35,6 +37,7 @@ from torchpass.credit import CreditNotice, Money, credit_idempotency_key
 from torchpass.errors import ErrorType
 from torchpass.models import Category, Disposition
 from torchpass.outcome import MigrationOutcome
+from torchpass.validation import ReportStatus, ValidationReport
 
 TARGET_RATE = Fraction(9, 10)
 CREDIT_SHARE = Decimal("0.25")
@@ -44,6 +47,10 @@ FIRST_YEAR_MIN_MONTHS = 3
 # ledger can drop what no future window will count.
 EXPANSION_BACKDATE_LIMIT = timedelta(days=31)
 RATE_PLACES = 6
+NO_DEVELOPMENT_CREDIT = (
+    "; no credit: a development contract never issues a credit notice to billing (its validations may "
+    "have waived checks; it is not a customer guarantee)"
+)
 
 
 def add_months(d: date, months: int) -> date:
@@ -83,6 +90,18 @@ def status_for(outcome: MigrationOutcome, coverage: EntryStatus) -> EntryStatus:
             return EntryStatus.SHARED_INFRASTRUCTURE
         return EntryStatus.UNABLE_TO_RECOVER
     return EntryStatus.SUCCESS if outcome.success else EntryStatus.FAILURE
+
+
+def validation_status(report: ValidationReport, purpose: ContractPurpose) -> EntryStatus:
+    """What a validation report makes of a job: covered (SUCCESS) when every check passed, or when the
+    only checks not passed were waived and the contract is a development one; otherwise not covered."""
+    if report.status is ReportStatus.PASSED:
+        return EntryStatus.SUCCESS
+    if report.status is ReportStatus.PASSED_WITH_WAIVERS:
+        if purpose is ContractPurpose.DEVELOPMENT:
+            return EntryStatus.SUCCESS
+        return EntryStatus.VALIDATION_WAIVED
+    return EntryStatus.VALIDATION_FAILED
 
 
 def tally(entries: Iterable[LedgerEntry], start: date, end: date) -> Tally:
@@ -169,7 +188,9 @@ def evaluate(ctx: EvaluationContext, entries: Iterable[LedgerEntry]) -> Evaluati
     note = summary(t)
     credit = None
     if credit_due(t.successful, t.qualifying):
-        if ctx.credit_already_this_term:
+        if ctx.purpose is ContractPurpose.DEVELOPMENT:
+            note += NO_DEVELOPMENT_CREDIT
+        elif ctx.credit_already_this_term:
             note += "; credit already issued for this contract year"
         elif not credit_due(unpaid.successful, unpaid.qualifying):
             note += _unpaid_note(unpaid, since)

@@ -22,9 +22,11 @@ from torchpass.contract import (
     success_rate,
     summary,
     tally,
+    validation_status,
     window_for,
 )
 from torchpass.contract_models import (
+    ContractPurpose,
     ContractRuleError,
     ContractState,
     ContractTerms,
@@ -125,9 +127,10 @@ class ContractBook:
         self.check_opted_in(report.job_id)
 
     def record_validation(self, report: ValidationReport) -> JobCoverage:
-        """A report covers (or uncovers) the job from its time, never before the opt-in it answers."""
+        """A report covers (or uncovers) the job from its time, never before the opt-in it answers. One with
+        waived checks covers it on a development contract only (`validation_status`)."""
         mark = self.check_opted_in(report.job_id)
-        status = EntryStatus.SUCCESS if report.passed else EntryStatus.VALIDATION_FAILED
+        status = validation_status(report, self.terms.purpose)
         change = CoverageChange(max(report.validated_at, mark.at), status)
         job = self.jobs[report.job_id].with_change(change)
         self.jobs[report.job_id] = job
@@ -192,6 +195,7 @@ class ContractBook:
             credit_already_this_term=self.credited_this_term(),
             now=now,
             credited_through=self.last_credited(),
+            purpose=self.terms.purpose,
         )
         ev = evaluate(ctx, self.entries.values())
         self.evaluations.append(ev)
@@ -306,11 +310,13 @@ class ContractBook:
             credit_due(t.successful, t.qualifying)
             and credit_due(unpaid.successful, unpaid.qualifying)
             and not self.credited_this_term()
+            and self.terms.purpose is ContractPurpose.CUSTOMER
         ):
             projected = self.fee.times(CREDIT_SHARE)
         return Standing(
             customer_id=self.terms.customer_id,
             contract_id=self.terms.contract_id,
+            purpose=self.terms.purpose,
             term=self.term,
             term_start=self.term_start,
             renewal_date=self.renewal_date,
@@ -343,6 +349,7 @@ class ContractBook:
         page = entries[inp.offset : inp.offset + inp.limit]
         more = inp.offset + inp.limit < len(entries)
         return LedgerPage(
+            purpose=self.terms.purpose,
             rows=tuple(LedgerRow.of(e) for e in page),
             total=len(entries),
             next_offset=inp.offset + inp.limit if more else None,

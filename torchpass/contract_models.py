@@ -32,6 +32,17 @@ class ContractRuleError(TorchpassError, ValueError):
         super().__init__(message, error_type)
 
 
+class ContractPurpose(StrEnum):
+    """A customer contract is the guarantee; a development one (demos, tests) accepts waived validation
+    checks and never issues a credit notice to billing (docs/contract.md)."""
+
+    CUSTOMER = "customer"
+    DEVELOPMENT = "development"
+
+
+DEVELOPMENT_BANNER = "DEVELOPMENT contract: waivers accepted; not a customer guarantee; no credit to billing"
+
+
 class ContractTerms(Model):
     """What a contract is created with (ContractWorkflow's start input, with `ContractInput`)."""
 
@@ -40,6 +51,10 @@ class ContractTerms(Model):
     start: date = Field(description="first day of the contract (00:00 UTC)")
     renewal_date: date = Field(description="end of the first term: the first evaluation at renewal")
     annual_fee: Money
+    purpose: ContractPurpose = Field(
+        default=ContractPurpose.CUSTOMER,
+        description="development: a validation with waived checks covers a job, and no credit is issued",
+    )
     continue_as_new_after: int = Field(
         default=2000, ge=5, le=50_000, description="history events handled before a run continues-as-new"
     )
@@ -74,6 +89,7 @@ class EntryStatus(StrEnum):
     NOT_OPTED_IN = "not_opted_in"
     AWAITING_VALIDATION = "awaiting_validation"
     VALIDATION_FAILED = "validation_failed"
+    VALIDATION_WAIVED = "validation_waived"
     OPTED_OUT = "opted_out"
     SHARED_INFRASTRUCTURE = "shared_infrastructure"
     UNABLE_TO_RECOVER = "unable_to_recover"
@@ -86,6 +102,8 @@ EXCLUSION_REASON: dict[EntryStatus, str] = {
     EntryStatus.NOT_OPTED_IN: "job not covered: not opted in to the YOCO guarantee",
     EntryStatus.AWAITING_VALIDATION: "job not covered: opted in, environment not yet validated",
     EntryStatus.VALIDATION_FAILED: "job not covered: environment validation failed",
+    EntryStatus.VALIDATION_WAIVED: "job not covered: validated with waived checks (development override), "
+    "not accepted on a customer contract",
     EntryStatus.OPTED_OUT: "job not covered: opted out of the YOCO guarantee",
     EntryStatus.SHARED_INFRASTRUCTURE: "disqualifying event: shared infrastructure failure",
     EntryStatus.UNABLE_TO_RECOVER: "disqualifying event: unable to recover (includes no spare available)",
@@ -218,6 +236,7 @@ class EvaluationContext:
     credit_already_this_term: bool
     now: datetime
     credited_through: date | None = None  # period_end of the last evaluation that issued a credit
+    purpose: ContractPurpose = ContractPurpose.CUSTOMER  # a development contract never issues a credit
 
 
 class ContractState(Model):
@@ -289,6 +308,7 @@ class LedgerRow(Model):
 
 
 class LedgerPage(Model):
+    purpose: ContractPurpose = ContractPurpose.CUSTOMER
     rows: tuple[LedgerRow, ...]
     total: NonNegativeInt
     next_offset: NonNegativeInt | None
@@ -300,6 +320,7 @@ class Standing(Model):
 
     customer_id: str
     contract_id: str
+    purpose: ContractPurpose = ContractPurpose.CUSTOMER
     term: NonNegativeInt
     term_start: date
     renewal_date: date

@@ -1,13 +1,25 @@
-"""Plain-text renderings for SREs: an incident's outcome, a contract's standing and ledger.
+"""Plain-text renderings for SREs: an incident's outcome, a contract's standing and ledger, a validation.
 
-Pure functions of the core's models; `torchpass incidents show`, `torchpass contract show|ledger` and the
-demo print them.
+Pure functions of the core's models; `torchpass incidents show`, `torchpass contract show|ledger|opt-in`
+and the demo print them. A development contract's standing and ledger open with `DEVELOPMENT_BANNER`.
 """
 
 from __future__ import annotations
 
-from torchpass.contract_models import LedgerPage, Standing
+from torchpass.contract_models import DEVELOPMENT_BANNER, ContractPurpose, LedgerPage, Standing
 from torchpass.outcome import MigrationOutcome
+from torchpass.validation import CheckResult, CheckStatus
+
+_MARK = {CheckStatus.PASSED: "ok", CheckStatus.FAILED: "FAIL", CheckStatus.WAIVED: "WAIVED"}
+
+
+def format_check(c: CheckResult) -> str:
+    """One validation check as `ok`, `FAIL` or `WAIVED`, its name and what it saw."""
+    return f"{_MARK[c.status]:<6} {c.name:<20} {c.detail}"
+
+
+def _banner(purpose: ContractPurpose) -> list[str]:
+    return [DEVELOPMENT_BANNER] if purpose is ContractPurpose.DEVELOPMENT else []
 
 
 def format_outcome(o: MigrationOutcome) -> str:
@@ -45,6 +57,7 @@ def format_standing(st: Standing) -> str:
     credit = str(st.projected_credit) if st.projected_credit else "none"
     rows = [
         ("contract", f"{st.contract_id} of {st.customer_id}, term {st.term + 1} from {st.term_start}"),
+        ("purpose", st.purpose.value),
         ("annual fee", str(st.annual_fee)),
         ("window", f"{st.window_start} .. {st.window_end} (trailing 12 months)"),
         ("qualifying", str(st.qualifying)),
@@ -59,7 +72,7 @@ def format_standing(st: Standing) -> str:
         ("credits delivered", ", ".join(st.delivered_credits) or "none"),
         ("credits pending", str(st.pending_credits)),
     ]
-    lines = [f"{k:<18} {v}" for k, v in rows]
+    lines = [*_banner(st.purpose), *(f"{k:<18} {v}" for k, v in rows)]
     lines.append(f"{'':<18} {st.summary}")
     for ev in st.evaluations:
         got = f"{ev.success_rate:.2%}" if ev.success_rate is not None else "n/a"
@@ -80,7 +93,10 @@ def _renewal(st: Standing) -> str:
 
 
 def format_ledger(page: LedgerPage) -> str:
-    lines = [f"{'detected (UTC)':<20} {'job':<16} {'status':<22} {'counted':<8} incident"]
+    lines = [
+        *_banner(page.purpose),
+        f"{'detected (UTC)':<20} {'job':<16} {'status':<22} {'counted':<8} incident",
+    ]
     for r in page.rows:
         flags = " (late)" if r.late else ""
         flags += f" (+{r.duplicates} duplicate)" if r.duplicates else ""

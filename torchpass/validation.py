@@ -1,7 +1,9 @@
 """Environment validation for YOCO opt-in: the checks run for a job and the report the contract records.
 
 Only a job whose latest report passed is covered by the guarantee (product brief: "Opt in to the YOCO
-Guarantee and we will validate your environment").
+Guarantee and we will validate your environment"). A check passed only under a development override is
+*waived*, never passed: a report with a waived check covers a job on a development contract only
+(`torchpass.contract_book`, docs/contract.md).
 
 Activities gather facts (`JobDescription` from the job's coordinator, `ControlPlaneFacts` and
 `SchedulerFacts` from the control worker); the pure functions here judge them into `CheckResult`s, so that
@@ -14,29 +16,86 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from enum import StrEnum
+from typing import Any, Literal
 
-from pydantic import AwareDatetime, Field, NonNegativeInt
+from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from torchpass.models import Model
 
 
-class CheckResult(Model):
-    """One validation check: its name, whether it passed, and what it saw."""
+class CheckStatus(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    WAIVED = "waived"  # passed only under a development override: never `passed`
+
+
+class ReportStatus(StrEnum):
+    PASSED = "passed"  # every check passed
+    PASSED_WITH_WAIVERS = "passed_with_waivers"  # none failed, some waived: covers on a development contract
+    FAILED = "failed"  # a check failed
+
+
+class _Verdict(Model):
+    @model_validator(mode="before")
+    @classmethod
+    def _from_passed(cls, data: Any) -> Any:
+        """A payload saved before statuses existed has only `passed` (never a waiver): derive its status,
+        so that old histories still decode. `passed` stays in the JSON for its readers."""
+        if isinstance(data, dict) and not ("status" in data and "passed" in data):
+            if "status" not in data and not isinstance(data.get("passed"), bool):
+                raise ValueError("status (or, in a payload from before statuses, passed) is required")
+            data = {"status": "passed" if data.get("passed") else "failed", **data}
+            data.setdefault("passed", data["status"] == "passed")
+        return data
+
+
+class CheckResult(_Verdict):
+    """One validation check: its name, its status (passed, failed or waived), and what it saw."""
 
     name: str = Field(min_length=1, description="e.g. 'torch_backend', 'agent_present', 'spare_pool'")
-    passed: bool
+    status: CheckStatus = CheckStatus.FAILED
+    passed: bool = Field(default=False, description="status is passed; a waived check is not passed")
     detail: str = Field(default="", max_length=4000)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> CheckResult:
+        if self.passed != (self.status is CheckStatus.PASSED):
+            raise ValueError(f"check {self.name}: passed={self.passed} contradicts status {self.status}")
+        return self
 
-class ValidationReport(Model):
-    """The outcome of EnvironmentValidationWorkflow for one job, recorded on its contract."""
+
+def report_status(checks: Sequence[CheckResult]) -> ReportStatus:
+    statuses = {c.status for c in checks}
+    if CheckStatus.FAILED in statuses:
+        return ReportStatus.FAILED
+    return ReportStatus.PASSED_WITH_WAIVERS if CheckStatus.WAIVED in statuses else ReportStatus.PASSED
+
+
+class ValidationReport(_Verdict):
+    """The outcome of EnvironmentValidationWorkflow for one job, recorded on its contract.
+
+    `status`, `passed` and `waived` are the checks' verdict: a report that contradicts its checks does
+    not validate, so no sender can claim a pass its checks do not show."""
 
     contract_id: str = Field(min_length=1)
     job_id: str = Field(min_length=1)
-    passed: bool = Field(description="every check passed")
+    status: ReportStatus = ReportStatus.FAILED
+    passed: bool = Field(default=False, description="every check passed outright (none waived)")
+    waived: tuple[str, ...] = Field(default=(), description="the checks passed only under an override")
     checks: tuple[CheckResult, ...] = Field(min_length=1)
     validated_at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ValidationReport:
+        waived = tuple(c.name for c in self.checks if c.status is CheckStatus.WAIVED)
+        status = report_status(self.checks)
+        if (self.status, self.passed, self.waived) != (status, status is ReportStatus.PASSED, waived):
+            raise ValueError(
+                f"report says {self.status} (passed={self.passed}, waived={list(self.waived)}), its checks "
+                f"say {status} (waived={list(waived)})"
+            )
+        return self
 
 
 class Check:
@@ -81,8 +140,9 @@ class ValidateInput(Model):
     )
     allow_local: bool = Field(
         default=False,
-        description="development override: pass the scheduler check with neither Kubernetes nor Slurm "
-        "(the control worker's TORCHPASS_VALIDATION_ALLOW_LOCAL does the same for every request)",
+        description="development override: waive the scheduler check with neither Kubernetes nor Slurm "
+        "(the control worker's TORCHPASS_VALIDATION_ALLOW_LOCAL does the same for every request); a waived "
+        "check covers the job on a development contract only",
     )
 
 
@@ -145,7 +205,7 @@ class SchedulerProbe(Model):
 
 class SchedulerFacts(Model):
     probes: tuple[SchedulerProbe, ...]
-    allow_local: bool = Field(default=False, description="development override: no scheduler is accepted")
+    allow_local: bool = Field(default=False, description="development override: no scheduler is waived")
 
 
 # --- versions -----------------------------------------------------------------------------------------
@@ -293,7 +353,7 @@ def evaluate_control_plane(f: ControlPlaneFacts) -> list[CheckResult]:
 
 
 def evaluate_scheduler(f: SchedulerFacts) -> CheckResult:
-    """Kubernetes or Slurm must be found; a local run passes only under the explicit development override."""
+    """Kubernetes or Slurm must be found; a local run is only waived (never passed) by the dev override."""
     found = [p for p in f.probes if p.found]
     seen = "; ".join(f"{p.scheduler}: {p.detail}" for p in f.probes) or "nothing probed"
     if found:
@@ -302,30 +362,28 @@ def evaluate_scheduler(f: SchedulerFacts) -> CheckResult:
     if f.allow_local:
         return CheckResult(
             name=Check.SCHEDULER,
-            passed=True,
+            status=CheckStatus.WAIVED,
             detail=(
-                f"no Kubernetes or Slurm found ({seen}); passed only under the local-development "
-                "override (allow_local, TORCHPASS_VALIDATION_ALLOW_LOCAL): a local run is not a "
-                "TorchPass-supported environment"
+                f"no Kubernetes or Slurm found ({seen}); WAIVED under the local-development override "
+                "(allow_local, TORCHPASS_VALIDATION_ALLOW_LOCAL): a local run is not a TorchPass-supported "
+                "environment, and a customer contract does not accept a waived check"
             )[:4000],
         )
-    return CheckResult(
-        name=Check.SCHEDULER,
-        passed=False,
-        detail=f"neither Kubernetes nor Slurm found ({seen}); TorchPass supports jobs under one of them"[
-            :4000
-        ],
-    )
+    detail = f"neither Kubernetes nor Slurm found ({seen}); TorchPass supports jobs under one of them"
+    return CheckResult(name=Check.SCHEDULER, passed=False, detail=detail[:4000])
 
 
 def build_report(
     contract_id: str, job_id: str, checks: Sequence[CheckResult], at: datetime
 ) -> ValidationReport:
-    """The report: passed only when every check passed."""
+    """The report: passed only when every check passed, passed with waivers when none failed."""
+    status = report_status(checks)
     return ValidationReport(
         contract_id=contract_id,
         job_id=job_id,
-        passed=all(c.passed for c in checks),
+        status=status,
+        passed=status is ReportStatus.PASSED,
+        waived=tuple(c.name for c in checks if c.status is CheckStatus.WAIVED),
         checks=tuple(checks),
         validated_at=at,
     )

@@ -97,8 +97,14 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     cust, cid = ids
     who = ("--customer", cust, "--contract", cid)
     start = datetime.now(UTC).date().replace(day=1)
+    code, out, err = await _cli(
+        client, capsys, "contract", "create", *who, "--start", str(start), "--fee", "1e5", "--development"
+    )
+    assert code == 0, err
+    assert "DEVELOPMENT contract" in out and "development contract" in out
+    customer = ("--customer", cust, "--contract", f"{cid}-customer")
     code, _, err = await _cli(
-        client, capsys, "contract", "create", *who, "--start", str(start), "--fee", "1e5"
+        client, capsys, "contract", "create", *customer, "--start", str(start), "--fee", "1e5"
     )
     assert code == 0, err
     job = spec(
@@ -110,12 +116,20 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     task = await start_job(client, job)
     try:
         await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, timedelta(seconds=60))
-        # This host has neither Slurm nor Kubernetes: the explicit development override waives that check.
+        # This host has neither Slurm nor Kubernetes: the explicit development override waives that check,
+        # which a customer contract does not accept and a development contract does.
+        code, out, err = await _cli(
+            client, capsys, "contract", "opt-in", *customer, "--job", job.job_id, "--allow-local"
+        )
+        assert code == 1, out + err
+        assert "WAIVED" in out and "not covered (waived checks on a customer contract)" in out
         code, out, err = await _cli(
             client, capsys, "contract", "opt-in", *who, "--job", job.job_id, "--allow-local"
         )
         assert code == 0, out + err
-        assert "validated, covered" in out and "agent_present" in out
+        assert "WAIVED" in out and "  ok " in out and "agent_present" in out
+        last = out.strip().splitlines()[-1]
+        assert last == f"job {job.job_id}: covered (development contract: scheduler waived)"
         kill = wire.Inject(action=wire.InjectAction.KILL, slot=2)
         assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)
         result = await asyncio.wait_for(asyncio.shield(task), 150)
@@ -135,7 +149,9 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     standing = json.loads(out)
     assert (standing["qualifying"], standing["successful"]) == (1, 1)
     code, out, _ = await _cli(client, capsys, "contract", "ledger", *who)
-    assert incident in out and "success" in out
+    assert incident in out and "success" in out and out.startswith("DEVELOPMENT contract")
+    code, out, _ = await _cli(client, capsys, "contract", "show", *who)
+    assert out.startswith("DEVELOPMENT contract") and "development" in out
     code, out, err = await _cli(client, capsys, "cost", "--contract", cid, "--customer", cust, "--json")
     assert code == 0, err
     measured = json.loads(out)

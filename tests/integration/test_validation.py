@@ -3,7 +3,8 @@
 The job is a real 4-rank gloo job with one warm spare (tests/integration/conftest.py) whose coordinator's
 worker serves the real `describe_job`. EnvironmentValidationWorkflow, the real control-side activities and
 the real ContractWorkflow run on a worker of this test against the real dev server. No scheduler runs on
-this machine: the scheduler check passes only through the explicit local-development override.
+this machine: the scheduler check is waived by the explicit local-development override, which covers the
+job on a development contract only.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from job_agent import wire
 from job_agent.jobs import UnknownJob, request
 from tests.integration.conftest import spec
 from torchpass.contract import add_months
-from torchpass.contract_models import ContractTerms
+from torchpass.contract_models import ContractPurpose, ContractTerms
 from torchpass.credit import Money
 from torchpass.ids import job_task_queue
 from torchpass.job import JobResult
-from torchpass.validation import Check, ValidateInput, ValidationReport
+from torchpass.validation import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
 from workers import contract_client as cc
 from workers.job import run_job
 from workflows.contract import CONTRACT_WORKFLOWS
@@ -87,6 +88,7 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
         renewal_date=add_months(today, 12),
         annual_fee=Money(amount=Decimal("120000.00"), currency="USD"),
     )
+    dev_terms = terms.model_copy(update={"contract_id": "c-dev", "purpose": ContractPurpose.DEVELOPMENT})
     acts = validation_activities(ValidationSettings(allow_local=True))
     task = asyncio.create_task(run_job(job, client))
     try:
@@ -94,26 +96,38 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
             client, task_queue=queue, workflows=[*VALIDATION_WORKFLOWS, *CONTRACT_WORKFLOWS], activities=acts
         ):
             contract = await cc.create_contract(client, terms, task_queue=queue)
+            dev_contract = await cc.create_contract(client, dev_terms, task_queue=queue)
             await cc.opt_in(client, customer, "c-1", job.job_id)
+            await cc.opt_in(client, customer, "c-dev", job.job_id)
             await wait_until_training_with_a_warm_spare(tmp_path, job.job_id, task)
             report = await validate(client, queue, customer, "c-1", job.job_id)
             standing = await cc.get_standing(client, customer, "c-1")
+            dev_report = await validate(client, queue, customer, "c-dev", job.job_id)
+            dev_standing = await cc.get_standing(client, customer, "c-dev")
             unrecorded = await validate(client, queue, f"nobody-{uuid.uuid4().hex[:8]}", "c-1", job.job_id)
             await contract.terminate("test over")
+            await dev_contract.terminate("test over")
     finally:
         result = await asyncio.wait_for(task, 120)
     assert result.ok, result.error
 
     checks = {c.name: c for c in report.checks}
-    assert report.passed, [c for c in report.checks if not c.passed]
+    # Every check passed but the scheduler's, which was waived: not a pass.
+    assert report.status is ReportStatus.PASSED_WITH_WAIVERS, [c for c in report.checks if not c.passed]
+    assert not report.passed and report.waived == (Check.SCHEDULER,)
+    assert checks[Check.SCHEDULER].status is CheckStatus.WAIVED
     assert "4 of 4 rank slots" in checks[Check.AGENT].detail
     assert "1 warm spare(s) ready" in checks[Check.SPARES].detail
     # Measured: every rank reported holding the same shard (a digest of its parameters' structure).
     assert re.search(r"replicas per shard \{[0-9a-f]{16}: 4\}", checks[Check.REDUNDANCY].detail)
     assert "gloo: available" in checks[Check.BACKEND].detail
     assert "server 1." in checks[Check.TEMPORAL].detail
-    assert standing.covered_jobs == (job.job_id,)
+    # A customer contract does not accept a waived check; a development contract does.
+    assert standing.covered_jobs == ()
+    assert dev_report.status is ReportStatus.PASSED_WITH_WAIVERS and dev_report.waived == (Check.SCHEDULER,)
+    assert dev_standing.covered_jobs == (job.job_id,) and dev_standing.purpose is ContractPurpose.DEVELOPMENT
 
     assert not unrecorded.passed
-    assert [c.name for c in unrecorded.checks if not c.passed] == [Check.RECORDED]
+    assert [c.name for c in unrecorded.checks if c.status is CheckStatus.FAILED] == [Check.RECORDED]
+    assert unrecorded.status is ReportStatus.FAILED
     assert "no running contract" in unrecorded.checks[-1].detail

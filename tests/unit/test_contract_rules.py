@@ -24,7 +24,10 @@ from torchpass.contract import (
 )
 from torchpass.contract_book import ContractBook
 from torchpass.contract_models import (
+    DEVELOPMENT_BANNER,
+    EXCLUSION_REASON,
     ContractInput,
+    ContractPurpose,
     ContractRuleError,
     ContractState,
     ContractTerms,
@@ -39,7 +42,8 @@ from torchpass.credit import Money, credit_idempotency_key
 from torchpass.errors import ErrorType
 from torchpass.models import Category, Classification, Disposition, FailureKind
 from torchpass.outcome import MigrationOutcome
-from torchpass.validation import CheckResult, ValidationReport
+from torchpass.render import format_ledger, format_standing
+from torchpass.validation import CheckResult, CheckStatus, ReportStatus, ValidationReport, build_report
 
 START = date(2026, 1, 15)
 T0 = day_start(START) + timedelta(hours=1)
@@ -83,6 +87,15 @@ def outcome(
 def report(passed: bool, at: datetime, job: str = "job-a") -> ValidationReport:
     check = CheckResult(name="agent_present", passed=passed)
     return ValidationReport(contract_id="c-1", job_id=job, passed=passed, checks=(check,), validated_at=at)
+
+
+def waived_report(at: datetime, job: str = "job-a") -> ValidationReport:
+    """Every check passed but the scheduler, waived by the local-development override."""
+    checks = [
+        CheckResult(name="agent_present", passed=True),
+        CheckResult(name="scheduler", status=CheckStatus.WAIVED, detail="WAIVED: allow_local"),
+    ]
+    return build_report("c-1", job, checks, at)
 
 
 def covered_book(*jobs: str) -> ContractBook:
@@ -227,6 +240,92 @@ def test_validation_of_an_unknown_job_or_another_contract_is_refused() -> None:
     assert e.value.error_type is ErrorType.CONTRACT_WRONG_CONTRACT
     with pytest.raises(ContractRuleError):
         ContractBook(terms()).opt_out("job-never", T0)
+
+
+# --- waived checks, customer and development contracts -------------------------------------------------
+
+
+def test_a_waived_check_does_not_cover_a_job_on_a_customer_contract() -> None:
+    book = ContractBook(terms())
+    assert book.terms.purpose is ContractPurpose.CUSTOMER  # the default
+    book.opt_in("job-a", T0)
+    waived = waived_report(T0 + timedelta(minutes=1))
+    assert waived.status is ReportStatus.PASSED_WITH_WAIVERS and waived.waived == ("scheduler",)
+    cov = book.record_validation(waived)
+    assert cov.changes[-1].status is EntryStatus.VALIDATION_WAIVED
+    at = T0 + timedelta(hours=1)
+    entry, _ = book.record_outcome(outcome(1, at, success=False))
+    book.record_outcome(outcome(2, at, success=True))
+    assert entry.status is EntryStatus.VALIDATION_WAIVED and book.covered_jobs(at) == ()
+    s = book.standing(at)
+    assert (s.qualifying, s.successful) == (0, 0) and s.excluded == {EntryStatus.VALIDATION_WAIVED: 2}
+    assert s.purpose is ContractPurpose.CUSTOMER and DEVELOPMENT_BANNER not in format_standing(s)
+    rows = book.ledger_page(LedgerPageInput()).rows
+    reason = EXCLUSION_REASON[EntryStatus.VALIDATION_WAIVED]
+    assert all(not r.counted and r.reason == reason for r in rows)
+    assert "waived checks" in reason and "not accepted on a customer contract" in reason
+    # A clean validation afterwards covers it as usual.
+    book.record_validation(report(True, T0 + timedelta(hours=2)))
+    assert book.record_outcome(outcome(3, T0 + timedelta(hours=3)))[0].status is EntryStatus.SUCCESS
+
+
+def with_failed_check(r: ValidationReport) -> ValidationReport:
+    return build_report(
+        r.contract_id, r.job_id, (*r.checks, CheckResult(name="spare_pool", passed=False)), r.validated_at
+    )
+
+
+def dev_book() -> ContractBook:
+    book = ContractBook(terms(purpose="development"))
+    book.opt_in("job-a", T0)
+    book.record_validation(waived_report(T0))
+    return book
+
+
+def test_a_waived_check_covers_a_job_on_a_development_contract_and_its_outcomes_count() -> None:
+    book = dev_book()
+    assert book.terms.purpose is ContractPurpose.DEVELOPMENT
+    at = T0 + timedelta(hours=1)
+    assert book.covered_jobs(at) == ("job-a",)
+    statuses = [book.record_outcome(outcome(n, at, success=n > 0))[0].status for n in range(2)]
+    assert statuses == [EntryStatus.FAILURE, EntryStatus.SUCCESS]
+    s = book.standing(at)
+    assert (s.qualifying, s.successful, s.purpose) == (2, 1, ContractPurpose.DEVELOPMENT)
+    # It says so, loudly: the standing and the ledger open with the banner.
+    assert format_standing(s).splitlines()[0] == DEVELOPMENT_BANNER
+    page = book.ledger_page(LedgerPageInput())
+    assert page.purpose is ContractPurpose.DEVELOPMENT
+    assert format_ledger(page).splitlines()[0] == DEVELOPMENT_BANNER
+    # A failed check still fails on a development contract.
+    failed = with_failed_check(waived_report(T0 + timedelta(hours=2)))
+    assert book.record_validation(failed).changes[-1].status is EntryStatus.VALIDATION_FAILED
+
+
+def test_a_development_contract_never_issues_a_credit() -> None:
+    book = dev_book()
+    fill(book, 0, 1, successes=8, failures=2)  # 80%: a customer contract earns 30,000
+    fill(book, 10, 4, successes=1, failures=4)
+    assert book.standing(T0 + timedelta(days=200)).projected_credit is None
+    exp = book.expand(ExpandInput(on=add_months(START, 5), annual_fee=FEE), day_start(add_months(START, 5)))
+    assert exp.evaluated and (exp.qualifying, exp.successful) == (15, 9) and exp.credit is None
+    assert "development contract never issues a credit notice" in exp.note
+    book.renew(RenewInput())
+    ev = book.close_term(day_start(book.renewal_date))
+    assert ev.evaluated and (ev.qualifying, ev.successful) == (15, 9) and ev.credit is None
+    assert "below 90%" in ev.note and "development contract never issues a credit notice" in ev.note
+    assert book.pending == [] and book.last_credited() is None
+    # The same outcomes on a customer contract earn the year's credit.
+    customer = covered_book()
+    fill(customer, 0, 1, successes=8, failures=2)
+    assert customer.close_term(day_start(customer.renewal_date)).credit is not None
+
+
+def test_old_terms_without_a_purpose_are_a_customer_contract() -> None:
+    raw = terms().model_dump(mode="json")
+    del raw["purpose"]
+    assert ContractTerms.model_validate(raw).purpose is ContractPurpose.CUSTOMER
+    with pytest.raises(ValidationError):
+        terms(purpose="demo")
 
 
 # --- duplicates and late outcomes ----------------------------------------------------------------------

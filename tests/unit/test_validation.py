@@ -31,10 +31,13 @@ from torchpass.validation import (
     SUPPORTED_TORCH,
     Check,
     CheckResult,
+    CheckStatus,
     ControlPlaneFacts,
     JobDescription,
+    ReportStatus,
     SchedulerFacts,
     SchedulerProbe,
+    ValidationReport,
     ValidationTarget,
     build_report,
     evaluate_control_plane,
@@ -214,10 +217,53 @@ def test_no_scheduler_fails_with_what_was_seen() -> None:
     assert not c.passed and "neither Kubernetes nor Slurm" in c.detail and "slurm seen" in c.detail
 
 
-def test_a_local_run_passes_only_under_the_explicit_override() -> None:
+def test_a_local_run_is_waived_never_passed_under_the_explicit_override() -> None:
     facts = SchedulerFacts(probes=(probe("slurm", False),), allow_local=True)
     c = evaluate_scheduler(facts)
-    assert c.passed and "TORCHPASS_VALIDATION_ALLOW_LOCAL" in c.detail and "local-development" in c.detail
+    assert c.status is CheckStatus.WAIVED and not c.passed
+    assert "TORCHPASS_VALIDATION_ALLOW_LOCAL" in c.detail and "local-development override" in c.detail
+    assert "WAIVED" in c.detail and "customer contract" in c.detail
+    # A scheduler found is a pass, override or not.
+    found = evaluate_scheduler(SchedulerFacts(probes=(probe("slurm", True),), allow_local=True))
+    assert found.status is CheckStatus.PASSED and found.passed
+
+
+def test_a_report_with_a_waiver_is_not_passed_but_lists_the_waived_checks() -> None:
+    ok, waived = CheckResult(name="a", passed=True), CheckResult(name="s", status=CheckStatus.WAIVED)
+    report = build_report("c", "j", [ok, waived], NOW)
+    assert report.status is ReportStatus.PASSED_WITH_WAIVERS and not report.passed
+    assert report.waived == ("s",)
+    failed = with_check(report, CheckResult(name="b", passed=False))
+    assert failed.status is ReportStatus.FAILED and not failed.passed and failed.waived == ("s",)
+    clean = build_report("c", "j", [ok], NOW)
+    assert clean.status is ReportStatus.PASSED and clean.passed and clean.waived == ()
+    # The JSON keeps `passed` beside `status`, and reads back the same.
+    data = json.loads(report.model_dump_json())
+    assert (data["status"], data["passed"], data["waived"]) == ("passed_with_waivers", False, ["s"])
+    assert [(c["status"], c["passed"]) for c in data["checks"]] == [("passed", True), ("waived", False)]
+    assert ValidationReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_a_report_cannot_claim_a_pass_its_checks_do_not_show() -> None:
+    waived = CheckResult(name="s", status=CheckStatus.WAIVED)
+    with pytest.raises(ValueError, match="its checks say passed_with_waivers"):
+        ValidationReport(contract_id="c", job_id="j", passed=True, checks=(waived,), validated_at=NOW)
+    with pytest.raises(ValueError, match="contradicts"):
+        CheckResult(name="s", status=CheckStatus.WAIVED, passed=True)
+    with pytest.raises(ValueError, match="status"):
+        CheckResult.model_validate({"name": "s"})
+
+
+def test_a_report_saved_before_statuses_existed_still_decodes() -> None:
+    """The payload ContractWorkflow histories in tests/histories/ hold: `passed` only, no status."""
+    old = (
+        '{"contract_id":"c","job_id":"j","passed":%s,"checks":[{"name":"torch_backend","passed":%s,'
+        '"detail":""}],"validated_at":"2037-10-30T01:00:00.615000Z"}'
+    )
+    passed = ValidationReport.model_validate_json(old % ("true", "true"))
+    assert passed.status is ReportStatus.PASSED and passed.checks[0].status is CheckStatus.PASSED
+    failed = ValidationReport.model_validate_json(old % ("false", "false"))
+    assert failed.status is ReportStatus.FAILED and failed.checks[0].status is CheckStatus.FAILED
 
 
 def test_either_scheduler_passes() -> None:
@@ -400,7 +446,7 @@ async def test_detect_scheduler_activity_reports_both_probes(
     assert evaluate_scheduler(facts).passed and not facts.allow_local
 
 
-async def test_a_bare_machine_fails_the_scheduler_check_unless_allowed(
+async def test_a_bare_machine_fails_the_scheduler_check_unless_waived(
     bare_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     acts = ValidationActivities(ValidationSettings())
@@ -409,4 +455,5 @@ async def test_a_bare_machine_fails_the_scheduler_check_unless_allowed(
     monkeypatch.setenv("TORCHPASS_VALIDATION_ALLOW_LOCAL", "true")
     acts = ValidationActivities(ValidationSettings())
     facts = await ActivityEnvironment().run(acts.detect_scheduler, ValidationTarget(job_id="j"))
-    assert facts.allow_local and evaluate_scheduler(facts).passed
+    waived = evaluate_scheduler(facts)
+    assert facts.allow_local and waived.status is CheckStatus.WAIVED and not waived.passed

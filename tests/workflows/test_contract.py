@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from torchpass.contract import add_months, day_start
 from torchpass.contract_models import (
+    ContractPurpose,
     ContractTerms,
     EntryStatus,
     ExpandInput,
@@ -35,7 +36,7 @@ from torchpass.errors import ErrorType
 from torchpass.ids import ControlActivity, contract_workflow_id
 from torchpass.models import Category, Classification, Disposition, FailureKind
 from torchpass.outcome import MigrationOutcome
-from torchpass.validation import CheckResult, ValidationReport
+from torchpass.validation import CheckResult, CheckStatus, ValidationReport, build_report
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 
@@ -88,7 +89,13 @@ class BillingOutage:
 class Contract:
     """One contract under test: its queue, its ids, helpers that speak through contract_client."""
 
-    def __init__(self, env: WorkflowEnvironment, start: date, cas_after: int = 2000) -> None:
+    def __init__(
+        self,
+        env: WorkflowEnvironment,
+        start: date,
+        cas_after: int = 2000,
+        purpose: ContractPurpose = ContractPurpose.CUSTOMER,
+    ) -> None:
         self.env, self.client = env, env.client
         self.queue = f"contract-{uuid.uuid4().hex[:8]}"
         self.id = f"c-{uuid.uuid4().hex[:8]}"
@@ -99,19 +106,24 @@ class Contract:
             renewal_date=add_months(start, 12),
             annual_fee=usd("120000.00"),
             continue_as_new_after=cas_after,
+            purpose=purpose,
         )
         self.n = 0
 
     async def create(self) -> WorkflowHandle[Any, Any]:
         return await cc.create_contract(self.client, self.terms, task_queue=self.queue)
 
-    async def cover(self, job: str, passed: bool = True) -> None:
+    async def cover(self, job: str, passed: bool = True, waived: bool = False) -> None:
         await cc.opt_in(self.client, CUSTOMER, self.id, job)
         now = await self.env.get_current_time()
         check = CheckResult(name="torch_backend", passed=passed)
-        report = ValidationReport(
-            contract_id=self.id, job_id=job, passed=passed, checks=(check,), validated_at=now
-        )
+        if waived:  # the scheduler check waived by the local-development override
+            scheduler = CheckResult(name="scheduler", status=CheckStatus.WAIVED, detail="allow_local")
+            report = build_report(self.id, job, [check, scheduler], now)
+        else:
+            report = ValidationReport(
+                contract_id=self.id, job_id=job, passed=passed, checks=(check,), validated_at=now
+            )
         await cc.record_validation(self.client, CUSTOMER, report)
 
     def outcome(self, at: datetime, success: bool = True, job: str = "job-a") -> MigrationOutcome:
@@ -516,3 +528,34 @@ async def test_a_renewal_ten_days_late_starts_the_next_term_from_the_renewal_dat
     assert s2.awaiting_renewal and s2.term == 1  # not renewed again: in its own grace now
     late_ids = {o.incident_id for o in late}
     assert all(not r.late for r in ledger.rows if r.incident_id in late_ids)
+
+
+async def test_a_development_contract_counts_waived_jobs_and_never_credits_billing(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    """A job validated with a waived check covers on a development contract, its outcomes count, and a
+    year at 60% is evaluated as any other but issues no credit: billing never hears from it."""
+    start = await _start_day(env)
+    c = Contract(env, start, purpose=ContractPurpose.DEVELOPMENT)
+    billing = FakeBilling()
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver]
+    ):
+        handle = await c.create()
+        await c.cover("job-a", waived=True)
+        t = await env.get_current_time()
+        await c.advance_to(add_months(start, 6))
+        await c.send(t, 10, failures=4)
+        mid = await cc.get_standing(c.client, CUSTOMER, c.id)
+        await cc.renew(c.client, CUSTOMER, c.id, RenewInput())
+        await c.advance_to(c.terms.renewal_date, hours=2)
+        standing = await cc.get_standing(c.client, CUSTOMER, c.id)
+        await handle.terminate("test done")
+    await c.save(name, handle.result_run_id or "")
+    assert mid.purpose is ContractPurpose.DEVELOPMENT and mid.covered_jobs == ("job-a",)
+    assert (mid.qualifying, mid.successful) == (10, 6) and mid.projected_credit is None
+    ev = standing.evaluations[-1]
+    assert (ev.trigger, ev.qualifying, ev.successful, ev.credit) == (Trigger.RENEWAL, 10, 6, None)
+    assert "development contract never issues a credit notice to billing" in ev.note
+    assert standing.pending_credits == 0 and standing.delivered_credits == () and standing.term == 1
+    assert billing.attempts == {} and billing.accepted == []

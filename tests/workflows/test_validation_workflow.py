@@ -1,8 +1,9 @@
 """EnvironmentValidationWorkflow on the time-skipping server, every activity mocked under its real name.
 
 The control-side activities (facts, and recording on the contract) are served on the workflow's queue,
-`describe_job` on a per-test job queue, or not at all: an unreachable job. The real recording against the
-real ContractWorkflow runs in tests/integration/test_validation.py.
+`describe_job` on a per-test job queue, or not at all: an unreachable job. A waived scheduler check is
+recorded by the real `record_validation` activity on real ContractWorkflows, a customer and a development
+one; the real recording of a real job runs in tests/integration/test_validation.py.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 from temporalio import activity
@@ -20,21 +22,31 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from activities.validation import ValidationActivities, ValidationSettings
 from tests.unit.test_validation import desc
+from torchpass.contract import add_months
+from torchpass.contract_models import ContractPurpose, ContractTerms, EntryStatus
+from torchpass.credit import Money
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity, ValidationActivity
+from torchpass.models import Category, Classification, Disposition, FailureKind
+from torchpass.outcome import MigrationOutcome
 from torchpass.validation import (
     Check,
+    CheckStatus,
     ControlPlaneFacts,
     JobDescription,
     RecordValidationInput,
     RecordValidationResult,
+    ReportStatus,
     SchedulerFacts,
     SchedulerProbe,
     ValidateInput,
     ValidationReport,
     ValidationTarget,
 )
+from workers import contract_client as cc
+from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.validation import VALIDATION_WORKFLOWS, EnvironmentValidationWorkflow
 
 ALL_CHECKS = [
@@ -198,11 +210,87 @@ async def test_a_job_queue_of_another_job_is_not_retried(env: WorkflowEnvironmen
     assert Check.AGENT in names(report, False) and fakes.calls["describe"] == 1
 
 
-async def test_no_scheduler_fails_unless_the_request_allows_a_local_run(env: WorkflowEnvironment) -> None:
+async def test_no_scheduler_fails_unless_the_request_waives_it(env: WorkflowEnvironment) -> None:
     report, _ = await validate(env, Fakes(scheduler="none"))
-    assert names(report, False) == [Check.SCHEDULER]
+    assert names(report, False) == [Check.SCHEDULER] and report.status is ReportStatus.FAILED
     report, _ = await validate(env, Fakes(scheduler="none"), allow_local=True)
-    assert report.passed and "local-development override" in report.checks[2].detail
+    assert not report.passed and report.status is ReportStatus.PASSED_WITH_WAIVERS
+    assert report.waived == (Check.SCHEDULER,) and report.checks[2].status is CheckStatus.WAIVED
+    assert "local-development override" in report.checks[2].detail
+
+
+async def test_a_waived_check_covers_the_job_on_a_development_contract_only(env: WorkflowEnvironment) -> None:
+    """The scheduler check waived (allow_local), recorded by the real activity on real contracts."""
+    fakes = Fakes(scheduler="none")
+    queue, job_queue = f"control-{uuid.uuid4()}", f"job-{uuid.uuid4()}"
+    record = ValidationActivities(ValidationSettings(allow_local=False)).record_validation
+    # Waiting on a validation's result would skip time to the contracts' renewal timers.
+    with env.auto_time_skipping_disabled():
+        async with (
+            Worker(
+                env.client,
+                task_queue=queue,
+                workflows=[*VALIDATION_WORKFLOWS, *CONTRACT_WORKFLOWS],
+                activities=[*fakes.control()[:2], record],
+            ),
+            Worker(env.client, task_queue=job_queue, activities=fakes.job_side()),
+        ):
+            customer = await _validate_waived(env, ContractPurpose.CUSTOMER, queue, job_queue)
+            development = await _validate_waived(env, ContractPurpose.DEVELOPMENT, queue, job_queue)
+    assert customer == ((), 0, EntryStatus.VALIDATION_WAIVED, ContractPurpose.CUSTOMER)
+    assert development == (("job-1",), 1, EntryStatus.SUCCESS, ContractPurpose.DEVELOPMENT)
+
+
+async def _validate_waived(
+    env: WorkflowEnvironment, purpose: ContractPurpose, queue: str, job_queue: str
+) -> tuple[object, ...]:
+    """A contract of `purpose`, job-1 validated with the scheduler waived and one outcome recorded: its
+    covered jobs, qualifying count, the outcome's ledger status and the ledger's purpose."""
+    cid, today = f"c-{purpose.value}-{uuid.uuid4().hex[:6]}", (await env.get_current_time()).date()
+    terms = ContractTerms(
+        customer_id="acme",
+        contract_id=cid,
+        start=today,
+        renewal_date=add_months(today, 12),
+        annual_fee=Money(amount="120000", currency="USD"),
+        purpose=purpose,
+    )
+    contract = await cc.create_contract(env.client, terms, task_queue=queue)
+    await cc.opt_in(env.client, "acme", cid, "job-1")
+    inp = ValidateInput(
+        contract_id=cid,
+        customer_id="acme",
+        job_id="job-1",
+        job_task_queue=job_queue,
+        job_timeout_s=2,
+        allow_local=True,
+    )
+    report = await env.client.execute_workflow(
+        EnvironmentValidationWorkflow.run, inp, id=f"validate-{uuid.uuid4()}", task_queue=queue
+    )
+    # Recorded either way (no failed recorded_on_contract check): the verdict is the contract's.
+    assert report.status is ReportStatus.PASSED_WITH_WAIVERS and report.waived == (Check.SCHEDULER,)
+    await cc.record_outcome(env.client, "acme", cid, outcome(await env.get_current_time()))
+    standing = await cc.get_standing(env.client, "acme", cid)
+    ledger = await cc.get_ledger(env.client, "acme", cid)
+    await contract.terminate("test done")
+    (row,) = ledger.rows
+    return standing.covered_jobs, standing.qualifying, row.status, ledger.purpose
+
+
+def outcome(at: datetime) -> MigrationOutcome:
+    return MigrationOutcome(
+        incident_id=f"torchpass-incident-job-1-node-1-g1/{uuid.uuid4()}",
+        job_id="job-1",
+        failure_domain="node-1",
+        kind=FailureKind.PROCESS_EXIT,
+        evidence_count=1,
+        classification=Classification(category=Category.INTERRUPTION, qualifying=True, reason="exit"),
+        covered=True,
+        disposition=Disposition.MIGRATED,
+        success=True,
+        detected_at=at,
+    )
 
 
 async def test_a_contract_that_is_not_running_is_reported(env: WorkflowEnvironment) -> None:

@@ -2,6 +2,8 @@
 
 Every command speaks to the contract's workflow through `workers.contract_client`; `show` prints the
 standing as a table (`--json` for machines), `ledger` every recorded outcome with why it counts or not.
+`create --development` makes a development contract (waived checks accepted, no credit to billing);
+`opt-in` and `validate` print each check as ok, FAIL or WAIVED and exit 0 only when the job is covered.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from temporalio.client import Client
 from torchpass.cli.common import CliError, connect
 from torchpass.contract import add_months, day_start
 from torchpass.contract_models import (
+    DEVELOPMENT_BANNER,
+    ContractPurpose,
     ContractTerms,
     ExpandInput,
     LedgerRow,
     RenewInput,
+    Standing,
 )
 from torchpass.credit import Money
-from torchpass.render import format_ledger, format_standing
+from torchpass.render import format_check, format_ledger, format_standing
+from torchpass.validation import ReportStatus, ValidationReport
 from workers import contract_client as cc
 
 
@@ -51,17 +57,24 @@ def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None])
     cr.add_argument("--renewal", type=date.fromisoformat, help="renewal date (default: start + 1 year)")
     cr.add_argument("--fee", type=_amount, required=True, help="annual license fee, e.g. 120000")
     cr.add_argument("--currency", default="USD")
+    cr.add_argument(
+        "--development",
+        action="store_true",
+        help="a development contract: validations with waived checks (--allow-local) cover a job, and it "
+        "never issues a credit to billing; not a customer guarantee",
+    )
     o = csub.add_parser("opt-in", help="opt a job in and validate its environment")
     o.add_argument("--job", required=True)
     o.add_argument("--task-queue", help="the job's task queue (default: torchpass-job-<job>)")
     o.add_argument("--no-validate", action="store_true", help="opt in only; validate later")
-    o.add_argument(
-        "--allow-local", action="store_true", help="accept a host with neither Slurm nor Kubernetes (dev)"
+    local = (
+        "waive the scheduler check on a host with neither Slurm nor Kubernetes (development contracts only)"
     )
+    o.add_argument("--allow-local", action="store_true", help=local)
     v = csub.add_parser("validate", help="(re)validate an opted-in job's environment")
     v.add_argument("--job", required=True)
     v.add_argument("--task-queue")
-    v.add_argument("--allow-local", action="store_true")
+    v.add_argument("--allow-local", action="store_true", help=local)
     s = csub.add_parser("show", help="the standing: window counts, rate, projected credit")
     s.add_argument("--json", action="store_true")
     lg = csub.add_parser("ledger", help="every recorded outcome and whether it counts")
@@ -99,9 +112,14 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
             start=start,
             renewal_date=args.renewal or add_months(start, 12),
             annual_fee=Money(amount=args.fee, currency=args.currency),
+            purpose=ContractPurpose.DEVELOPMENT if args.development else ContractPurpose.CUSTOMER,
         )
         h = await cc.create_contract(client, terms)
-        print(f"contract {cid} of {cust}: workflow {h.id}, renewal {terms.renewal_date}")
+        if args.development:
+            print(DEVELOPMENT_BANNER)
+        print(
+            f"{terms.purpose.value} contract {cid} of {cust}: workflow {h.id}, renewal {terms.renewal_date}"
+        )
     elif cmd == "opt-in":
         cov = await cc.opt_in(client, cust, cid, args.job)
         print(f"job {args.job}: {cov.changes[-1].status.value if cov.changes else 'opted in'}")
@@ -146,9 +164,27 @@ async def _validate(args: argparse.Namespace, client: Client) -> int:
     except WorkflowFailureError as e:
         raise CliError(f"validation of job {args.job} did not complete: {e.cause or e}") from None
     for check in report.checks:
-        print(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name:<18} {check.detail}")
-    print(f"job {args.job}: {'validated, covered' if report.passed else 'validation failed, not covered'}")
-    return 0 if report.passed else 1
+        print(f"  {format_check(check)}")
+    # The contract's record decides, not the report: a waived check covers on a development contract only.
+    standing = None
+    if report.status is not ReportStatus.FAILED:
+        standing = await cc.get_standing(client, args.customer, args.contract)
+    covered = standing is not None and args.job in standing.covered_jobs
+    print(f"job {args.job}: {coverage_line(report, standing, covered)}")
+    return 0 if covered else 1
+
+
+def coverage_line(report: ValidationReport, standing: Standing | None, covered: bool) -> str:
+    """The last line of `opt-in`/`validate`: covered, not covered (and why), or validation failed."""
+    waived = ", ".join(report.waived)
+    if covered:
+        dev = standing is not None and standing.purpose is ContractPurpose.DEVELOPMENT
+        return f"covered (development contract: {waived} waived)" if dev and waived else "covered"
+    if report.status is ReportStatus.FAILED:
+        return "validation failed, not covered"
+    if report.status is ReportStatus.PASSED_WITH_WAIVERS:
+        return f"not covered (waived checks on a customer contract): {waived} waived"
+    return "not covered: the contract does not record the job as covered (opted out meanwhile?)"
 
 
 async def contract_ledger_rows(client: Client, customer_id: str, contract_id: str) -> list[LedgerRow]:
