@@ -21,7 +21,7 @@ def build(width: int, depth: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def main() -> None:
+def main(agent_type: type[RankAgent] = RankAgent) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--width", type=int, default=256)
@@ -32,7 +32,7 @@ def main() -> None:
     )
     args = p.parse_args()
 
-    agent = RankAgent()  # torchpass
+    agent = agent_type()  # torchpass
     torch.manual_seed(1234)  # the same initial weights on every rank
     model = build(args.width, args.depth).to(agent.device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

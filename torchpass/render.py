@@ -23,26 +23,30 @@ def _banner(purpose: ContractPurpose) -> list[str]:
 
 
 def format_outcome(o: MigrationOutcome) -> str:
+    """An incident as an SRE reads it; every figure is one the job measured (see `MigrationOutcome`)."""
     lines = [
         f"incident   {o.incident_id}",
         f"job        {o.job_id}   domain {o.failure_domain}   lost ranks {list(o.lost_slots)}",
         f"kind       {o.kind}   ({o.evidence_count} report(s))",
         f"class      {o.classification.category} - "
         f"{'qualifying' if o.classification.qualifying else 'disqualifying'}: {o.classification.reason}",
-        f"outcome    {o.disposition}   success={o.success}   steps recomputed {o.steps_recomputed}",
+        f"outcome    {o.disposition}   success={o.success}   steps recomputed {o.steps_recomputed}"
+        " (measured from the ranks' step reports)",
     ]
+    if o.step_before is not None and o.resumed_steps:
+        resumed = sorted(set(o.resumed_steps.values()))
+        lines.append(f"steps      last completed {o.step_before}; ranks resumed at {_steps(resumed)}")
     if o.recovery_seconds is not None:
-        lines.append(f"recovery   {o.recovery_seconds:.3f} s from failure to all ranks training again")
+        lines.append(f"recovery   {o.recovery_seconds:.3f} s from detection to all ranks training again")
+    if o.recovery_from_last_progress_seconds is not None:
+        lines.append(
+            f"           {o.recovery_from_last_progress_seconds:.3f} s from the hung rank's last progress"
+        )
     for p in o.phases:
         work = f"  (in activity {p.work_seconds:.3f} s)" if p.work_seconds is not None else ""
         lines.append(f"  {p.phase:<9} {p.seconds:7.3f} s{work}")
     if o.proof is not None:
-        pr = o.proof
-        lines.append(
-            f"proof      donor rank {pr.donor_slot} -> ranks {list(pr.receiver_slots)}, step {pr.step_before}"
-            f" -> {pr.step_after}, {pr.bytes / 1e6:.1f} MB in {pr.seconds:.3f} s"
-        )
-        lines.append(f"           digest {pr.donor_digest[:16]}... matches on every receiver")
+        lines += _proof_lines(o)
     if o.fallback is not None:
         lines.append(
             f"fallback   restored step {o.fallback.restored_step}, {o.fallback.steps_recomputed} recomputed"
@@ -50,6 +54,29 @@ def format_outcome(o: MigrationOutcome) -> str:
     if o.error:
         lines.append(f"error      {o.error}")
     return "\n".join(lines)
+
+
+def _steps(steps: list[int]) -> str:
+    return str(steps[0]) if len(steps) == 1 else f"steps {steps} (NOT all the same)"
+
+
+def _proof_lines(o: MigrationOutcome) -> list[str]:
+    pr = o.proof
+    assert pr is not None
+    lines = [
+        f"proof      donor rank {pr.donor_slot} -> ranks {list(pr.receiver_slots)}, step {pr.step_before}"
+        f" -> {pr.step_after}, {pr.bytes / 1e6:.1f} MB in {pr.seconds:.3f} s",
+        f"           donor served step {pr.donor_step}, digest {pr.donor_digest[:16]}...",
+    ]
+    for r in pr.receivers:
+        same = "=" if r.installed_digest == pr.donor_digest else "DIFFERENT"
+        lines.append(
+            f"           rank {r.slot} installed step {r.installed_step}, its own digest "
+            f"{r.installed_digest[:16]}... ({same})"
+        )
+    if not pr.receivers:
+        lines.append("           no state moved: every rank already held the frozen step")
+    return lines
 
 
 def format_standing(st: Standing) -> str:

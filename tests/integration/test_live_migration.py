@@ -30,8 +30,11 @@ def assert_migrated_live(result: JobResult, reference: JobResult, incidents: int
     assert len(result.incidents) == incidents
     for o in result.incidents:
         assert o.disposition == Disposition.MIGRATED and o.success, o
-        assert o.steps_recomputed == 0
+        assert o.steps_recomputed == 0 and o.step_before is not None
+        assert set(o.resumed_steps.values()) == {o.step_before + 1}  # as each rank reported it
         assert o.proof is not None and o.proof.donor_digest in o.proof.receiver_digests.values()
+        for r in o.proof.receivers:  # what each receiver computed itself once it installed the state
+            assert (r.installed_digest, r.installed_step) == (o.proof.donor_digest, o.proof.step_after)
         assert {p.phase for p in o.phases} >= {Phase.CONFIRM, Phase.FREEZE, Phase.TRANSFER, Phase.REJOIN}
     assert result.steps_recomputed == 0
     assert result.final_digest == reference.final_digest
@@ -59,7 +62,12 @@ async def test_a_hung_rank_is_fenced_and_migrated_live(
 ) -> None:
     result = await run_with(client, spec(tmp_path, "hang-rank-1"), [("hang", 1, 30)])
     assert_migrated_live(result, reference, 1)
-    assert result.incidents[0].kind == FailureKind.HANG
+    (o,) = result.incidents
+    assert o.kind == FailureKind.HANG
+    # Timed from detection and from the hung rank's last progress: the hang timeout (1.5 s) is not hidden.
+    assert o.last_progress_at is not None and o.last_progress_at < o.detected_at
+    assert o.recovery_seconds is not None and o.recovery_from_last_progress_seconds is not None
+    assert o.recovery_from_last_progress_seconds >= o.recovery_seconds + 1.0
 
 
 async def test_two_failures_in_one_run_are_both_migrated_live(

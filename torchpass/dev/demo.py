@@ -106,10 +106,18 @@ def _verdict(result: JobResult, reference: JobResult, ui: str, standing: Standin
         print(format_outcome(o))
         wf_id = quote(o.incident_id.rpartition("/")[0], safe="")
         print(f"UI         {ui}/namespaces/default/workflows/{wf_id}\n")
-        ok &= o.success and o.steps_recomputed == 0
+        resumed = set(o.resumed_steps.values())
+        # Measured, not assumed: the ranks' own step reports say where each one resumed.
+        live = o.step_before is not None and resumed == {o.step_before + 1}
+        ok &= o.success and o.steps_recomputed == 0 and live
     if len(result.incidents) != len(INJECT):
         print(f"demo: expected {len(INJECT)} incidents, got {len(result.incidents)}")
         ok = False
+    measured = [o.steps_recomputed for o in result.incidents]
+    print("=== steps recomputed ===")
+    print(f"per incident (from the ranks' step reports)     {measured}")
+    print(f"whole job (the coordinator's independent count) {result.steps_recomputed}")
+    ok &= result.steps_recomputed == 0
     same = result.final_digest is not None and result.final_digest == reference.final_digest
     print("=== final state ===")
     print(f"reference run   {reference.final_digest}")

@@ -1,0 +1,62 @@
+"""examples/train_dp.py with faults a real rank can have, each armed once by a file named in the
+environment (so the ranks restarted after the fault behave):
+
+- FAULT_CORRUPT_ONCE: the next rank that installs a received state changes one parameter's value right
+  after `load_state_dict` (as a buggy load hook would): the bytes arrived intact, the state it holds
+  does not match the donor's.
+- FAULT_SKIP_ONCE with FAULT_SKIP_SLOT: after the next re-formed world, that rank skips a step.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+import train_dp
+
+from job_agent import RankAgent
+from job_agent.state import Stateful
+
+
+def _once(variable: str) -> bool:
+    """True for the first process to claim the armed file (rename is atomic), False after."""
+    path = os.environ.get(variable)
+    if not path:
+        return False
+    try:
+        os.rename(path, f"{path}.used")
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class FaultyAgent(RankAgent):
+    def track(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **extras: Stateful
+    ) -> None:
+        super().track(model, optimizer, **extras)
+        model.register_load_state_dict_post_hook(self._corrupt)
+
+    def _corrupt(self, module: torch.nn.Module, incompatible: Any) -> None:
+        if _once("FAULT_CORRUPT_ONCE"):
+            with torch.no_grad():
+                next(module.parameters()).view(-1)[0] += 1.0
+
+    def _regroup(self, generation: int, world_size: int) -> None:
+        super()._regroup(generation, world_size)
+        if (
+            generation > 0
+            and str(self.slot) == os.environ.get("FAULT_SKIP_SLOT")
+            and _once("FAULT_SKIP_ONCE")
+        ):
+            self.completed_step += 1
+
+
+if __name__ == "__main__":
+    train_dp.main(FaultyAgent)
