@@ -1,7 +1,7 @@
 """Streams a rank's state from a healthy donor to the ranks that need it, over authenticated sockets.
 
 Point to point, tensor by tensor, straight into the receiver's own pre-allocated memory: no packing, no
-pickling (both measured several times slower, see live-migration-facts.md). Both sides hash the bytes they
+pickling (both measured several times slower on loopback). Both sides hash the bytes they
 hold, in a second thread while the socket is busy, and the receiver refuses a state whose digest differs.
 """
 

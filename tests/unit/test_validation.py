@@ -2,7 +2,7 @@
 
 Slurm is detected through fake `scontrol`/`sinfo` scripts put first on PATH. Kubernetes is detected with the
 real `kubernetes` client through a kubeconfig pointing at a *stub* API server (http.server on 127.0.0.1)
-that answers only GET /version: no API server can run on these machines (docs/testing.md).
+that answers only GET /version: no API server can run on the CI machines.
 """
 
 from __future__ import annotations
