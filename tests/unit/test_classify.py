@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchpass.classify import CATEGORY_OF, NO_SPARE_REASON, ROW_TITLE, classify, primary_kind
+from torchpass.classify import CATEGORY_OF, NO_SPARE_REASON, ROW_TITLE, classify, primary_kind, unclassified
 from torchpass.models import (
     QUALIFYING_CATEGORIES,
     Category,
@@ -184,6 +184,51 @@ def test_failures_exceeding_parallelism_redundancy_are_unable_to_recover() -> No
 def test_a_failure_within_redundancy_qualifies() -> None:
     c = run(ev(K.NODE_POWER_LOSS, slots=(2, 3)), world=4, redundancy=4)
     assert c.category == Category.HOST_GPU_FABRIC and c.qualifying
+
+
+HSDP = {0: "shard-a", 1: "shard-b", 2: "shard-a", 3: "shard-b"}  # 2 replicas of each of 2 shards
+
+
+def test_losing_every_replica_of_a_shard_is_unable_to_recover() -> None:
+    inp = ClassifyInput(
+        evidence=(ev(K.NODE_POWER_LOSS, slots=(0, 2)),),
+        lost_slots=(0, 2),
+        world_size=4,
+        redundancy=2,
+        shard_of=HSDP,
+    )
+    c = classify(inp)
+    assert c.category == Category.UNABLE_TO_RECOVER and "shard(s) shard-a" in c.reason
+    assert c.kind == K.NODE_POWER_LOSS
+
+
+def test_losing_one_replica_of_each_shard_qualifies() -> None:
+    """The same two ranks lost as by the count rule's worst case, but each shard keeps a replica."""
+    inp = ClassifyInput(
+        evidence=(ev(K.NODE_POWER_LOSS, slots=(0, 1)),),
+        lost_slots=(0, 1),
+        world_size=4,
+        redundancy=2,
+        shard_of=HSDP,
+    )
+    assert classify(inp).qualifying
+
+
+def test_a_sharded_job_without_replicas_is_unable_to_recover_after_any_loss() -> None:
+    """FSDP without replica groups: every rank holds its own shard, as the ranks report it."""
+    inp = ClassifyInput(
+        evidence=(ev(K.PROCESS_EXIT, slots=(3,)),),
+        lost_slots=(3,),
+        world_size=4,
+        redundancy=1,
+        shard_of={s: f"shard-{s}" for s in range(4)},
+    )
+    assert classify(inp).category == Category.UNABLE_TO_RECOVER
+
+
+def test_a_failed_classifier_is_unclassified_but_qualifying() -> None:
+    c = unclassified("boom")
+    assert c.category == Category.UNCLASSIFIED and c.qualifying and "boom" in c.reason and c.kind is None
 
 
 def test_silent_data_corruption_is_unable_to_recover() -> None:

@@ -113,3 +113,29 @@ def test_a_checkpoint_restores_the_same_state(tmp_path) -> None:
     b = _fresh(1)
     assert b.load_checkpoint(tmp_path / "c.pt") == 3
     assert b.snapshot(3).digest() == a.snapshot(3).digest()
+
+
+def test_replicas_report_the_same_shard_and_other_layouts_another() -> None:
+    """The redundancy a job reports is measured from what each rank holds, never assumed."""
+    a, b = _trained(0), _fresh(1)  # different values, the same structure: replicas of one shard
+    assert a.layout() == b.layout() and a.layout().parallelism == "data_parallel"
+    assert _trained(0, width=16).layout().shard != a.layout().shard
+
+
+def test_a_sharded_parameter_is_a_shard_of_its_own(tmp_path) -> None:
+    """A DTensor sharded over a (one-rank) mesh: reported as sharded, keyed by its placement and place."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Linear(4, 4)
+        plain = TrackedState(model).layout()
+        model.weight = torch.nn.Parameter(distribute_tensor(model.weight.detach(), mesh, [Shard(0)]))
+        sharded = TrackedState(model).layout()
+    finally:
+        dist.destroy_process_group()
+    assert sharded.parallelism == "sharded" and sharded.shard != plain.shard
