@@ -81,7 +81,11 @@ class ControlServer:
         except (OSError, ConnectionError, protocol.ProtocolError) as e:
             reason = str(e) or type(e).__name__
         self._loop.call_soon_threadsafe(self._on_close, conn, reason, time.time())
+        self._loop.call_soon_threadsafe(conn.close)  # on the loop, after the close is handled: no send races
 
     def close(self) -> None:
         self._closed.set()
+        # close() alone leaves the accept loop blocked in accept() and the port listening: wake it.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()

@@ -203,6 +203,9 @@ class Coordinator:
             m = self.roster.admit(conn, frame)
             if m is None:
                 return wire.Reject(reason=f"{frame.agent_id} is not a process of this job (or fenced)")
+            if self.state in _ENDED:  # it started (a refilled spare) as the job ended: it leaves at once
+                send(conn, wire.Welcome())
+                return wire.Exit(code=0 if self.state is JobState.FINISHED else 1, reason="the job has ended")
             return wire.Welcome()
         if isinstance(frame, wire.Inject):
             return self._injector.inject(frame)

@@ -110,9 +110,11 @@ class IncidentSteps:
         inc.leaving |= _planned_slots(inc)
         fenced = []
         for slot in sorted(inc.lost - inc.leaving):
-            m = job.roster.at(slot)
-            if m is not None:  # still running (hung): fence it so it can never rejoin
-                job.fence(m)
+            for m in list(job.roster.members.values()):
+                # Still running (hung), or its connection lost while its process lives on: fence it so it
+                # can never rejoin (killing one that already exited does nothing).
+                if m.slot == slot and (m.alive or not m.fenced):
+                    job.fence(m)
             fenced.append(slot)
         gone = inc.lost - inc.leaving
         await job.changes.wait_for(

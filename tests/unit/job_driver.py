@@ -1,0 +1,207 @@
+"""The harness of the job side's fast tests: a real Coordinator over fake ranks, driven as MigrationWorkflow.
+
+`Job` runs a real `Coordinator` with `fake_ranks.FakeLauncher` and, on leaving, checks that the job ended
+and left nothing running; `Migration` calls the job-side activities' `IncidentSteps` directly, in the
+workflow's order, and keeps what each answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TypeVar
+
+from job_agent.coordinator import Coordinator
+from job_agent.incident import IncidentError
+from job_agent.steps import IncidentSteps
+from tests.unit.fake_ranks import FakeLauncher
+from torchpass import steps as st
+from torchpass.classify import classify
+from torchpass.decisions import RecoveryAction, plan_recovery
+from torchpass.errors import ErrorType
+from torchpass.job import JobResult, JobSpec, JobState
+from torchpass.models import Classification, ClassifyInput, Disposition, FailureReport
+from torchpass.outcome import Ending, MigrationOutcome, build_outcome
+from torchpass.proof import resume_problems, transfer_problems
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dp.py"  # any script: the fakes ignore it
+STEPS = 16
+WAIT = 10.0  # seconds: the bound on every wait of a test
+T = TypeVar("T")
+Counts = tuple[int, ...]  # Python threads, OS threads, open file descriptors
+
+
+def counts() -> Counts:
+    return threading.active_count(), len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+async def bounded(call: Awaitable[T]) -> T:
+    return await asyncio.wait_for(call, WAIT)
+
+
+async def until(pred: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def quiet() -> Counts:
+    """The counts once no control server's threads remain and what they kept alive is collected."""
+    names = ("(_serve)", "torchpass-accept")  # the control server's reader and accept threads
+    await until(
+        lambda: not [t for t in threading.enumerate() if t.name.endswith(names)],
+        "the control server's threads to end",
+    )
+    gc.collect()
+    now = counts()
+    for _ in range(100):  # a native thread of a store just destroyed may still be exiting
+        await asyncio.sleep(0.03)
+        if now == (now := counts()):
+            break
+    return now
+
+
+class Job:
+    """A real coordinator over fake ranks; leaving it, the job has ended and left nothing running."""
+
+    def __init__(
+        self, tmp: Path, allowance: Counts | None, nproc: int = 3, spares: int = 1, ckpt: int = 0
+    ) -> None:
+        self.launcher = FakeLauncher(steps=STEPS)
+        self.spec = JobSpec(
+            script=SCRIPT,
+            nproc=nproc,
+            spares=spares,
+            state_dir=tmp,
+            hang_timeout=0.5,
+            collective_timeout=5.0,
+            checkpoint_every=ckpt,
+            startup_timeout=WAIT,
+        )
+        self.reports: asyncio.Queue[tuple[str, FailureReport]] = asyncio.Queue()
+        self.result: JobResult | None = None
+        self._allowance = allowance
+
+    async def _report(self, workflow_id: str, report: FailureReport) -> None:
+        await self.reports.put((workflow_id, report))
+
+    async def __aenter__(self) -> Job:
+        self._before = await quiet()
+        self.coordinator = c = Coordinator(self.spec, self._report, self.launcher)
+        wait = timedelta(seconds=WAIT)
+        self.steps = IncidentSteps(c, wait, wait, spare_wait=timedelta(seconds=2))
+        self._run = asyncio.ensure_future(c.run())
+        await until(lambda: c.state is not JobState.STARTING, "the ranks to start")
+        return self
+
+    async def report(self) -> tuple[str, FailureReport]:
+        return await bounded(self.reports.get())
+
+    async def finished(self) -> JobResult:
+        self.result = await bounded(asyncio.shield(self._run))
+        return self.result
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:  # stop the job, past its shutdown's grace; the test's own error stands
+            self.coordinator._fail(f"the test failed: {exc!r}")
+            await asyncio.wait_for(asyncio.shield(self._run), 3 * WAIT)
+            return
+        self.result = await bounded(asyncio.shield(self._run))
+        assert isinstance(self.result, JobResult)
+        await until(lambda: not self.launcher.threads(), "the fake ranks to end")
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("fake-rank")]
+        if self._allowance is not None:
+            limit = tuple(b + a for b, a in zip(self._before, self._allowance, strict=True))
+            deadline = time.monotonic() + WAIT
+            while any(n > m for n, m in zip(counts(), limit, strict=True)):
+                assert time.monotonic() < deadline, f"leaked: (threads, tasks, fds) {counts()} > {limit}"
+                await asyncio.sleep(0.01)
+
+
+def _check(problems: list[str]) -> None:
+    """MigrationWorkflow checks the proof again on what the job answered."""
+    if problems:
+        raise IncidentError(ErrorType.PROOF_MISMATCH, "proof does not hold: " + "; ".join(problems))
+
+
+class Migration:
+    """MigrationWorkflow's run with its job-side activities called directly: confirm, classify, then reserve,
+    freeze, transfer and rejoin (each proof checked again), or release and restart from the checkpoint;
+    then complete. What each step answered, and the error of the one that failed, are kept."""
+
+    def __init__(self, job: Job, workflow_id: str, report: FailureReport) -> None:
+        self.steps, self.incident_id, self.evidence = job.steps, f"{workflow_id}/run-1", [report.evidence]
+        self.started_at = datetime.now(UTC)
+        self.confirmed: st.ConfirmResult | None = None
+        self.reserved: st.ReserveResult | None = None
+        self.frozen: st.FreezeResult | None = None
+        self.transferred: st.TransferResult | None = None
+        self.rejoined: st.RejoinResult | None = None
+        self.fallback: st.FallbackResult | None = None
+        self.failed: dict[str, IncidentError] = {}
+
+    async def confirm(self) -> st.ConfirmResult:
+        self.confirmed = await bounded(self.steps.confirm(self.incident_id, tuple(self.evidence)))
+        return self.confirmed
+
+    async def run(self) -> MigrationOutcome:
+        confirm = self.confirmed or await self.confirm()
+        c = self._classify(confirm)
+        action = plan_recovery(c, confirm)
+        if action is RecoveryAction.MIGRATE:
+            c, ending = await self._migrate(confirm, c)
+        elif action is RecoveryAction.FALLBACK:
+            ending = await self._fall_back(c.reason)
+        else:
+            ending = Ending(disposition=Disposition.NOT_A_FAILURE)
+        kind, started = c.kind or self.evidence[0].kind, self.started_at
+        outcome = build_outcome(self.incident_id, self.evidence, kind, c, confirm, ending, started, ())
+        await bounded(self.steps.complete(self.incident_id, outcome))
+        return outcome
+
+    def _classify(self, confirm: st.ConfirmResult, spare_lost: bool = False) -> Classification:
+        ready = confirm.spares_ready
+        enough = ready is None or ready + confirm.spares_warming >= len(confirm.lost_slots)
+        fields = confirm.model_dump(include={"lost_slots", "world_size", "redundancy", "shard_of"})
+        evidence, spare = tuple(self.evidence), enough and not spare_lost
+        return classify(ClassifyInput(evidence=evidence, spare_available=spare, **fields))
+
+    async def _migrate(self, confirm: st.ConfirmResult, c: Classification) -> tuple[Classification, Ending]:
+        try:
+            self.reserved = await bounded(self.steps.reserve(self.incident_id))
+        except IncidentError as e:
+            self.failed["reserve"] = e
+            if e.error_type is ErrorType.NO_SPARE:
+                c = self._classify(confirm, spare_lost=True)
+                return c, await self._fall_back(c.reason)
+            await bounded(self.steps.release(self.incident_id))
+            return c, await self._fall_back(str(e))
+        step = "freeze"
+        try:
+            self.frozen = await bounded(self.steps.freeze(self.incident_id))
+            step = "transfer"
+            self.transferred = await bounded(self.steps.transfer(self.incident_id, lambda sent: None))
+            _check(transfer_problems(self.transferred.proof, self.frozen.target_step))
+            step = "rejoin"
+            self.rejoined = await bounded(self.steps.rejoin(self.incident_id))
+            _check(resume_problems(self.rejoined.resumed_steps, self.rejoined.resumed_step))
+        except IncidentError as e:
+            self.failed[step] = e
+            await bounded(self.steps.release(self.incident_id))  # the compensation, then the classic restart
+            return c, await self._fall_back(str(e))
+        return c, Ending(Disposition.MIGRATED, proof=self.transferred.proof, rejoin=self.rejoined)
+
+    async def _fall_back(self, reason: str) -> Ending:
+        try:
+            self.fallback = await bounded(self.steps.restart_from_checkpoint(self.incident_id, reason))
+        except IncidentError as e:
+            self.failed["fallback"] = e
+            return Ending(Disposition.FAILED, error=f"{reason}; fallback: {e}")
+        return Ending(Disposition.FALLBACK_RESTART, fallback=self.fallback, error=reason)

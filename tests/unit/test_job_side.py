@@ -1,0 +1,244 @@
+"""The job side, fast: the real Coordinator and IncidentSteps against in-process fake ranks.
+
+Each test runs a real `Coordinator` (its TCPStore, its authenticated control server, its detection and its
+incident tracker) with `fake_ranks.FakeLauncher`, whose ranks are threads speaking the real protocol, and
+drives `IncidentSteps` in MigrationWorkflow's order (`job_driver.Migration`). Afterwards nothing it started
+is left: no fake rank running, no thread or file descriptor beyond what a coordinator that ran and shut
+down still holds while referenced (its TCPStore's own), and its shutdown returned a JobResult.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from job_agent import wire
+from job_agent.coordinator import SHUTDOWN_GRACE
+from job_agent.incident import IncidentError
+from job_agent.members import MemberState
+from job_agent.wire import Role
+from tests.unit.fake_ranks import KILLED, digest_of
+from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, quiet, until
+from torchpass.errors import ErrorType
+from torchpass.job import JobResult, JobState
+from torchpass.models import Category, Disposition, FailureKind
+from torchpass.outcome import MigrationOutcome
+
+
+@pytest.fixture(scope="session")
+async def allowance(tmp_path_factory: pytest.TempPathFactory) -> Counts:
+    """What a coordinator that ran and shut down still holds while referenced (its TCPStore's own), measured
+    after a first run made the process's one-time set-ups (the loop's executor, torch's)."""
+    async with Job(tmp_path_factory.mktemp("warm-up"), None) as job:
+        await job.finished()
+    del job
+    before = await quiet()
+    async with Job(tmp_path_factory.mktemp("baseline"), None) as job:
+        await job.finished()
+    return tuple(max(0, a - b) for a, b in zip(await quiet(), before, strict=True))
+
+
+def _assert_migrated_live(job: Job, m: Migration, outcome: MigrationOutcome, lost: int, target: int) -> None:
+    """Every figure of a live migration of slot `lost`, the world frozen after step `target`."""
+    n, state = job.spec.nproc, digest_of(target)
+    cf, rs, fr, tr, rj = m.confirmed, m.reserved, m.frozen, m.transferred, m.rejoined
+    assert m.failed == {} and m.fallback is None and cf and rs and fr and tr and rj
+    assert cf.confirmed and cf.lost_slots == cf.fenced_slots == (lost,)
+    assert (cf.world_size, cf.redundancy, cf.spares_ready) == (n, n, 1)
+    survivors = {s: target for s in range(n) if s != lost}
+    assert fr.completed_steps == survivors and fr.target_step == fr.step_before == target
+    p = tr.proof
+    assert (p.donor_slot, p.donor_step, p.donor_digest) == (min(survivors), target, state)
+    assert p.receiver_slots == (lost,) and p.survivor_steps == survivors
+    assert p.step_before == p.step_after == target
+    (r,) = p.receivers  # what the receiver computed itself of what it installed
+    assert (r.slot, r.stream_digest, r.installed_digest, r.installed_step) == (lost, state, state, target)
+    assert rj.resumed_step == target + 1 and rj.resumed_steps == dict.fromkeys(range(n), target + 1)
+    assert (
+        rj.steps_recomputed == 0 and rj.step_before == target and job.coordinator.progress.recomputed == set()
+    )
+    assert outcome.success and outcome.disposition is Disposition.MIGRATED and outcome.steps_recomputed == 0
+    holder = job.coordinator.roster.at(lost)
+    assert holder is not None and (holder.agent_id,) == rs.spare_ids  # the spare took the lost rank's place
+
+
+def _assert_finished(job: Job, incidents: int) -> JobResult:
+    """The job ran every step, and every rank holds the one same final state."""
+    r = job.result
+    assert r is not None and r.status is JobState.FINISHED, r
+    assert (r.steps_completed, r.final_digest, r.error) == (STEPS, digest_of(STEPS - 1), None)
+    assert len(r.incidents) == incidents and r.reports_undelivered == 0
+    assert {m.digest for m in job.coordinator.roster.ranks()} == {digest_of(STEPS - 1)}
+    return r
+
+
+async def test_a_clean_run_finishes_with_one_digest(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: nothing fails, nothing is
+    reported or recomputed, and every rank ends with the same state."""
+    async with Job(tmp_path, allowance) as job:
+        await job.finished()
+    r = _assert_finished(job, incidents=0)
+    assert (r.generation, r.steps_recomputed) == (0, 0) and job.reports.empty()
+
+
+async def test_a_killed_rank_is_migrated_live_and_measured(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: a rank killed as it enters
+    step 5 is a process exit; the spare takes its slot with the donor's state of step 4 and every rank
+    resumes at step 5, nothing recomputed; a new spare is started."""
+    job = Job(tmp_path, allowance, nproc=4)
+    job.launcher.fail_at(2, 5)
+    async with job:
+        workflow_id, report = await job.report()
+        ev = report.evidence
+        assert (ev.kind, ev.slots, ev.exit_code) == (FailureKind.PROCESS_EXIT, (2,), KILLED)
+        assert report.generation == 0 and ev.detail == f"rank 2 ({ev.failure_domain[10:]}) killed by SIGKILL"
+        m = Migration(job, workflow_id, report)
+        outcome = await m.run()
+        _assert_migrated_live(job, m, outcome, lost=2, target=4)
+        assert len(job.coordinator.spares.ready()) + job.coordinator.spares.warming() == 1  # refilled
+        await job.finished()
+    r = _assert_finished(job, incidents=1)
+    assert (r.incidents[0].incident_id, r.steps_recomputed, r.generation) == (m.incident_id, 0, 1)
+
+
+async def test_a_dropped_connection_is_a_lost_connection(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: a rank whose connection
+    drops while its process lives on is a lost connection; confirm kills it and the spare takes over."""
+    job = Job(tmp_path, allowance)
+    job.launcher.drop_connection_at(1, 4)
+    async with job:
+        workflow_id, report = await job.report()
+        ev = report.evidence
+        assert (ev.kind, ev.slots, ev.exit_code) == (FailureKind.CONNECTION_LOST, (1,), None)
+        (dropped,) = [a for a, m in job.coordinator.roster.members.items() if m.slot == 1]
+        assert job.launcher.poll(dropped) is None  # it lives on
+        m = Migration(job, workflow_id, report)
+        outcome = await m.run()
+        assert job.launcher.poll(dropped) == KILLED
+        _assert_migrated_live(job, m, outcome, lost=1, target=3)
+        await job.finished()
+    _assert_finished(job, incidents=1)
+
+
+async def test_a_hang_is_timed_from_its_last_progress_and_fenced(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: a rank stopped as it enters
+    step 6 is reported as a hang, its last progress a hang timeout before; confirm kills it."""
+    job = Job(tmp_path, allowance)
+    job.launcher.hang_at(1, 6)
+    async with job:
+        workflow_id, report = await job.report()
+        ev = report.evidence
+        assert (ev.kind, ev.slots) == (FailureKind.HANG, (1,)) and ev.last_progress_at is not None
+        assert ev.observed_at - ev.last_progress_at >= timedelta(seconds=0.45)
+        hung = job.coordinator.roster.at(1)
+        assert hung is not None and job.launcher.poll(hung.agent_id) is None
+        m = Migration(job, workflow_id, report)
+        confirm = await m.confirm()
+        assert confirm.fenced_slots == (1,) and hung.fenced and job.launcher.poll(hung.agent_id) == KILLED
+        outcome = await m.run()
+        _assert_migrated_live(job, m, outcome, lost=1, target=5)
+        assert outcome.last_progress_at == ev.last_progress_at
+        await job.finished()
+    _assert_finished(job, incidents=1)
+
+
+async def test_a_receiver_holding_other_bytes_fails_the_transfer(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: a receiver whose installed
+    state differs from the donor's by one character fails `transfer` with a proof mismatch naming it; the
+    incident falls back to a restart and the job still finishes with one state."""
+    job = Job(tmp_path, allowance)
+    job.launcher.fail_at(1, 5)
+    job.launcher.corrupt_receive(1)
+    async with job:
+        m = Migration(job, *(await job.report()))
+        outcome = await m.run()
+        e = m.failed.pop("transfer")
+        assert e.error_type is ErrorType.PROOF_MISMATCH and "rank 1 holds state hashing to" in str(e)
+        assert m.failed == {} and m.transferred is None and (fb := m.fallback) is not None
+        assert outcome.disposition is Disposition.FALLBACK_RESTART and not outcome.success
+        assert (fb.restored_step, fb.failed_at_step, fb.steps_recomputed) == (-1, 4, 5)  # no checkpoint
+        assert fb.resumed_steps == {0: 0, 1: 0, 2: 0}
+        await job.finished()
+    assert _assert_finished(job, incidents=1).steps_recomputed == 5
+
+
+async def test_a_rank_resuming_at_another_step_fails_the_rejoin(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: a rank that enters step 6
+    after the rejoin instead of step 5 fails `rejoin` with a proof mismatch naming it."""
+    job = Job(tmp_path, allowance)
+    job.launcher.fail_at(1, 5)
+    async with job:
+        m = Migration(job, *(await job.report()))
+        job.launcher.resume_elsewhere(0, 1)
+        outcome = await m.run()
+        e = m.failed.pop("rejoin")
+        assert e.error_type is ErrorType.PROOF_MISMATCH
+        assert "rank 0 resumed at step 6, not at step 5" in str(e)
+        assert m.failed == {} and m.transferred is not None and m.rejoined is None
+        assert outcome.disposition is Disposition.FALLBACK_RESTART and not outcome.success
+        await job.finished()
+    _assert_finished(job, incidents=1)
+
+
+async def test_no_spare_is_measured_at_confirm_and_falls_back(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: with no spare, confirm
+    measures none ready, reserve refuses (no spare), and the restart from the checkpoint of step 7 redoes
+    exactly step 8."""
+    job = Job(tmp_path, allowance, spares=0, ckpt=4)
+    job.launcher.fail_at(1, 9)
+    async with job:
+        m = Migration(job, *(await job.report()))
+        # The survivors report leaving the failed collective (what a restart measures as done) first.
+        survivors = [r for r in job.coordinator.roster.ranks() if r.slot != 1]
+        await until(lambda: all(r.state is MemberState.FROZEN for r in survivors), "the survivors to freeze")
+        confirm = await m.confirm()
+        assert confirm.confirmed and (confirm.spares_ready, confirm.spares_warming) == (0, 0)
+        with pytest.raises(IncidentError) as raised:
+            await bounded(job.steps.reserve(m.incident_id))
+        assert raised.value.error_type is ErrorType.NO_SPARE
+        outcome = await m.run()
+        c = outcome.classification
+        assert c.category is Category.UNABLE_TO_RECOVER and not c.qualifying and m.reserved is None
+        assert outcome.disposition is Disposition.FALLBACK_RESTART and (fb := m.fallback) is not None
+        assert (fb.restored_step, fb.failed_at_step, fb.steps_recomputed) == (7, 8, 1)
+        assert fb.resumed_steps == {0: 8, 1: 8, 2: 8} and job.coordinator.progress.recomputed == {8}
+        await job.finished()
+    assert _assert_finished(job, incidents=1).steps_recomputed == 1
+
+
+async def test_a_malformed_frame_gets_a_typed_error_job_goes_on(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: frames that are not JSON,
+    of no known kind, with a bad field, or not a member's to send are each answered with a typed error
+    frame; the coordinator carries on and the job finishes as if nothing happened."""
+    bad = {
+        0: (b"{not json", wire.ErrorCode.BAD_FRAME),
+        1: (b'{"t": "warp", "k": 1}', wire.ErrorCode.UNKNOWN_FRAME),
+        2: (b'{"t": "step", "k": -1}', wire.ErrorCode.BAD_FRAME),
+        3: (b'{"t": "status"}', wire.ErrorCode.UNKNOWN_FRAME),
+    }
+    job = Job(tmp_path, allowance, nproc=4)
+    for slot, (body, _) in bad.items():
+        job.launcher.malformed_at(slot, 3 + slot, body)
+    async with job:
+        await job.finished()
+    r = _assert_finished(job, incidents=0)
+    assert r.generation == 0 and job.reports.empty()
+    errors = {f.slot: [e.code for e in f.errors] for f in job.launcher.fakes.values() if f.errors}
+    assert errors == {slot: [code] for slot, (_, code) in bad.items()}
+
+
+async def test_a_spare_starting_as_the_job_ends_is_told_to_leave(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: a spare that connects once
+    the job has finished (a refill still starting) is told to exit at once; the shutdown never waits out
+    its grace for it."""
+    async with Job(tmp_path, allowance) as job:
+        c = job.coordinator
+        await until(lambda: c.state is JobState.FINISHED, "the job to finish")
+        spare, t0 = c.spawn(Role.SPARE, -1), time.monotonic()
+        await job.finished()
+        assert time.monotonic() - t0 < SHUTDOWN_GRACE.total_seconds() / 2
+    assert spare in c.roster.members and job.launcher.poll(spare) == 0  # admitted, told to go, gone
+    _assert_finished(job, incidents=0)
