@@ -300,11 +300,13 @@ class IncidentSteps:
         if inc.fallback is not None:
             return inc.fallback
         inc.past_freeze = True
-        failed_at = job.progress.high_water
         restored_step, path = job.latest_checkpoint()
         for m in job.roster.ranks():
             job.fence(m)
         await job.changes.wait_for(lambda: not job.roster.ranks(), FENCE_TIMEOUT, "old ranks to die")
+        # Read only now: every frame a rank sent before its connection closed has been handled, so no step
+        # it completed is missing from what the restart recomputes.
+        failed_at = job.progress.high_water
         job.restart_ranks(path)
         await job.changes.wait_for(
             lambda: len(job.roster.ranks(MemberState.READY)) == job.world_size,
