@@ -31,6 +31,7 @@ from job_agent.spares import LocalSparePool, SparePool
 from job_agent.transfer import DirectTransport, StateTransport
 from job_agent.waiting import Changes, JobFailed
 from job_agent.wire import Role
+from torchpass.errors import ErrorType
 from torchpass.job import JobResult, JobSpec, JobState
 from torchpass.models import Evidence
 from torchpass.outcome import MigrationOutcome
@@ -216,7 +217,7 @@ class Coordinator:
             return reply
         if isinstance(frame, wire.StatusRequest):
             return self.status()
-        return wire.Error(code=wire.ErrorCode.UNKNOWN_FRAME, reason=f"unexpected request {frame.t!r}")
+        return wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"unexpected request {frame.t!r}")
 
     def _on_member_frame(self, m: Member, frame: wire.Frame, ts: float) -> None:
         if isinstance(frame, wire.Step):  # measured before the member's own view moves on
@@ -242,7 +243,7 @@ class Coordinator:
                 )
             case wire.Hello() | wire.Inject() | wire.Drain() | wire.StatusRequest():
                 why = f"a member does not send {frame.t!r}"
-                m.send(wire.Error(code=wire.ErrorCode.UNKNOWN_FRAME, reason=why))
+                m.send(wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=why))
 
     def _on_close(self, conn: socket.socket, reason: str, ts: float) -> None:
         m = self.roster.closed(conn)

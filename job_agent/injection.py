@@ -13,12 +13,13 @@ from datetime import UTC, datetime
 from job_agent import wire
 from job_agent.launcher import Launcher
 from job_agent.members import Member, Roster
-from job_agent.wire import ErrorCode, InjectAction, Role
+from job_agent.wire import InjectAction, Role
+from torchpass.errors import ErrorType
 from torchpass.models import EventSource, Evidence, FailureKind
 
 
 def _refused(reason: str) -> wire.Error:
-    return wire.Error(code=ErrorCode.REFUSED, reason=reason)
+    return wire.Error(code=ErrorType.REFUSED, reason=reason)
 
 
 class Injector:

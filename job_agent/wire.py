@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter, ValidationError
 
+from torchpass.errors import ErrorType
+
 _TEXT = 4000
 _ID = 200
 
@@ -30,12 +32,6 @@ class _Frame(BaseModel):
 class Role(StrEnum):
     RANK = "rank"
     SPARE = "spare"
-
-
-class ErrorCode(StrEnum):
-    BAD_FRAME = "bad_frame"  # not JSON, not an object, a field missing or of the wrong type
-    UNKNOWN_FRAME = "unknown_frame"  # a kind this side does not know, or one it does not accept here
-    REFUSED = "refused"  # well-formed, but the request cannot be carried out
 
 
 # --- rank or spare -> coordinator ---------------------------------------------------------------------
@@ -255,7 +251,7 @@ class Ok(_Frame):
 
 class Error(_Frame):
     t: Literal["error"] = "error"
-    code: ErrorCode
+    code: ErrorType
     reason: str = Field(max_length=_TEXT)
 
 
@@ -325,7 +321,7 @@ _ADAPTER: TypeAdapter[Frame] = TypeAdapter(Frame)
 class BadFrame(Exception):
     """A frame that is not JSON, of no known kind, or with a field missing or wrong."""
 
-    def __init__(self, code: ErrorCode, reason: str, kind: str | None = None) -> None:
+    def __init__(self, code: ErrorType, reason: str, kind: str | None = None) -> None:
         super().__init__(reason)
         self.code = code
         self.kind = kind
@@ -346,6 +342,6 @@ def decode(body: bytes) -> Frame:
         first = e.errors(include_url=False)[0]
         if first["type"] == "union_tag_invalid":
             kind = str(first["ctx"].get("tag", "?"))[:_ID]
-            raise BadFrame(ErrorCode.UNKNOWN_FRAME, f"unknown frame kind {kind!r}", kind) from None
+            raise BadFrame(ErrorType.UNKNOWN_FRAME, f"unknown frame kind {kind!r}", kind) from None
         where = ".".join(str(p) for p in first["loc"]) or "frame"
-        raise BadFrame(ErrorCode.BAD_FRAME, f"bad frame: {where}: {first['msg']}"[:_TEXT]) from None
+        raise BadFrame(ErrorType.BAD_FRAME, f"bad frame: {where}: {first['msg']}"[:_TEXT]) from None

@@ -40,10 +40,24 @@ class ErrorType(StrEnum):
     CONTRACT_INVALID_PAGE = "ContractInvalidPage"
     CONTRACT_AWAITING_RENEWAL = "ContractAwaitingRenewal"
     CONTRACT_ENDED = "ContractEnded"
+    # A frame on the job's control channel refused (`job_agent.wire.Error`).
+    BAD_FRAME = "BadFrame"  # not JSON, not an object, a field missing or of the wrong type
+    UNKNOWN_FRAME = "UnknownFrame"  # a kind the receiver does not know, or does not accept from the sender
+    REFUSED = "Refused"  # well-formed, but the request cannot be carried out
 
 
-INCIDENT_ERRORS: tuple[ErrorType, ...] = tuple(
-    t for t in ErrorType if not t.value.startswith(("Billing", "Contract"))
+INCIDENT_ERRORS: tuple[ErrorType, ...] = (
+    ErrorType.UNKNOWN_INCIDENT,
+    ErrorType.NO_SPARE,
+    ErrorType.JOB_GONE,
+    ErrorType.OUT_OF_ORDER,
+    ErrorType.FREEZE_FAILED,
+    ErrorType.TRANSFER_FAILED,
+    ErrorType.PROOF_MISMATCH,
+    ErrorType.REJOIN_FAILED,
+    ErrorType.NO_CHECKPOINT,
+    ErrorType.TIMEOUT,
+    ErrorType.INVALID_INPUT,
 )
 """The types an incident's job-side and control-side steps raise."""
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from job_agent import wire
 from job_agent.coordinator import SHUTDOWN_GRACE
 from job_agent.incident import IncidentError
 from job_agent.wire import Role
@@ -211,10 +210,10 @@ async def test_a_malformed_frame_gets_a_typed_error_job_goes_on(tmp_path: Path, 
     of no known kind, with a bad field, or not a member's to send are each answered with a typed error
     frame; the coordinator carries on and the job finishes as if nothing happened."""
     bad = {
-        0: (b"{not json", wire.ErrorCode.BAD_FRAME),
-        1: (b'{"t": "warp", "k": 1}', wire.ErrorCode.UNKNOWN_FRAME),
-        2: (b'{"t": "step", "k": -1}', wire.ErrorCode.BAD_FRAME),
-        3: (b'{"t": "status"}', wire.ErrorCode.UNKNOWN_FRAME),
+        0: (b"{not json", ErrorType.BAD_FRAME),
+        1: (b'{"t": "warp", "k": 1}', ErrorType.UNKNOWN_FRAME),
+        2: (b'{"t": "step", "k": -1}', ErrorType.BAD_FRAME),
+        3: (b'{"t": "status"}', ErrorType.UNKNOWN_FRAME),
     }
     job = Job(tmp_path, allowance, nproc=4)
     for slot, (body, _) in bad.items():
