@@ -184,16 +184,20 @@ class RankAgent:
             self._handle(frame)
 
     def _obey_until_regrouped(self) -> None:
-        deadline = time.monotonic() + self._recovery_timeout.total_seconds()
+        # A spare waits for a slot as long as its job runs (the loss of its coordinator ends it); a rank,
+        # or a spare once given a slot, hears what to do within the recovery timeout.
+        limit = self._recovery_timeout.total_seconds()
+        deadline = None if self.is_spare else time.monotonic() + limit
         while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                frame = self._link.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                frame = self._link.inbox.get(timeout=wait)
             except queue.Empty:
-                raise RecoveryTimeout(
-                    f"no instruction from the coordinator for {self._recovery_timeout.total_seconds():.0f} s"
-                ) from None
+                raise RecoveryTimeout(f"no instruction from the coordinator for {limit:.0f} s") from None
             if self._handle(frame):
                 return
+            if deadline is None and not self.is_spare:
+                deadline = time.monotonic() + limit
 
     def _handle(self, frame: wire.Frame) -> bool:
         """Carry out one coordinator command; True once the group is re-formed."""

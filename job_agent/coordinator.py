@@ -23,7 +23,7 @@ from job_agent.channel import ControlServer, send
 from job_agent.detection import Detector, signal_name
 from job_agent.incident import IncidentTracker, Reporter
 from job_agent.injection import Injector
-from job_agent.jobs import register_job
+from job_agent.jobs import register_job, unregister_job
 from job_agent.launcher import Launcher, LocalLauncher, agent_env
 from job_agent.members import Member, MemberState, Roster
 from job_agent.progress import StepTracker
@@ -140,7 +140,7 @@ class Coordinator:
             error=self.error,
         )
         (self.spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
-        (self.spec.job_dir / "job.json").unlink(missing_ok=True)
+        unregister_job(self.spec.job_dir)
         return result
 
     def _fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:
@@ -228,6 +228,8 @@ class Coordinator:
                 self._injector.on_step(m)
             case wire.Ready(layout=layout) | wire.Joined(layout=layout):
                 self.roster.record_layout(m, layout)
+                if m.role is Role.SPARE:
+                    self.spares.started(m)
             case wire.Frozen(completed=step):
                 self.progress.completed(step)
             case wire.Done(step=step):
@@ -290,14 +292,19 @@ class Coordinator:
                 self.add_evidence(stall)
 
     def _reap(self) -> None:
-        """A process that died before it ever connected (import error, bad arguments) fails the job."""
+        """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare
+        that did is replaced."""
         for agent_id in list(self.roster.pending):
             code = self._launcher.poll(agent_id)
-            if code is not None:
-                del self.roster.pending[agent_id]
-                self._fail(
-                    f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above"
-                )
+            if code is None:
+                continue
+            del self.roster.pending[agent_id]
+            if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
+                self.spares.failed_start(agent_id, code)
+                continue
+            self._fail(
+                f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above"
+            )
 
     def _maybe_finished(self) -> None:
         ranks = self.roster.ranks()

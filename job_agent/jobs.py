@@ -13,9 +13,20 @@ from job_agent import protocol, wire
 
 
 def register_job(job_dir: Path, secret: bytes, coordinator: str, world_size: int) -> None:
-    """Where `torchpass inject` and `torchpass jobs` find a job (the secret file is 0600)."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(job_dir / "secret", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Where `torchpass inject` and `torchpass jobs` find a job. The job's directory is its owner's alone
+    (0700); the secret is created exclusively (0600, never through a link) and `unregister_job` removes it.
+
+    A secret left by a coordinator that died is replaced; one of a coordinator still running is an error:
+    two jobs cannot share an id on one host."""
+    job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(job_dir, 0o700)  # made by an older version, or by hand
+    path = job_dir / "secret"
+    if path.exists() or path.is_symlink():
+        owner = _registered_pid(job_dir)
+        if owner is not None and owner != os.getpid() and _alive(owner):
+            raise JobIdInUse(f"job {job_dir.name} is already running here (coordinator pid {owner})")
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret.hex())
     info = {
@@ -25,7 +36,36 @@ def register_job(job_dir: Path, secret: bytes, coordinator: str, world_size: int
         "world_size": world_size,
         "started_at": datetime.now(UTC).isoformat(),
     }
-    (job_dir / "job.json").write_text(json.dumps(info, indent=2))
+    fd = os.open(job_dir / "job.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info, indent=2))
+
+
+def unregister_job(job_dir: Path) -> None:
+    """The job ended: nobody can reach its coordinator any more, and its secret protects nothing."""
+    for name in ("job.json", "secret"):
+        (job_dir / name).unlink(missing_ok=True)
+
+
+def _registered_pid(job_dir: Path) -> int | None:
+    try:
+        return int(json.loads((job_dir / "job.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class JobIdInUse(Exception):
+    """Another coordinator on this host runs a job with that id."""
 
 
 class UnknownJob(Exception):

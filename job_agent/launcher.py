@@ -39,6 +39,7 @@ def agent_env(
         "TORCHPASS_SEED": str(spec.seed),
         "TORCHPASS_THREADS": str(spec.threads),
         "TORCHPASS_COLLECTIVE_TIMEOUT": str(spec.collective_timeout),
+        "TORCHPASS_RECOVERY_TIMEOUT": str(spec.recovery_timeout),
     }
     if restore:
         env["TORCHPASS_RESTORE"] = restore
@@ -76,12 +77,20 @@ class Launcher(abc.ABC):
         """Stop every process still running, waiting at most `timeout` seconds before killing."""
 
 
+def inherited_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a rank inherits from the coordinator's environment: everything the user's script may need
+    (PATH, PYTHONPATH, CUDA_*, its own variables), none of torchpass's own settings. Those hold the
+    coordinator's secrets (the Temporal API key and TLS key, the billing webhook's secret); a rank gets
+    exactly its `agent_env` instead."""
+    return {k: v for k, v in env.items() if not k.startswith("TORCHPASS_")}
+
+
 class LocalLauncher(Launcher):
     """Processes on this host; each is its own failure domain, named host/agent."""
 
     def __init__(self, script: str, args: Sequence[str], base_env: Mapping[str, str] | None = None) -> None:
         self._cmd = [sys.executable, "-u", script, *args]
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._base_env = inherited_env(os.environ if base_env is None else base_env)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._host = socket.gethostname()
 

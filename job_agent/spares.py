@@ -8,10 +8,14 @@ A reservation is held for one incident (idempotent: asking again returns the sam
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable
 
 from job_agent.members import Member, MemberState, Roster
 from job_agent.wire import Role
+
+log = logging.getLogger("torchpass.spares")
+MAX_FAILED_STARTS = 3
 
 
 class SparePool(abc.ABC):
@@ -43,6 +47,14 @@ class SparePool(abc.ABC):
     def lost(self, m: Member) -> None:
         """A spare process died: replace it."""
 
+    @abc.abstractmethod
+    def failed_start(self, agent_id: str, code: int) -> None:
+        """A spare died before it ever joined: replace it, within a bound (never fatal to the job)."""
+
+    @abc.abstractmethod
+    def started(self, m: Member) -> None:
+        """A spare is warm: its start succeeded."""
+
 
 class LocalSparePool(SparePool):
     """Warm spare processes on this host, launched like the ranks (`spawn`) and fenced with `kill`."""
@@ -51,6 +63,7 @@ class LocalSparePool(SparePool):
         self._roster = roster
         self._spawn = spawn
         self._kill = kill
+        self._failed_starts = 0  # in a row, since the last spare that came up warm
 
     def _spares(self) -> list[Member]:
         return [m for m in self._roster.members.values() if m.role is Role.SPARE and m.alive]
@@ -91,3 +104,20 @@ class LocalSparePool(SparePool):
 
     def lost(self, m: Member) -> None:
         self._spawn()
+
+    def failed_start(self, agent_id: str, code: int) -> None:
+        self._failed_starts += 1
+        if self._failed_starts > MAX_FAILED_STARTS:
+            log.error(
+                "spare %s exited (code %d) before joining; %d spares in a row did: not starting more until "
+                "one comes up (the job goes on, a failure now falls back to a restart)",
+                agent_id,
+                code,
+                self._failed_starts,
+            )
+            return
+        log.warning("spare %s exited (code %d) before joining; starting another", agent_id, code)
+        self._spawn()
+
+    def started(self, m: Member) -> None:
+        self._failed_starts = 0

@@ -199,11 +199,16 @@ class TrackedState:
     # --- checkpoints: the fallback when live migration is impossible ---------------------------------
 
     def save_checkpoint(self, path: Path, step: int) -> None:
+        """Atomically (a crash mid-write never leaves a torn checkpoint), readable by its owner only: it
+        holds the model and the optimizer."""
         snap = self.snapshot(step)
         tmp = path.with_suffix(".tmp")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"header": snap.header, "tensors": dict(snap.tensors)}, tmp)
-        os.replace(tmp, path)  # atomic: a crash mid-write never leaves a torn checkpoint
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"header": snap.header, "tensors": dict(snap.tensors)}, f)
+        os.replace(tmp, path)
 
     def load_checkpoint(self, path: Path) -> int:
         data = torch.load(path, weights_only=True, map_location="cpu")

@@ -29,6 +29,9 @@ class JobSpec(Model):
     collective_timeout: float = Field(
         default=60.0, gt=0, description="seconds one collective may take before it fails (gloo/NCCL)"
     )
+    recovery_timeout: float = Field(
+        default=300.0, gt=0, description="seconds a frozen rank waits for its instructions before it stops"
+    )
     checkpoint_every: int = Field(default=50, ge=0)
     seed: int = 0
     threads: int = Field(default=1, ge=1)

@@ -74,6 +74,8 @@ async def test_a_peer_without_the_secret_is_refused_and_the_job_goes_on(
         assert isinstance(answer, wire.Error) and why in answer.reason, (raw, answer)
     result = await asyncio.wait_for(task, 120)
     assert result.ok and not result.incidents
+    # The job's directory is its owner's alone, and its secret is gone with it.
+    assert (job.job_dir.stat().st_mode & 0o777) == 0o700 and not (job.job_dir / "secret").exists()
 
 
 def test_inject_into_an_unknown_job_names_the_running_ones(tmp_path: Path) -> None:
@@ -111,3 +113,14 @@ def test_jobspec_rejects_bad_values(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="job_id"):
         JobSpec(job_id="bad id!", script=SCRIPT, state_dir=tmp_path)
     assert json.loads(JobSpec(script=SCRIPT, state_dir=tmp_path).model_dump_json())["nproc"] == 2
+
+
+async def test_an_idle_spare_waits_as_long_as_the_job_runs(
+    client: Client, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A warm spare with nothing to do outlives the recovery timeout (2 s here, for a 300-step job):
+    it is never timed out and respawned, so the pool is never empty for a moment."""
+    job = spec(tmp_path, "idle-spare", args=("--steps", "300", "--width", "64"), recovery_timeout=2.0)
+    result = await asyncio.wait_for(run_job(job, client), 150)
+    assert result.ok and not result.incidents
+    assert "RecoveryTimeout" not in capfd.readouterr().err

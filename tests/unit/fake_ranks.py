@@ -126,6 +126,12 @@ class FakeRank:
 
     def _connect(self) -> None:
         s = self.settings
+        with self._l.lock:
+            doomed = s.role == "spare" and self._l.doomed_spares > 0
+            self._l.doomed_spares -= doomed
+        if doomed:
+            self.end(1)
+            raise _Gone
         sock = protocol.connect(*s.coordinator_addr, s.read_secret(), _CONNECT)
         with self._io:
             self._sock = sock
@@ -147,6 +153,8 @@ class FakeRank:
             if self._check_inbox():
                 continue
             self._faults(step)
+            if self._l.step_seconds:
+                self._pump(self._l.step_seconds)  # a step that takes time: the coordinator's clock moves on
             self._send(wire.Step(k=step))
             self._send(wire.Collective(k=step))
             if not self._all_reduce():
@@ -316,8 +324,11 @@ class FakeRank:
             self._inbox.append(frame)
 
     def _next_frame(self) -> wire.Frame:
+        # As a real agent: an unassigned spare waits as long as the job runs; a rank within the timeout.
         deadline = time.monotonic() + self._l.recovery_timeout
         while not self._inbox:
+            if self.slot < 0:
+                deadline = time.monotonic() + self._l.recovery_timeout
             if time.monotonic() >= deadline:
                 self.end(1)  # a real rank raises RecoveryTimeout and its script dies
                 raise _Gone
@@ -337,6 +348,8 @@ class FakeLauncher(Launcher):
         self.faults: set[tuple[str, int, int | None]] = set()
         self.resume_offset: dict[int, int] = {}
         self.malformed: dict[tuple[int, int], bytes] = {}
+        self.doomed_spares = 0
+        self.step_seconds = 0.0
 
     def fail_at(self, slot: int, step: int) -> None:
         """The rank holding `slot` dies (SIGKILL) as it enters `step`."""
@@ -357,6 +370,10 @@ class FakeLauncher(Launcher):
     def resume_elsewhere(self, slot: int, offset: int) -> None:
         """After its next Regroup the rank at `slot` enters step completed + 1 + `offset`."""
         self.resume_offset[slot] = offset
+
+    def spares_die_at_start(self, n: int) -> None:
+        """The next `n` spares launched exit (code 1) before they connect, as a crash at import would."""
+        self.doomed_spares = n
 
     def malformed_at(self, slot: int, step: int, body: bytes) -> None:
         """The rank at `slot` sends `body` as one frame as it enters `step`."""

@@ -17,6 +17,7 @@ import pytest
 
 from job_agent.coordinator import SHUTDOWN_GRACE
 from job_agent.incident import IncidentError
+from job_agent.spares import MAX_FAILED_STARTS
 from job_agent.wire import Role
 from tests.unit.fake_ranks import KILLED, digest_of
 from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, quiet, until
@@ -238,3 +239,35 @@ async def test_a_spare_starting_as_the_job_ends_is_told_to_leave(tmp_path: Path,
         assert time.monotonic() - t0 < SHUTDOWN_GRACE.total_seconds() / 2
     assert spare in c.roster.members and job.launcher.poll(spare) == 0  # admitted, told to go, gone
     _assert_finished(job, incidents=0)
+
+
+async def test_a_spare_dying_at_start_is_replaced_and_the_job_goes_on(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: two spares in a row
+    die before they ever connect (a crash at import); each is replaced, never fatal, and the third one
+    takes a killed rank's slot live."""
+    job = Job(tmp_path, allowance)
+    job.launcher.spares_die_at_start(2)
+    job.launcher.fail_at(1, 9)
+    async with job:
+        m = Migration(job, *(await job.report()))
+        outcome = await m.run()
+        assert outcome.success and outcome.disposition is Disposition.MIGRATED
+        await job.finished()
+    _assert_finished(job, incidents=1)
+    dead = [f for f in job.launcher.fakes.values() if f.settings.role == "spare" and f.code == 1]
+    assert len(dead) == 2
+
+
+async def test_spares_that_never_start_stop_being_replaced(tmp_path: Path, allowance: Counts) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: when every spare dies at
+    start, the pool stops starting them after a bound; the job trains on to its end all the same."""
+    job = Job(tmp_path, allowance)
+    job.launcher.spares_die_at_start(100)
+    job.launcher.step_seconds = 0.1  # long enough for the coordinator to see each spare die
+    async with job:
+        await job.finished()
+    _assert_finished(job, incidents=0)
+    spares = [f for f in job.launcher.fakes.values() if f.settings.role == "spare"]
+    assert len(spares) == 1 + MAX_FAILED_STARTS

@@ -98,10 +98,14 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         spec_fields["contract"] = {"customer_id": args.customer, "contract_id": args.contract}
     spec = JobSpec(**spec_fields)
     client = await connect(settings, traced=True)
+    from job_agent.jobs import JobIdInUse
     from workers.job import run_job
 
     print(f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)", flush=True)
-    result = await run_job(spec, client)
+    try:
+        result = await run_job(spec, client)
+    except JobIdInUse as e:
+        raise CliError(f"{e}; pick another --job-id") from None
     print(_summary(result.model_dump(mode="json")), flush=True)
     return 0 if result.ok else EXIT_JOB_FAILED
 

@@ -1,0 +1,81 @@
+"""What a job leaves on disk and hands its ranks: its owner's alone, its secrets not passed on.
+
+Real files and, for the environment, a real child process started by the real `LocalLauncher`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+from job_agent.jobs import JobIdInUse, register_job, unregister_job
+from job_agent.launcher import LocalLauncher, inherited_env
+from job_agent.state import TrackedState
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_a_jobs_directory_and_secret_are_its_owners_alone(tmp_path: Path) -> None:
+    job_dir = tmp_path / "jobs" / "j1"
+    register_job(job_dir, b"s" * 32, "127.0.0.1:1", 2)
+    assert _mode(job_dir) == 0o700 and _mode(job_dir / "secret") == 0o600
+    assert _mode(job_dir / "job.json") == 0o600
+    unregister_job(job_dir)
+    assert not (job_dir / "secret").exists() and not (job_dir / "job.json").exists()
+
+
+def test_a_link_planted_at_the_secret_is_never_written_through(tmp_path: Path) -> None:
+    job_dir, target = tmp_path / "j2", tmp_path / "victim"
+    job_dir.mkdir()
+    target.write_text("precious")
+    (job_dir / "secret").symlink_to(target)
+    register_job(job_dir, b"s" * 32, "127.0.0.1:1", 2)
+    assert not (job_dir / "secret").is_symlink() and target.read_text() == "precious"
+
+
+def test_a_job_id_already_running_here_is_refused_and_a_dead_ones_secret_replaced(tmp_path: Path) -> None:
+    job_dir = tmp_path / "j3"
+    register_job(job_dir, b"a" * 32, "127.0.0.1:1", 2)
+    info = json.loads((job_dir / "job.json").read_text())
+    (job_dir / "job.json").write_text(json.dumps({**info, "pid": os.getppid()}))  # alive, not us
+    with pytest.raises(JobIdInUse, match="already running"):
+        register_job(job_dir, b"b" * 32, "127.0.0.1:2", 2)
+    (job_dir / "job.json").write_text(json.dumps({**info, "pid": 2**22 + 7}))  # no such process
+    register_job(job_dir, b"c" * 32, "127.0.0.1:3", 2)
+    assert (job_dir / "secret").read_text() == (b"c" * 32).hex()
+
+
+def test_a_checkpoint_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    state = TrackedState(torch.nn.Linear(2, 2))
+    state.save_checkpoint(tmp_path / "ckpt" / "step-00000001.pt", 1)
+    assert _mode(tmp_path / "ckpt") == 0o700 and _mode(tmp_path / "ckpt" / "step-00000001.pt") == 0o600
+
+
+def test_ranks_inherit_the_users_environment_but_none_of_torchpass_settings(tmp_path: Path) -> None:
+    parent = {
+        "PATH": os.environ.get("PATH", ""),
+        "MY_DATASET": "/data/x",
+        "TORCHPASS_TEMPORAL_API_KEY": "key-that-must-not-leak",
+        "TORCHPASS_BILLING_WEBHOOK_SECRET": "another",
+    }
+    assert inherited_env(parent) == {"PATH": parent["PATH"], "MY_DATASET": "/data/x"}
+    script, out = tmp_path / "dump.py", tmp_path / "env.json"
+    script.write_text(f"import json, os\nopen({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))\n")
+    launcher = LocalLauncher(str(script), (), base_env=parent)
+    launcher.spawn("rank0-1", {"TORCHPASS_JOB_ID": "j"})
+    deadline = time.monotonic() + 30
+    while launcher.poll("rank0-1") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    launcher.shutdown(timedelta(seconds=5))
+    seen = json.loads(out.read_text())
+    assert seen["MY_DATASET"] == "/data/x" and seen["TORCHPASS_JOB_ID"] == "j"
+    assert "TORCHPASS_TEMPORAL_API_KEY" not in seen and "TORCHPASS_BILLING_WEBHOOK_SECRET" not in seen
