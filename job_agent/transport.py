@@ -22,6 +22,8 @@ from job_agent import wire
 from job_agent.protocol import AuthError, ProtocolError, authenticate_server, connect, recv_frame, send_frame
 from job_agent.state import Snapshot, StateMismatch, TrackedState, byte_view
 
+AUTH_TIMEOUT = timedelta(seconds=2)  # a receiver proves the secret in milliseconds
+MAX_STRAYS = 64
 _SOCK_BUF = 8 * 2**20
 _CHUNK = 4 * 2**20
 
@@ -81,20 +83,33 @@ class StateServer:
         self.bytes_sent = 0
 
     def serve(self, snap: Snapshot, receivers: int, timeout: timedelta, on_progress: Progress) -> str:
-        """Send `snap` to `receivers` authenticated peers; returns the donor's digest."""
+        """Send `snap` to `receivers` authenticated peers within `timeout`; returns the donor's digest.
+
+        A connection that fails or stalls before it proves the job's secret (a port scanner, a
+        connect-then-close, garbage bytes, a silent peer) is dropped after at most `AUTH_TIMEOUT` and the
+        transfer goes on; more than `MAX_STRAYS` of them fail it."""
         digest: str | None = None
-        self._listener.settimeout(timeout.total_seconds())
+        deadline = time.monotonic() + timeout.total_seconds()
+        strays = 0
         try:
             served = 0
             while served < receivers:
+                self._listener.settimeout(max(0.001, deadline - time.monotonic()))
                 conn, _addr = self._listener.accept()
                 with conn:
-                    conn.settimeout(timeout.total_seconds())
-                    _tune(conn)
+                    conn.settimeout(AUTH_TIMEOUT.total_seconds())
                     try:
+                        _tune(conn)
                         authenticate_server(conn, self._secret)
-                    except AuthError:
-                        continue  # not a peer of this job: it gets nothing, the real receivers still do
+                    except (AuthError, OSError, ConnectionError, ProtocolError):
+                        # Not a peer of this job: it gets nothing, the real receivers still do.
+                        strays += 1
+                        if strays > MAX_STRAYS:
+                            raise TransferError(
+                                f"{strays} connections failed before authenticating"
+                            ) from None
+                        continue
+                    conn.settimeout(timeout.total_seconds())
                     digest = self._send(conn, snap, digest, on_progress)
                     served += 1
         except (OSError, ConnectionError, ProtocolError) as e:

@@ -139,3 +139,29 @@ def test_a_sharded_parameter_is_a_shard_of_its_own(tmp_path) -> None:
     finally:
         dist.destroy_process_group()
     assert sharded.parallelism == "sharded" and sharded.shard != plain.shard
+
+
+def test_strays_before_the_receiver_are_skipped_and_the_transfer_goes_on() -> None:
+    """A connect-then-close, six garbage bytes and a silent connection reach the donor first; each is
+    dropped (the silent one after AUTH_TIMEOUT) and the real receiver still gets the state."""
+    import socket
+    import time
+
+    from job_agent.transport import AUTH_TIMEOUT
+
+    donor = _trained(0)
+    server, out = _serve(donor, 3, receivers=2)
+    addr = ("127.0.0.1", server.port)
+    socket.create_connection(addr).close()
+    with socket.create_connection(addr) as garbage:
+        garbage.sendall(b"\x00garba")
+    silent = socket.create_connection(addr)
+    t0 = time.monotonic()
+    try:
+        stats = receive_state(_fresh(1), "127.0.0.1", server.port, SECRET, WAIT)
+        again = receive_state(_fresh(2), "127.0.0.1", server.port, SECRET, WAIT)
+    finally:
+        silent.close()
+    out["thread"].join(10)
+    assert "error" not in out and stats.digest == again.digest == out["digest"]
+    assert time.monotonic() - t0 < AUTH_TIMEOUT.total_seconds() + 5
