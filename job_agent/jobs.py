@@ -98,7 +98,11 @@ def request(
     if info is None:
         known = ", ".join(jobs) or "none"
         raise UnknownJob(f"no running job {job_id!r} under {state_dir} (running: {known})")
-    secret = bytes.fromhex((Path(info["dir"]) / "secret").read_text().strip())
+    secret_file = Path(info["dir"]) / "secret"
+    try:
+        secret = bytes.fromhex(secret_file.read_text().strip())
+    except (OSError, ValueError) as e:
+        raise UnknownJob(f"job {job_id}: its secret {secret_file} cannot be read ({e})") from None
     host, _, port = info["coordinator"].rpartition(":")
     sock = protocol.connect(host, int(port), secret, timeout)
     with sock:

@@ -1,10 +1,18 @@
-"""One way to connect to Temporal, shared by every process and the CLI."""
+"""One way to connect to Temporal, shared by every process and the CLI.
+
+The settings refuse, at start-up, what would connect less safely than it looks: a client certificate
+without its key (or a key without its certificate), a TLS file that is not there, and plaintext to a
+server off this host unless it is asked for (`allow_plaintext`). The API key is never a command-line
+flag (every user of the host could read it in `ps`): it comes from TORCHPASS_TEMPORAL_API_KEY or a file.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
+from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -17,17 +25,59 @@ class TemporalSettings(BaseSettings):
 
     address: str = "127.0.0.1:7233"
     namespace: str = "default"
-    api_key: str | None = Field(default=None, description="Temporal Cloud API key; implies TLS")
+    api_key: SecretStr | None = Field(default=None, description="Temporal Cloud API key; implies TLS")
+    api_key_file: Path | None = Field(default=None, description="a file holding the API key")
     tls: bool = False
-    tls_cert: str | None = Field(default=None, description="client certificate (PEM) for mTLS")
-    tls_key: str | None = None
-    tls_ca: str | None = None
+    tls_cert: Path | None = Field(default=None, description="client certificate (PEM) for mTLS")
+    tls_key: Path | None = Field(default=None, description="its private key (PEM)")
+    tls_ca: Path | None = Field(default=None, description="the server's CA certificate (PEM)")
+    allow_plaintext: bool = Field(
+        default=False, description="connect without TLS to a server off this host (never to Temporal Cloud)"
+    )
+
+    @model_validator(mode="after")
+    def _safe(self) -> TemporalSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: a client certificate needs its key")
+        for name in ("tls_cert", "tls_key", "tls_ca", "api_key_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("api_key and api_key_file: give one")
+        if not self.encrypted and not self.allow_plaintext and not _on_this_host(self.address):
+            raise ValueError(
+                f"plaintext connection to {self.address}, off this host: pass --tls (or a certificate, or an "
+                "API key), or --allow-plaintext to accept that anyone on the path can read and forge it"
+            )
+        return self
+
+    @property
+    def encrypted(self) -> bool:
+        keyed = self.api_key is not None or self.api_key_file is not None
+        return self.tls or keyed or self.tls_cert is not None or self.tls_ca is not None
+
+    def key(self) -> str | None:
+        if self.api_key_file is not None:
+            return self.api_key_file.read_text().strip()
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
+
+def _on_this_host(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def connect(settings: TemporalSettings, interceptors: Sequence[Interceptor] = ()) -> Client:
     """A client for `settings`; its `interceptors` (e.g. `workers.telemetry.interceptors`) apply to every
     call it makes and to every worker built from it."""
-    tls: TLSConfig | bool = settings.tls or settings.api_key is not None
+    key = settings.key()
+    tls: TLSConfig | bool = settings.tls or key is not None
     if settings.tls_cert or settings.tls_ca:
         tls = TLSConfig(
             client_cert=_read(settings.tls_cert),
@@ -37,15 +87,12 @@ async def connect(settings: TemporalSettings, interceptors: Sequence[Interceptor
     return await Client.connect(
         settings.address,
         namespace=settings.namespace,
-        api_key=settings.api_key,
+        api_key=key,
         tls=tls,
         data_converter=pydantic_data_converter,
         interceptors=interceptors,
     )
 
 
-def _read(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    with open(path, "rb") as f:
-        return f.read()
+def _read(path: Path | None) -> bytes | None:
+    return None if path is None else path.read_bytes()

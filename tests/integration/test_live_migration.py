@@ -78,11 +78,19 @@ async def test_two_failures_in_one_run_are_both_migrated_live(
     assert [o.lost_slots for o in result.incidents] == [(3,), (0,)]
 
 
-async def test_incidents_are_searchable_by_job(client: Client, reference: JobResult, tmp_path: Path) -> None:
+async def test_incidents_are_searchable_by_job(
+    client: Client, reference: JobResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     result = await run_with(client, spec(tmp_path, "searchable"), [("kill", 1, 10)])
     assert_migrated_live(result, reference, 1)
     found = [wf.id async for wf in client.list_workflows(f"{SA_JOB_ID} = 'searchable'")]
-    assert found == [result.incidents[0].incident_id.split("/")[0]]
+    incident = result.incidents[0].incident_id
+    assert found == [incident.split("/")[0]]
+    # `incidents show` takes the id as listed and as the job's summary prints it (with its run id).
+    address = client.service_client.config.target_host
+    for shown in (found[0], incident):
+        assert await asyncio.to_thread(main, ["incidents", "show", shown, "--address", address]) == 0
+        assert f"incident   {incident}" in capsys.readouterr().out
 
 
 async def test_a_collective_that_times_out_with_every_rank_alive_re_forms_in_place(

@@ -10,7 +10,16 @@ from pydantic import ValidationError
 
 EXIT_USAGE = 2
 EXIT_JOB_FAILED = 1
-_TEMPORAL_FLAGS = ("address", "namespace", "api_key", "tls", "tls_cert", "tls_key", "tls_ca")
+_TEMPORAL_FLAGS = (
+    "address",
+    "namespace",
+    "api_key_file",
+    "tls",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+    "allow_plaintext",
+)
 
 
 class CliError(Exception):
@@ -21,17 +30,29 @@ def temporal_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("temporal connection (also TORCHPASS_TEMPORAL_* variables)")
     g.add_argument("--address", help="host:port of the Temporal frontend (default 127.0.0.1:7233)")
     g.add_argument("--namespace", help="Temporal namespace (default 'default')")
-    g.add_argument("--api-key", help="Temporal Cloud API key (implies TLS)")
+    g.add_argument("--api-key-file", help="a file holding the Temporal Cloud API key (implies TLS)")
+    g.add_argument("--api-key", help=argparse.SUPPRESS)  # refused: see load_settings
     g.add_argument("--tls", action="store_true", default=None, help="connect with TLS")
-    g.add_argument("--tls-cert", help="client certificate (PEM) for mTLS")
-    g.add_argument("--tls-key", help="client key (PEM) for mTLS")
+    g.add_argument("--tls-cert", help="client certificate (PEM) for mTLS, with --tls-key")
+    g.add_argument("--tls-key", help="client key (PEM) for mTLS, with --tls-cert")
     g.add_argument("--tls-ca", help="server CA certificate (PEM)")
+    g.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        default=None,
+        help="connect without TLS to a Temporal server off this host",
+    )
 
 
 def load_settings(args: argparse.Namespace) -> Any:
     """The process's one settings object: the environment, with the command line's Temporal flags on top."""
     from workers.settings import Settings
 
+    if getattr(args, "api_key", None) is not None:
+        raise CliError(
+            "--api-key would show the key to every user of this host (ps): set TORCHPASS_TEMPORAL_API_KEY "
+            "or pass --api-key-file"
+        )
     given = {k: getattr(args, k) for k in _TEMPORAL_FLAGS if getattr(args, k, None) is not None}
     return Settings.load(temporal=given)
 

@@ -64,7 +64,9 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
             for r in rows:
                 print(f"{r['incident']:<64} {r['kind']:<16} {r['outcome']:<17} {r['started']}")
         return 0
-    handle = client.get_workflow_handle(args.incident)
+    # As listed (the workflow id) or as `torchpass run` and the outcome print it (workflow id/run id).
+    workflow_id, _, run_id = args.incident.partition("/")
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id or None)
     try:
         desc = await handle.describe()
     except RPCError as e:

@@ -1,0 +1,49 @@
+"""The Temporal connection settings refuse, at start-up, what would connect less safely than it looks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from torchpass.cli import main
+from workers.temporal import TemporalSettings
+
+
+def test_a_client_certificate_without_its_key_is_an_error_not_plaintext(tmp_path: Path) -> None:
+    cert = tmp_path / "client.pem"
+    cert.write_text("cert")
+    with pytest.raises(ValidationError, match="tls_cert and tls_key go together"):
+        TemporalSettings(tls_cert=cert)
+    with pytest.raises(ValidationError, match="tls_cert and tls_key go together"):
+        TemporalSettings(tls_key=cert)
+
+
+def test_a_tls_file_that_is_not_there_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="tls_ca: no such file"):
+        TemporalSettings(tls_ca=tmp_path / "missing.pem")
+
+
+def test_plaintext_off_this_host_needs_to_be_asked_for() -> None:
+    for here in ("127.0.0.1:7233", "localhost:7233", "[::1]:7233", "127.0.0.2:1"):
+        assert not TemporalSettings(address=here).encrypted
+    with pytest.raises(ValidationError, match=r"plaintext connection to temporal\.example:7233"):
+        TemporalSettings(address="temporal.example:7233")
+    assert TemporalSettings(address="temporal.example:7233", allow_plaintext=True)
+    assert TemporalSettings(address="temporal.example:7233", tls=True).encrypted
+
+
+def test_the_api_key_comes_from_the_environment_or_a_file_never_a_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = tmp_path / "key"
+    key.write_text("k-123\n")
+    s = TemporalSettings(address="x.tmprl.cloud:7233", api_key_file=key)
+    assert s.encrypted and s.key() == "k-123"
+    monkeypatch.setenv("TORCHPASS_TEMPORAL_API_KEY", "k-env")
+    env = TemporalSettings(address="x.tmprl.cloud:7233")
+    assert env.key() == "k-env" and "k-env" not in repr(env)
+    assert main(["incidents", "list", "--api-key", "k-in-ps"]) == 2
+    err = capsys.readouterr().err
+    assert "--api-key would show the key" in err and "k-in-ps" not in err
