@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import http.client
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 
@@ -47,7 +48,16 @@ def http_post(url: str, body: bytes, headers: Mapping[str, str], timeout: float)
             return HttpReply(e.code, e.read(MAX_REPLY_BYTES))
     except (OSError, http.client.HTTPException) as e:  # refused, reset, DNS, timeout: no answer at all
         reason = e.reason if isinstance(e, urllib.error.URLError) else e
-        raise TransientBillingError(f"billing webhook {url} unreachable: {reason!r}") from e
+        raise TransientBillingError(f"billing webhook {redacted(url)} unreachable: {reason!r}") from None
+
+
+def redacted(url: str) -> str:
+    """The URL without its query, fragment or user info: a token in any of them never reaches an error
+    (which Temporal keeps in the workflow's history)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def send_webhook(settings: BillingSettings, notice: CreditNotice, now: float | None = None) -> WebhookAck:

@@ -93,7 +93,7 @@ def verify(
     """Raise SignatureRejected unless the body was signed with `secret` within `tolerance_s` of `now`."""
     lower = {k.lower(): v for k, v in headers.items()}
     raw_ts = lower.get(TIMESTAMP_HEADER.lower(), "")
-    if not (raw_ts.isascii() and raw_ts.isdigit()):
+    if not (raw_ts.isascii() and raw_ts.isdigit() and len(raw_ts) <= 12):
         raise SignatureRejected(f"missing or malformed {TIMESTAMP_HEADER}")
     ts = int(raw_ts)
     current = time.time() if now is None else now

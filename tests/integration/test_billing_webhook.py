@@ -10,10 +10,12 @@ workflow standing in for the contract workflow, and a "billing system" workflow 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +42,7 @@ from torchpass.billing import (
 )
 from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
 from torchpass.dev.billing_receiver import BillingReceiver
+from torchpass.dev.billing_receiver import main as receiver_main
 from torchpass.errors import ErrorType
 from torchpass.ids import ControlActivity
 from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
@@ -231,8 +234,11 @@ def test_a_refused_connection_and_a_silent_server_are_transient() -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    with pytest.raises(TransientBillingError, match="unreachable"):
-        http_post(f"http://127.0.0.1:{port}/", b"{}", {}, timeout=2)
+    with pytest.raises(TransientBillingError, match="unreachable") as e:
+        http_post(f"http://user:pw@127.0.0.1:{port}/credits?token=s3cr3t#frag", b"{}", {}, timeout=2)
+    # The error lands in the workflow's history: no query token or credentials in it.
+    assert f"http://127.0.0.1:{port}/credits unreachable" in str(e.value)
+    assert "s3cr3t" not in str(e.value) and "pw" not in str(e.value) and e.value.__cause__ is None
     # Listening but never answering: the connection is queued by the kernel, the read times out.
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
@@ -240,6 +246,47 @@ def test_a_refused_connection_and_a_silent_server_are_transient() -> None:
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/"
         with pytest.raises(TransientBillingError, match="unreachable"):
             http_post(url, b"{}", {}, timeout=0.3)
+
+
+def _raw_http(url: str, request: bytes, wait: float = 5.0) -> bytes:
+    """Bytes a real client would never send, and what the server answers (b"" if it hangs up)."""
+    host, port = url.split("//")[1].split("/", maxsplit=1)[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as s:
+        s.sendall(request)
+        chunks = []
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_the_reference_receiver_answers_absurd_requests_and_drops_silent_ones() -> None:
+    with BillingReceiver(SECRET, read_timeout=0.5) as receiver:
+        huge = "9" * 5000
+        answer = _raw_http(receiver.url, f"POST /credits HTTP/1.1\r\nContent-Length: {huge}\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.0 413")
+        body = canonical_body(notice())
+        headers = {**signed_headers(notice(), body, SECRET), "X-Torchpass-Timestamp": huge}
+        reply = http_post(receiver.url, body, headers, timeout=5)
+        assert reply.status == 401 and b"malformed" in reply.body
+        t0 = time.monotonic()
+        assert _raw_http(receiver.url, b"POST /credits HTTP/1.1\r\n", wait=5) == b""  # never finished
+        assert time.monotonic() - t0 < 3
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        BillingReceiver("short")
+
+
+def test_the_reference_receivers_command_needs_a_ledger_or_says_it_forgets(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TORCHPASS_BILLING_WEBHOOK_SECRET", SECRET)
+    with pytest.raises(SystemExit):
+        receiver_main(["--port", "0"])
+    assert "--ledger" in capsys.readouterr().err
+    monkeypatch.setenv("TORCHPASS_BILLING_WEBHOOK_SECRET", "short")
+    with pytest.raises(SystemExit):
+        receiver_main(["--port", "0", "--in-memory"])
+    assert "at least 16 characters" in capsys.readouterr().err
 
 
 class _Redirect(BaseHTTPRequestHandler):

@@ -11,7 +11,10 @@ credit. Answers:
 - 503 for the first `fail_first` requests, to show (and test) the sender's retries
 
 Run it: `TORCHPASS_BILLING_WEBHOOK_SECRET=... python -m torchpass.dev.billing_receiver --port 8088
---ledger credits.json`. With a ledger file, accepted keys survive a restart.
+--ledger credits.json` (a secret of at least 16 characters). The ledger file keeps accepted keys across a
+restart; `--in-memory` instead must be asked for, since a notice replayed after a restart would then be
+accepted again. A request must arrive within 10 s; a body over 1 MiB, or an absurd Content-Length or
+timestamp, is refused with a 4xx answer.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from torchpass.billing import DEFAULT_TOLERANCE_S, IDEMPOTENCY_HEADER, Signature
 from torchpass.credit import CreditNotice
 
 _MAX_BODY_BYTES = 1024 * 1024
+MIN_SECRET_CHARS = 16
 Answer = tuple[int, dict[str, Any]]
 
 
@@ -81,7 +85,11 @@ class BillingReceiver:
         host: str = "127.0.0.1",
         port: int = 0,
         tolerance_s: float = DEFAULT_TOLERANCE_S,
+        read_timeout: float = 10.0,
     ) -> None:
+        self.read_timeout = read_timeout
+        if len(secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"the webhook secret must have at least {MIN_SECRET_CHARS} characters")
         self._secret = secret
         self._tolerance_s = tolerance_s
         self._fail_first = fail_first
@@ -174,12 +182,18 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    # Headers: http.server reads at most 100 of at most 64 KiB each.
+
+    def setup(self) -> None:
+        super().setup()
+        # The time a client may take to send its request: a silent one never holds a thread for long.
+        self.connection.settimeout(self.server.receiver.read_timeout)
 
     def do_POST(self) -> None:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
             self._answer(411, {"error": "Content-Length required"})
-        elif int(length) > _MAX_BODY_BYTES:
+        elif len(length) > 10 or int(length) > _MAX_BODY_BYTES:
             self._answer(413, {"error": f"body over {_MAX_BODY_BYTES} bytes"})
         else:
             body = self.rfile.read(int(length))
@@ -210,13 +224,21 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--port", type=int, default=8088)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--ledger", type=Path, default=None, help="JSON file of accepted notices")
+    dedupe = p.add_mutually_exclusive_group(required=True)
+    dedupe.add_argument("--ledger", type=Path, help="JSON file of accepted notices: dedupe survives restarts")
+    dedupe.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="forget accepted keys on restart (a replayed notice would then be accepted again): demos only",
+    )
     p.add_argument("--fail-first", type=int, default=0, help="answer the first N requests with 503 (demos)")
     args = p.parse_args(argv)
     # The secret comes from the environment, never argv, which every user of the host can read in ps.
     secret = os.environ.get("TORCHPASS_BILLING_WEBHOOK_SECRET")
     if not secret:
         p.error("set TORCHPASS_BILLING_WEBHOOK_SECRET to the secret the control worker signs with")
+    if len(secret) < MIN_SECRET_CHARS:
+        p.error(f"TORCHPASS_BILLING_WEBHOOK_SECRET must have at least {MIN_SECRET_CHARS} characters")
     serve(args.port, secret, args.ledger, args.host, args.fail_first)
 
 
