@@ -93,6 +93,7 @@ ROW_TITLE: dict[Category, str] = {
     Category.UNABLE_TO_RECOVER: "Unable to recover",
 }
 
+MAX_REASON = 4000  # a reason names the kinds and domains it saw: a node with 256 reports stays readable
 NO_SPARE_REASON = "no spare available (failures due to spare resources not being available)"
 
 
@@ -117,7 +118,7 @@ def classify(inp: ClassifyInput) -> Classification:
         category=category,
         qualifying=True,
         reason=f"{ROW_TITLE[category]} (qualifying): {_kinds(inp.evidence, category)}"
-        f" on {_domains(inp.evidence)}",
+        f" on {_domains(inp.evidence)}"[:MAX_REASON],
         kind=kind,
     )
 
@@ -132,7 +133,7 @@ def unclassified(error: str) -> Classification:
     return Classification(
         category=Category.UNCLASSIFIED,
         qualifying=True,
-        reason=f"not classified ({error}); counted as qualifying: torchpass's own failure never "
+        reason=f"not classified ({error[:1000]}); counted as qualifying: torchpass's own failure never "
         "disqualifies a customer's failure",
     )
 
@@ -175,7 +176,9 @@ def _slurm_node0(inp: ClassifyInput) -> bool:
 def _disqualified(category: Category, reason: str) -> Classification:
     assert category not in QUALIFYING_CATEGORIES
     return Classification(
-        category=category, qualifying=False, reason=f"{ROW_TITLE[category]} (disqualifying): {reason}"
+        category=category,
+        qualifying=False,
+        reason=f"{ROW_TITLE[category]} (disqualifying): {reason}"[:MAX_REASON],
     )
 
 

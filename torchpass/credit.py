@@ -14,6 +14,11 @@ from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator
 
 from torchpass.models import Model
 
+MAX_AMOUNT = Decimal("1e15")
+"""No license fee, credit or cost comes near a quadrillion; past it, Decimal arithmetic at its default
+28-digit precision would fail (InvalidOperation) deep inside a contract's evaluation."""
+MAX_PLACES = 6
+
 
 class Money(Model):
     """An amount in one currency. Arithmetic across currencies is an error, never a silent mix."""
@@ -26,6 +31,11 @@ class Money(Model):
     def _finite(cls, v: Decimal) -> Decimal:
         if not v.is_finite():
             raise ValueError("amount must be a finite decimal")
+        if abs(v) > MAX_AMOUNT:
+            raise ValueError(f"amount must be at most {MAX_AMOUNT:,.0f} in size, got {v:.3e}")
+        exponent = v.as_tuple().exponent
+        if isinstance(exponent, int) and exponent < -MAX_PLACES:
+            raise ValueError(f"amount must have at most {MAX_PLACES} decimal places, got {v}")
         return v
 
     def _same(self, other: Money) -> None:

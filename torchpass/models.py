@@ -119,7 +119,7 @@ QUALIFYING_CATEGORIES = frozenset({Category.PLANNED, Category.INTERRUPTION, Cate
 class Classification(Model):
     category: Category
     qualifying: bool
-    reason: str
+    reason: str = Field(max_length=4100)
     kind: FailureKind | None = Field(
         default=None, description="the kind of evidence that named the category (None: unclassified)"
     )

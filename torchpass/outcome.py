@@ -11,13 +11,24 @@ from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator
 from torchpass.models import Classification, Disposition, Evidence, FailureKind, Model, Phase, PhaseTiming
 from torchpass.steps import ConfirmResult, FallbackResult, IncidentRef, RejoinResult, TransferProof
 
+MAX_INCIDENT_ID = 1100  # Temporal's workflow ids are at most 1000 characters, a run id 36
+MAX_ERROR = 4000
+
+
+def bounded_error(text: str | None) -> str | None:
+    """An error as an outcome keeps it: the start and the end of a long one."""
+    if text is None or len(text) <= MAX_ERROR:
+        return text
+    half = MAX_ERROR // 2 - 10
+    return f"{text[:half]} [...] {text[-half:]}"
+
 
 class MigrationOutcome(Model):
     """The record of one incident: what billing counts and what an SRE reads."""
 
-    incident_id: str
-    job_id: str
-    failure_domain: str
+    incident_id: str = Field(min_length=1, max_length=MAX_INCIDENT_ID, description="workflow id/run id")
+    job_id: str = Field(min_length=1, max_length=200)
+    failure_domain: str = Field(min_length=1, max_length=200)
     kind: FailureKind
     evidence_count: NonNegativeInt
     classification: Classification
@@ -35,7 +46,7 @@ class MigrationOutcome(Model):
     phases: tuple[PhaseTiming, ...] = ()
     proof: TransferProof | None = None
     fallback: FallbackResult | None = None
-    error: str | None = None
+    error: str | None = Field(default=None, max_length=MAX_ERROR)
     detected_at: AwareDatetime
     recovered_at: AwareDatetime | None = None
     recovery_seconds: float | None = Field(default=None, description="failure observed -> training again")
@@ -127,7 +138,7 @@ def build_outcome(
         phases=(detect, *phases),
         proof=ending.proof,
         fallback=ending.fallback,
-        error=ending.error,
+        error=bounded_error(ending.error),
         detected_at=detected,
         recovered_at=recovered,
         recovery_seconds=_seconds(detected, recovered),

@@ -44,7 +44,14 @@ with workflow.unsafe.imports_passed_through():
         Phase,
         PhaseTiming,
     )
-    from torchpass.outcome import CompleteInput, Ending, IncidentStatus, MigrationOutcome, build_outcome
+    from torchpass.outcome import (
+        CompleteInput,
+        Ending,
+        IncidentStatus,
+        MigrationOutcome,
+        bounded_error,
+        build_outcome,
+    )
     from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
     from torchpass.proof import resume_problems, transfer_problems
     from torchpass.steps import (
@@ -255,12 +262,12 @@ class MigrationWorkflow:
         t0 = workflow.now()
         errors = [e for e in (outcome.error, await self._record_on_contract(outcome)) if e]
         if errors != [e for e in (outcome.error,) if e]:
-            outcome = outcome.model_copy(update={"error": "; ".join(errors)})
+            outcome = outcome.model_copy(update={"error": bounded_error("; ".join(errors))})
         stored = await self._try(JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=outcome))
         record = PhaseTiming(phase=Phase.RECORD, seconds=(workflow.now() - t0).total_seconds())
         update: dict[str, Any] = {"phases": (*outcome.phases, record)}
         if stored is not None:
-            update["error"] = f"{outcome.error}; {stored}" if outcome.error else stored
+            update["error"] = bounded_error(f"{outcome.error}; {stored}" if outcome.error else stored)
         workflow.upsert_search_attributes([_OUTCOME.value_set(outcome.disposition.value)])
         return outcome.model_copy(update=update)
 

@@ -17,7 +17,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.workflows import test_contract, test_migration, test_migration_proof
+from tests.workflows import test_contract, test_contract_bounds, test_migration, test_migration_proof
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.migration import MigrationWorkflow
 
@@ -35,7 +35,8 @@ def test_every_workflow_test_has_a_saved_history() -> None:
 
 
 def test_every_contract_test_has_saved_histories() -> None:
-    tests = {f"contract_{n}_run0" for n in dir(test_contract) if n.startswith("test_")}
+    modules = (test_contract, test_contract_bounds)
+    tests = {f"contract_{n}_run0" for m in modules for n in dir(m) if n.startswith("test_")}
     assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
 
 

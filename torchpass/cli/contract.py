@@ -95,6 +95,8 @@ def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None])
 
 
 async def run(args: argparse.Namespace, settings: Any) -> int:
+    if getattr(args, "fee", None) is not None:
+        _money(args)  # a fee no contract can hold is refused before anything else happens
     client = await connect(settings)
     try:
         return await _run(args, client)

@@ -1,0 +1,35 @@
+"""A contract's history stays bounded whatever is sent to it: outcomes past the size limits are refused
+at the door (counted, never stored), so continue-as-new always fits. The time-skipping server and the
+real ContractWorkflow; histories saved as test_contract's are."""
+
+from __future__ import annotations
+
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.workflows.test_contract import CUSTOMER, Contract, FakeBilling, _start_day
+from workers import contract_client as cc
+from workflows.contract import CONTRACT_WORKFLOWS
+
+
+async def test_oversized_outcomes_are_refused_and_continue_as_new_still_fits(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    c = Contract(env, await _start_day(env), cas_after=5)
+    billing = FakeBilling()
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver]
+    ):
+        handle = await c.create()
+        await c.cover("job-a")
+        now = await env.get_current_time()
+        for _ in range(3):  # ids of 20 KB: an unbounded ledger carried them into every next run
+            huge = c.outcome(now).model_dump(mode="json") | {"incident_id": "x" * 20_000}
+            await handle.signal("record_outcome", huge)
+        for _ in range(4):
+            await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(now))
+        standing = await cc.get_standing(c.client, CUSTOMER, c.id)
+        await handle.terminate("test done")
+    await c.save(name, handle.result_run_id or "")
+    assert standing.rejected_signals == 3 and standing.qualifying == 4
+    assert standing.runs >= 1  # it continued as new, with the refused outcomes left out
