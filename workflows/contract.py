@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -31,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.contract_models import (
         ContractInput,
         ContractRuleError,
+        ContractTerms,
         Evaluation,
         ExpandInput,
         JobCoverage,
@@ -40,12 +42,13 @@ with workflow.unsafe.imports_passed_through():
         RenewInput,
         Standing,
     )
-    from torchpass.credit import CreditDelivery, CreditNotice
+    from torchpass.credit import CreditDelivery, CreditNotice, Money
     from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
     from torchpass.outcome import MigrationOutcome
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
     from torchpass.validation import ValidationReport
+    from workflows.inputs import decode_start
     from workflows.policy import retry_policy
 
 R = TypeVar("R")
@@ -62,6 +65,18 @@ REDELIVER_AFTER = timedelta(hours=6)
 RENEWAL_SETTLE = timedelta(minutes=20)
 
 
+# Stands in for the terms of a contract started with a malformed input, which fails at once: never shown.
+_PLACEHOLDER = ContractInput(
+    terms=ContractTerms(
+        customer_id="malformed-start",
+        contract_id="malformed-start",
+        start=date(2000, 1, 1),
+        renewal_date=date(2001, 1, 1),
+        annual_fee=Money(amount=Decimal(1), currency="USD"),
+    )
+)
+
+
 def _rejected(e: ContractRuleError) -> ApplicationError:
     return ApplicationError(str(e), type=e.error_type.value, non_retryable=True)
 
@@ -69,7 +84,12 @@ def _rejected(e: ContractRuleError) -> ApplicationError:
 @workflow.defn(name="ContractWorkflow")
 class ContractWorkflow:
     @workflow.init
-    def __init__(self, inp: ContractInput) -> None:
+    def __init__(self, start: RawValue) -> None:
+        self._bad: ApplicationError | None = None
+        try:
+            inp = decode_start(start, ContractInput)
+        except ApplicationError as e:  # `run` fails the workflow with it; every input is refused meanwhile
+            self._bad, inp = e, _PLACEHOLDER
         self._terms = inp.terms
         self._book = ContractBook(inp.terms, inp.state)
         self._handled = 0  # history-growing inputs handled by this run
@@ -81,6 +101,8 @@ class ContractWorkflow:
     @workflow.signal
     def record_outcome(self, raw: RawValue) -> None:
         """Fire-and-forget from MigrationWorkflow; a duplicate incident id is counted once."""
+        if self._bad is not None:
+            return
         self._handled += 1
         try:
             outcome = workflow.payload_converter().from_payload(raw.payload, MigrationOutcome)
@@ -149,6 +171,8 @@ class ContractWorkflow:
             raise _rejected(e) from e
 
     def _check(self, check: Callable[..., object], *args: Any) -> None:
+        if self._bad is not None:
+            raise self._bad
         if self._book.lapsed:
             raise ApplicationError(
                 "the contract has ended", type=ErrorType.CONTRACT_ENDED.value, non_retryable=True
@@ -162,16 +186,22 @@ class ContractWorkflow:
 
     @workflow.query
     def standing(self) -> Standing:
+        if self._bad is not None:
+            raise self._bad
         return self._book.standing(workflow.now())
 
     @workflow.query
     def ledger(self, page: LedgerPageInput) -> LedgerPage:
+        if self._bad is not None:
+            raise self._bad
         return self._book.ledger_page(page)
 
     # --- the main loop -------------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, inp: ContractInput) -> Standing:
+    async def run(self, start: RawValue) -> Standing:
+        if self._bad is not None:
+            raise self._bad
         while not self._book.lapsed:
             await self._wait(lambda: self._delivery_due() or self._should_continue())
             if self._renewal_due():

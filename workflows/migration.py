@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
+from temporalio.common import RawValue, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         TransferResult,
     )
     from workflows import legacy
+    from workflows.inputs import decode_start
     from workflows.policy import retry_policy
 
 R = TypeVar("R")
@@ -94,12 +95,17 @@ class _Failed(Exception):
 @workflow.defn(name="MigrationWorkflow")
 class MigrationWorkflow:
     @workflow.init
-    def __init__(self, first: FailureReport) -> None:
+    def __init__(self, start: RawValue) -> None:
         # Known before the first signal is handled: signal-with-start delivers its signal with the start.
-        self._job_id = first.evidence.job_id
-        self._queue = first.job_task_queue
-        self._contract = first.contract
-        self._evidence: list[Evidence] = [first.evidence]
+        self._bad: ApplicationError | None = None
+        try:
+            first = decode_start(start, FailureReport)
+        except ApplicationError as e:  # `run` fails the workflow with it; nothing else happens
+            self._bad = e
+        self._job_id = "" if self._bad else first.evidence.job_id
+        self._queue = "" if self._bad else first.job_task_queue
+        self._contract = None if self._bad else first.contract
+        self._evidence: list[Evidence] = [] if self._bad else [first.evidence]
         self._phase = Phase.DETECT
         self._disposition: Disposition | None = None
         self._phases: dict[Phase, PhaseTiming] = {}
@@ -109,6 +115,8 @@ class MigrationWorkflow:
     def report(self, rep: FailureReport) -> None:
         """Fold another report of this incident; duplicates and other jobs' reports are ignored."""
         ev = rep.evidence
+        if self._bad is not None:
+            return
         if ev.job_id != self._job_id:
             workflow.logger.warning(
                 "report for job %s ignored by an incident of job %s", ev.job_id, self._job_id
@@ -127,11 +135,14 @@ class MigrationWorkflow:
         )
 
     @workflow.run
-    async def run(self, first: FailureReport) -> MigrationOutcome:
+    async def run(self, start: RawValue) -> MigrationOutcome:
+        if self._bad is not None:
+            raise self._bad
+        first = self._evidence[0]
         self._measured = workflow.patched(MEASURED)
         info = workflow.info()
         ref = IncidentRef(incident_id=f"{info.workflow_id}/{info.run_id}", job_id=self._job_id)
-        first_kind = first.evidence.kind if self._measured else legacy.kind_of(self._evidence)
+        first_kind = first.kind if self._measured else legacy.kind_of(self._evidence)
         workflow.upsert_search_attributes(
             [
                 _JOB_ID.value_set(self._job_id),

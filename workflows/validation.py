@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -41,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         evaluate_scheduler,
         with_check,
     )
+    from workflows.inputs import decode_start
     from workflows.policy import retry_policy
 
 F = TypeVar("F")
@@ -51,7 +53,8 @@ RETRY_POLICY = retry_policy(VALIDATION_RETRY)
 @workflow.defn(name="EnvironmentValidationWorkflow")
 class EnvironmentValidationWorkflow:
     @workflow.run
-    async def run(self, inp: ValidateInput) -> ValidationReport:
+    async def run(self, start: RawValue) -> ValidationReport:
+        inp = decode_start(start, ValidateInput)
         target = ValidationTarget(job_id=inp.job_id)
         job_queue = inp.job_task_queue or job_task_queue(inp.job_id)
         job_deadline = (

@@ -34,7 +34,7 @@ from torchpass.validation import Check, CheckStatus, ReportStatus, ValidateInput
 from workers import contract_client as cc
 from workers.job import run_job
 from workflows.contract import CONTRACT_WORKFLOWS
-from workflows.validation import VALIDATION_WORKFLOWS, EnvironmentValidationWorkflow
+from workflows.validation import VALIDATION_WORKFLOWS
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ async def validate(
     client: Client, queue: str, customer: str, contract_id: str, job_id: str
 ) -> ValidationReport:
     return await client.execute_workflow(
-        EnvironmentValidationWorkflow.run,
+        "EnvironmentValidationWorkflow",
         ValidateInput(
             contract_id=contract_id,
             customer_id=customer,
@@ -72,6 +72,7 @@ async def validate(
         id=f"validate-{uuid.uuid4()}",
         task_queue=queue,
         execution_timeout=timedelta(seconds=60),
+        result_type=ValidationReport,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from temporalio.api.enums.v1 import IndexedValueType
@@ -16,6 +17,20 @@ from workers.server import temporal_binary
 
 @pytest.fixture(scope="session")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
+    async with time_skipping() as env:
+        yield env
+
+
+@pytest.fixture
+async def own_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own, for a test that pushes the server to its limits: a
+    wedge there cannot spill into the tests after it."""
+    async with time_skipping() as env:
+        yield env
+
+
+@asynccontextmanager
+async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=temporal_binary("temporal-test-server"),
         data_converter=pydantic_data_converter,

@@ -228,12 +228,13 @@ def control_worker(env: WorkflowEnvironment, classify_fails: bool = False) -> Wo
 
 async def signal_with_start(env: WorkflowEnvironment, rep: FailureReport) -> WorkflowHandle[Any, Any]:
     return await env.client.start_workflow(
-        MigrationWorkflow.run,
+        "MigrationWorkflow",
         rep,
         id=incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation),
         task_queue=CONTROL_TASK_QUEUE,
         start_signal="report",
         start_signal_args=[rep],
+        result_type=MigrationOutcome,
     )
 
 

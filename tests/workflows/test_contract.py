@@ -150,6 +150,9 @@ class Contract:
         sent = [self.outcome(since + step * (i + 1), success=i >= failures, job=job) for i in range(count)]
         for o in sent:
             await cc.record_outcome(self.client, CUSTOMER, self.id, o)
+        # A burst of signals racing a continue-as-new can leave the time-skipping server holding a refused
+        # workflow task (sdk-java#3088); letting server time pass times it out, and the retried task runs.
+        await self.env.sleep(timedelta(seconds=15))
         return sent
 
     async def advance_to(self, d: date, hours: int = 1) -> datetime:

@@ -146,7 +146,7 @@ async def validate(
 ) -> tuple[ValidationReport, WorkflowHandle[Any, Any]]:
     async with workers(env, fakes, job_served) as (queue, job_queue):
         handle = await env.client.start_workflow(
-            EnvironmentValidationWorkflow.run,
+            "EnvironmentValidationWorkflow",
             # A short deadline for the job's answer: an activity nobody polls holds the time skipping back.
             ValidateInput(
                 contract_id="c-1",
@@ -158,6 +158,7 @@ async def validate(
             ),
             id=f"validate-{uuid.uuid4()}",
             task_queue=queue,
+            result_type=ValidationReport,
         )
         return await handle.result(), handle
 
@@ -266,7 +267,11 @@ async def _validate_waived(
         allow_local=True,
     )
     report = await env.client.execute_workflow(
-        EnvironmentValidationWorkflow.run, inp, id=f"validate-{uuid.uuid4()}", task_queue=queue
+        "EnvironmentValidationWorkflow",
+        inp,
+        id=f"validate-{uuid.uuid4()}",
+        task_queue=queue,
+        result_type=ValidationReport,
     )
     # Recorded either way (no failed recorded_on_contract check): the verdict is the contract's.
     assert report.status is ReportStatus.PASSED_WITH_WAIVERS and report.waived == (Check.SCHEDULER,)

@@ -1,0 +1,34 @@
+"""A workflow's start input, decoded by the workflow itself: a malformed one fails the workflow with a
+typed error naming the field, instead of failing its every workflow task forever (which is what the SDK
+does with an input it cannot decode) and leaving it open, holding its id."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from torchpass.errors import ErrorType
+
+M = TypeVar("M")
+
+
+def decode_start(raw: RawValue, model: type[M]) -> M:
+    try:
+        value = workflow.payload_converter().from_payload(raw.payload, model)
+    except Exception as e:  # any payload that is not the model: the workflow fails, typed
+        raise _invalid(model, str(e)) from None
+    if not isinstance(value, model):  # a null payload decodes to None whatever the type asked
+        raise _invalid(model, f"got {type(value).__name__}")
+    return value
+
+
+def _invalid(model: type, why: str) -> ApplicationError:
+    return ApplicationError(
+        f"malformed start input, not a {model.__name__}: {why}"[:4000],
+        type=ErrorType.INVALID_INPUT.value,
+        non_retryable=True,
+    )
