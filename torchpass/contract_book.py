@@ -49,6 +49,7 @@ from torchpass.credit import CreditDelivery
 from torchpass.errors import ErrorType
 from torchpass.outcome import MigrationOutcome
 from torchpass.validation import ValidationReport
+from torchpass.verify import Quarantine, split_run
 
 
 class ContractBook:
@@ -73,6 +74,9 @@ class ContractBook:
         self.duplicates, self.rejected_signals, self.pruned = s.duplicates, s.rejected_signals, s.pruned
         self.runs, self.rules_version = s.runs, s.rules_version
         self.lapsed = False
+        self.checks = Quarantine(s.unverified, s.rejected, s.rejected_claims)
+        # An incident's workflow id is its failure (job, failure domain, generation): run -> incident id.
+        self._failures = {split_run(e.incident_id)[0]: e.incident_id for e in s.ledger}
 
     def to_state(self) -> ContractState:
         return ContractState(
@@ -93,6 +97,9 @@ class ContractBook:
             pruned=self.pruned,
             runs=self.runs,
             rules_version=self.rules_version,
+            unverified=tuple(self.checks.unverified),
+            rejected=tuple(self.checks.rejected),
+            rejected_claims=self.checks.rejected_claims,
         )
 
     # --- jobs ------------------------------------------------------------------------------------------
@@ -153,6 +160,25 @@ class ContractBook:
     def credited_this_term(self) -> bool:
         return any(e.credit and e.term == self.term for e in self.evaluations)
 
+    def receive(self, outcome: MigrationOutcome) -> bool:
+        """Hold an outcome until checked (a known incident id is a duplicate at once); False: refused."""
+        if outcome.incident_id in self.entries:
+            self.record_outcome(outcome)
+            return True
+        return self.checks.hold(outcome)
+
+    def record_checked(self, outcome: MigrationOutcome, failure_key: str) -> bool:
+        """An outcome its check bore out: recorded, unless another run of the same failure's incident
+        (`failure_key`, the workflow id the check confirmed) already was; that one is refused."""
+        first = self._failures.get(failure_key)
+        if first is None or first == outcome.incident_id:
+            self.record_outcome(outcome)
+            return True
+        self.duplicates += 1
+        why = f"the same failure (job, failure domain, generation) as incident {first}"
+        self.checks.reject(outcome.incident_id, outcome.job_id, outcome.detected_at, why)
+        return False
+
     def record_outcome(self, outcome: MigrationOutcome) -> tuple[LedgerEntry, bool]:
         """The ledger entry of an outcome, and whether it was a duplicate (then nothing else changes)."""
         known = self.entries.get(outcome.incident_id)
@@ -169,6 +195,7 @@ class ContractBook:
             outcome.incident_id, outcome.job_id, outcome.detected_at, status, late, 0, recovery
         )
         self.entries[outcome.incident_id] = entry
+        self._failures.setdefault(split_run(outcome.incident_id)[0], outcome.incident_id)
         return entry, False
 
     def prune(self, today: date) -> int:
@@ -176,6 +203,7 @@ class ContractBook:
         cutoff = day_start(prune_horizon(self.term_start, self.last_evaluated(), today))
         old = [k for k, e in self.entries.items() if e.detected_at < cutoff]
         for k in old:
+            self._failures.pop(split_run(k)[0], None)
             del self.entries[k]
         self.pruned += len(old)
         return len(old)
@@ -341,6 +369,8 @@ class ContractBook:
             delivered_credits=tuple(d.idempotency_key for d in self.deliveries),
             duplicates=self.duplicates,
             rejected_signals=self.rejected_signals,
+            unverified=len(self.checks.unverified),
+            rejected_claims=self.checks.rejected_claims,
             runs=self.runs,
         )
 
@@ -354,4 +384,5 @@ class ContractBook:
             total=len(entries),
             next_offset=inp.offset + inp.limit if more else None,
             pruned=self.pruned,
+            rejected=tuple(self.checks.rejected),
         )

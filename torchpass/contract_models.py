@@ -21,6 +21,7 @@ from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 from torchpass.credit import CreditDelivery, CreditNotice, Money
 from torchpass.errors import ErrorType, TorchpassError
 from torchpass.models import Model
+from torchpass.outcome import MigrationOutcome
 
 _ID = r"^[A-Za-z0-9._:-]+$"
 
@@ -122,6 +123,15 @@ class LedgerEntry(NamedTuple):
     # MigrationOutcome.recovery_seconds rounded to milliseconds, so that `torchpass cost --contract` needs
     # only the ledger, not the incident workflows (which Temporal's retention deletes).
     recovery_seconds: float | None = None
+
+
+class RejectedClaim(Model):
+    """An outcome or a validation the contract refused because its workflow does not bear it out."""
+
+    claim: str = Field(description="the incident id, or the validation workflow run, it named")
+    job_id: str
+    at: AwareDatetime = Field(description="the failure's detection, or when the report was refused")
+    reason: str
 
 
 class CoverageChange(NamedTuple):
@@ -263,6 +273,13 @@ class ContractState(Model):
     )
     duplicates: NonNegativeInt = 0
     rejected_signals: NonNegativeInt = 0
+    unverified: tuple[MigrationOutcome, ...] = Field(
+        default=(), description="outcomes received and not yet checked against their incident workflows"
+    )
+    rejected: tuple[RejectedClaim, ...] = Field(
+        default=(), description="the latest outcomes and validations refused as unverifiable, with why"
+    )
+    rejected_claims: NonNegativeInt = Field(default=0, description="every claim ever refused")
     pruned: NonNegativeInt = Field(default=0, description="entries dropped as too old for any window")
     runs: NonNegativeInt = Field(default=0, description="continue-as-new count")
     rules_version: int = Field(default=1, description="bumped when the rules change; see docs/contract.md")
@@ -313,6 +330,9 @@ class LedgerPage(Model):
     total: NonNegativeInt
     next_offset: NonNegativeInt | None
     pruned: NonNegativeInt
+    rejected: tuple[RejectedClaim, ...] = Field(
+        default=(), description="the latest claims refused as unverifiable, with why: never counted"
+    )
 
 
 class Standing(Model):
@@ -352,4 +372,8 @@ class Standing(Model):
     delivered_credits: tuple[str, ...] = Field(description="idempotency keys billing acknowledged")
     duplicates: NonNegativeInt
     rejected_signals: NonNegativeInt
+    unverified: NonNegativeInt = Field(default=0, description="outcomes awaiting their check")
+    rejected_claims: NonNegativeInt = Field(
+        default=0, description="outcomes and validations refused as unverifiable (see the ledger's rejected)"
+    )
     runs: NonNegativeInt

@@ -40,6 +40,7 @@ class ErrorType(StrEnum):
     CONTRACT_INVALID_PAGE = "ContractInvalidPage"
     CONTRACT_AWAITING_RENEWAL = "ContractAwaitingRenewal"
     CONTRACT_ENDED = "ContractEnded"
+    CONTRACT_UNVERIFIED = "ContractUnverified"
     # A frame on the job's control channel refused (`job_agent.wire.Error`).
     BAD_FRAME = "BadFrame"  # not JSON, not an object, a field missing or of the wrong type
     UNKNOWN_FRAME = "UnknownFrame"  # a kind the receiver does not know, or does not accept from the sender

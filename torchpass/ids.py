@@ -73,6 +73,8 @@ class ControlActivity:
 
     CLASSIFY_FAILURE = "classify_failure"
     DELIVER_CREDIT = "deliver_credit"
+    VERIFY_OUTCOMES = "verify_outcomes"
+    VERIFY_VALIDATION = "verify_validation"
 
 
 class ValidationActivity:

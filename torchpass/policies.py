@@ -101,3 +101,21 @@ VALIDATION_TIMEOUTS: dict[str, ActivityTimeouts] = {
 }
 DESCRIBE_ATTEMPT = timedelta(seconds=10)
 """One describe_job attempt; the overall deadline is the validation input's short `job_timeout_s`."""
+
+# --- the ledger's checks: reading a claimed workflow's history; retried while the server is away -----
+
+VERIFY_RETRY = Retry(
+    initial=timedelta(seconds=1),
+    backoff=2.0,
+    maximum=timedelta(minutes=1),
+    attempts=0,
+    non_retryable=non_retryable((ErrorType.INVALID_INPUT,)),
+)
+VERIFY_TIMEOUTS: dict[str, ActivityTimeouts] = {
+    # Outcomes wait in the contract's state: a check that cannot run for ten minutes is tried again later.
+    ControlActivity.VERIFY_OUTCOMES: _t(60, 600, heartbeat=20),
+    # A validation waits in its update: its caller (the validation workflow) retries the whole update.
+    ControlActivity.VERIFY_VALIDATION: _t(20, 45),
+}
+VERIFY_AGAIN_AFTER = timedelta(minutes=10)
+"""When the server could not be read for VERIFY_OUTCOMES' whole schedule: the outcomes stay queued."""

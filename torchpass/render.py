@@ -96,6 +96,7 @@ def format_standing(st: Standing) -> str:
         ("covered jobs", ", ".join(st.covered_jobs) or "none"),
         ("excluded", ", ".join(f"{k.value} {v}" for k, v in st.excluded.items() if v) or "none"),
         ("duplicates", str(st.duplicates)),
+        ("unverified", f"{st.unverified} awaiting their check, {st.rejected_claims} claims refused"),
         ("credits delivered", ", ".join(st.delivered_credits) or "none"),
         ("credits pending", str(st.pending_credits)),
     ]
@@ -135,4 +136,7 @@ def format_ledger(page: LedgerPage) -> str:
             lines.append(f"{'':<20} {r.reason}")
     more = f", next page: --offset {page.next_offset}" if page.next_offset is not None else ""
     lines.append(f"{len(page.rows)} of {page.total} entries ({page.pruned} pruned as too old){more}")
+    if page.rejected:
+        lines.append(f"refused, never counted (the latest {len(page.rejected)}):")
+        lines += [f"  {r.at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.claim}: {r.reason}" for r in page.rejected]
     return "\n".join(lines)

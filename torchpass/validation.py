@@ -13,7 +13,6 @@ job agent builds `JobDescription` too.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
@@ -22,6 +21,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from torchpass.models import Model
+from torchpass.versions import SUPPORTED_TORCH, version_in_range
 
 
 class CheckStatus(StrEnum):
@@ -78,13 +78,19 @@ class ValidationReport(_Verdict):
     `status`, `passed` and `waived` are the checks' verdict: a report that contradicts its checks does
     not validate, so no sender can claim a pass its checks do not show."""
 
-    contract_id: str = Field(min_length=1)
-    job_id: str = Field(min_length=1)
+    contract_id: str = Field(min_length=1, max_length=200)
+    job_id: str = Field(min_length=1, max_length=200)
     status: ReportStatus = ReportStatus.FAILED
     passed: bool = Field(default=False, description="every check passed outright (none waived)")
     waived: tuple[str, ...] = Field(default=(), description="the checks passed only under an override")
     checks: tuple[CheckResult, ...] = Field(min_length=1)
     validated_at: AwareDatetime
+    source: str | None = Field(
+        default=None,
+        max_length=1100,
+        description="the EnvironmentValidationWorkflow run that made it (workflow id/run id): a contract "
+        "records a report only once that run's own history shows it (torchpass.verify)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ValidationReport:
@@ -112,9 +118,6 @@ class Check:
     RECORDED = "recorded_on_contract"
 
 
-SUPPORTED_TORCH = ">=2.6,<3"
-"""The torch range torchpass supports; the same as pyproject's dependency (a unit test keeps them equal)."""
-
 MIN_REDUNDANCY = 2
 """A shard held by a single rank cannot be rebuilt from a peer when that rank is lost."""
 
@@ -131,10 +134,12 @@ class ValidationTarget(Model):
 class ValidateInput(Model):
     """Input of EnvironmentValidationWorkflow."""
 
-    contract_id: str = Field(min_length=1)
-    customer_id: str = Field(min_length=1)
-    job_id: str = Field(min_length=1)
-    job_task_queue: str = Field(default="", description="empty: torchpass.ids.job_task_queue(job_id)")
+    contract_id: str = Field(min_length=1, max_length=200)
+    customer_id: str = Field(min_length=1, max_length=200)
+    job_id: str = Field(min_length=1, max_length=200)
+    job_task_queue: str = Field(
+        default="", max_length=1000, description="empty: torchpass.ids.job_task_queue(job_id)"
+    )
     job_timeout_s: float = Field(
         default=30.0, gt=0, le=600, description="how long the job's agent has to answer, retries included"
     )
@@ -206,36 +211,6 @@ class SchedulerProbe(Model):
 class SchedulerFacts(Model):
     probes: tuple[SchedulerProbe, ...]
     allow_local: bool = Field(default=False, description="development override: no scheduler is waived")
-
-
-# --- versions -----------------------------------------------------------------------------------------
-
-_RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
-_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """The release numbers of a version: '2.13.0+cpu' -> (2, 13, 0); local and pre-release tags dropped."""
-    m = _RELEASE.match(text)
-    if m is None:
-        raise ValueError(f"not a version: {text!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
-
-
-def version_in_range(version: str, spec: str = SUPPORTED_TORCH) -> bool:
-    """Whether `version` satisfies every clause of `spec` (a comma-separated '>=2.6,<3')."""
-    v = parse_version(version)
-    for clause in spec.split(","):
-        m = _CLAUSE.match(clause)
-        if m is None:
-            raise ValueError(f"bad version clause {clause!r} in {spec!r}")
-        op, bound = m.group(1), parse_version(m.group(2))
-        width = max(len(v), len(bound))
-        a, b = v + (0,) * (width - len(v)), bound + (0,) * (width - len(bound))
-        ok = {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b}[op]
-        if not ok:
-            return False
-    return True
 
 
 def _torch_in_range(version: str) -> tuple[bool, str]:
@@ -374,7 +349,11 @@ def evaluate_scheduler(f: SchedulerFacts) -> CheckResult:
 
 
 def build_report(
-    contract_id: str, job_id: str, checks: Sequence[CheckResult], at: datetime
+    contract_id: str,
+    job_id: str,
+    checks: Sequence[CheckResult],
+    at: datetime,
+    source: str | None = None,
 ) -> ValidationReport:
     """The report: passed only when every check passed, passed with waivers when none failed."""
     status = report_status(checks)
@@ -386,9 +365,12 @@ def build_report(
         waived=tuple(c.name for c in checks if c.status is CheckStatus.WAIVED),
         checks=tuple(checks),
         validated_at=at,
+        source=source,
     )
 
 
 def with_check(report: ValidationReport, check: CheckResult) -> ValidationReport:
     """The report with one more check (its verdict recomputed)."""
-    return build_report(report.contract_id, report.job_id, (*report.checks, check), report.validated_at)
+    return build_report(
+        report.contract_id, report.job_id, (*report.checks, check), report.validated_at, report.source
+    )

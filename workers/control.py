@@ -1,8 +1,8 @@
 """The control worker: the workflows and the cluster-wide activities, on the control task queue.
 
 Workflows: MigrationWorkflow (one per incident), ContractWorkflow (one per YOCO contract),
-EnvironmentValidationWorkflow (opt-in). Activities: classification, environment checks, credit delivery
-to billing (settings from TORCHPASS_BILLING_*, see deploy/README.md).
+EnvironmentValidationWorkflow (opt-in). Activities: classification, environment checks, the ledger's checks of
+what a contract is told, credit delivery to billing (settings from TORCHPASS_BILLING_*, see deploy/README.md).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from temporalio.worker import Worker
 
 from activities.billing import BillingActivities
 from activities.control import ControlActivities
+from activities.ledger import LedgerActivities
 from activities.validation import validation_activities
 from torchpass.ids import CONTROL_TASK_QUEUE
 from workers.settings import Settings
@@ -27,6 +28,7 @@ def control_worker(
     settings = settings or Settings.load()
     acts = ControlActivities()
     credits = BillingActivities(settings.billing, client)
+    ledger = LedgerActivities(client)
     return Worker(
         client,
         task_queue=task_queue,
@@ -34,6 +36,8 @@ def control_worker(
         activities=[
             acts.classify_failure,
             credits.deliver_credit,
+            ledger.verify_outcomes,
+            ledger.verify_validation,
             *validation_activities(settings.validation, client),
         ],
     )

@@ -46,8 +46,9 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
     from torchpass.outcome import MigrationOutcome
-    from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
+    from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, VERIFY_AGAIN_AFTER
     from torchpass.validation import ValidationReport
+    from workflows.checks import check_outcomes, check_validation
     from workflows.inputs import decode_start
     from workflows.policy import retry_policy
 
@@ -63,6 +64,8 @@ REDELIVER_AFTER = timedelta(hours=6)
 # An incident's outcome reaches the contract when its workflow ends: seconds after a live migration, up to
 # the fallback restart's 15-minute bound otherwise.
 RENEWAL_SETTLE = timedelta(minutes=20)
+# Runs from before the ledger checked its claims took outcomes and validations on their word.
+VERIFIED_LEDGER = "verified-ledger"
 
 
 # Stands in for the terms of a contract started with a malformed input, which fails at once: never shown.
@@ -95,21 +98,30 @@ class ContractWorkflow:
         self._handled = 0  # history-growing inputs handled by this run
         self._timer: asyncio.Task[None] | None = None  # the durable timer of the next wake-up ...
         self._timer_at: datetime | None = None  # ... and its time
+        self._verify_at: datetime | None = None  # when queued outcomes are checked again after a failure
 
     # --- inputs --------------------------------------------------------------------------------------
 
     @workflow.signal
     def record_outcome(self, raw: RawValue) -> None:
-        """Fire-and-forget from MigrationWorkflow; a duplicate incident id is counted once."""
+        """Fire-and-forget from MigrationWorkflow; a duplicate incident id is counted once. Held until
+        checked against the incident's own workflow (`_verify_pending`): only then is it counted."""
         if self._bad is not None:
             return
         self._handled += 1
         try:
             outcome = workflow.payload_converter().from_payload(raw.payload, MigrationOutcome)
+            if not isinstance(outcome, MigrationOutcome):  # a null payload decodes to None
+                raise TypeError(f"got {type(outcome).__name__}")
         except Exception as e:
             # The sender cannot hear an error from a signal: count it where an operator looks (standing).
             self._book.rejected_signals += 1
             workflow.logger.warning("malformed record_outcome signal dropped: %s", e)
+            return
+        if workflow.patched(VERIFIED_LEDGER):
+            if not self._book.receive(outcome):
+                self._book.rejected_signals += 1
+                workflow.logger.warning("outcome %s refused: too many await a check", outcome.incident_id)
             return
         entry, duplicate = self._book.record_outcome(outcome)
         if duplicate:
@@ -134,8 +146,19 @@ class ContractWorkflow:
         self._check(self._book.check_opted_in, inp.job_id)
 
     @workflow.update
-    def record_validation(self, report: ValidationReport) -> JobCoverage:
+    async def record_validation(self, report: ValidationReport) -> JobCoverage:
+        """Recorded once the report's own validation workflow shows it made it (`torchpass.verify`)."""
         self._handled += 1
+        if workflow.patched(VERIFIED_LEDGER):
+            verdict = await check_validation(report, workflow.info().workflow_id)
+            if not verdict.accepted:
+                now = workflow.now()
+                self._book.checks.reject(verdict.claim, report.job_id, now, f"validation: {verdict.reason}")
+                raise ApplicationError(
+                    f"validation not recorded: {verdict.reason}",
+                    type=ErrorType.CONTRACT_UNVERIFIED.value,
+                    non_retryable=True,
+                )
         return self._apply(self._book.record_validation, report)
 
     @record_validation.validator
@@ -203,7 +226,9 @@ class ContractWorkflow:
         if self._bad is not None:
             raise self._bad
         while not self._book.lapsed:
-            await self._wait(lambda: self._delivery_due() or self._should_continue())
+            await self._wait(lambda: self._delivery_due() or self._should_continue() or self._verify_due())
+            while self._verify_due():  # before a term closes: what arrived in time counts in it
+                await self._verify_pending()
             if self._renewal_due():
                 self._book.close_term(workflow.now())
             # Unrenewed past the grace (at once when there is none): the contract lapses.
@@ -268,6 +293,8 @@ class ContractWorkflow:
         wakes = [] if self._book.lapsed else [self._deadline()]
         if self._book.pending:
             wakes.append(self._book.credit_retry_at or workflow.now())
+        if self._book.checks.unverified and self._verify_at is not None:
+            wakes.append(self._verify_at)
         return min(wakes, default=None)
 
     def _should_continue(self) -> bool:
@@ -304,6 +331,18 @@ class ContractWorkflow:
                 e.cause or e,
             )
             return None
+
+    # --- the ledger's checks (torchpass.verify) ----------------------------------------------------------
+
+    def _verify_due(self) -> bool:
+        at = self._verify_at
+        return bool(self._book.checks.unverified) and (at is None or workflow.now() >= at)
+
+    async def _verify_pending(self) -> None:
+        if await check_outcomes(self._book, workflow.info().workflow_id):
+            self._verify_at = None
+        else:  # they stay queued
+            self._verify_at = workflow.now() + VERIFY_AGAIN_AFTER
 
     async def _continue_as_new(self) -> None:
         # Updates still running would be lost with this run: let them finish first.

@@ -85,7 +85,9 @@ class EnvironmentValidationWorkflow:
                 )
             )
         checks += evaluate_job(job, job_err)
-        report = build_report(inp.contract_id, inp.job_id, checks, workflow.now())
+        info = workflow.info()
+        source = f"{info.workflow_id}/{info.run_id}"
+        report = build_report(inp.contract_id, inp.job_id, checks, workflow.now(), source)
         return await _record(inp, report)
 
 

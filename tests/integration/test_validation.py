@@ -13,14 +13,17 @@ import asyncio
 import re
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.ledger import LedgerActivities
 from activities.validation import ValidationSettings, validation_activities
 from job_agent import wire
 from job_agent.jobs import UnknownJob, request
@@ -90,7 +93,12 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
         annual_fee=Money(amount=Decimal("120000.00"), currency="USD"),
     )
     dev_terms = terms.model_copy(update={"contract_id": "c-dev", "purpose": ContractPurpose.DEVELOPMENT})
-    acts = validation_activities(ValidationSettings(allow_local=True))
+    ledger = LedgerActivities(client)  # the real checks: reports from the real validation workflow
+    acts: list[Callable[..., Any]] = [
+        *validation_activities(ValidationSettings(allow_local=True)),
+        ledger.verify_outcomes,
+        ledger.verify_validation,
+    ]
     task = asyncio.create_task(run_job(job, client))
     try:
         async with Worker(

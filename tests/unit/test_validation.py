@@ -28,7 +28,6 @@ from activities.validation import (
     probe_slurm,
 )
 from torchpass.validation import (
-    SUPPORTED_TORCH,
     Check,
     CheckResult,
     CheckStatus,
@@ -43,10 +42,9 @@ from torchpass.validation import (
     evaluate_control_plane,
     evaluate_job,
     evaluate_scheduler,
-    parse_version,
-    version_in_range,
     with_check,
 )
+from torchpass.versions import SUPPORTED_TORCH, parse_version, version_in_range
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2025, 1, 1, tzinfo=UTC)

@@ -22,6 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
+from activities.ledger import LedgerActivities
 from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE, ControlActivity, JobActivity, incident_workflow_id
 from torchpass.models import (
@@ -218,11 +219,12 @@ def control_worker(env: WorkflowEnvironment, classify_fails: bool = False) -> Wo
         raise ApplicationError("classification table failed to load", type=ErrorType.INVALID_INPUT.value)
 
     classify = broken_classifier if classify_fails else ControlActivities().classify_failure
+    ledger = LedgerActivities(env.client)  # the real checks: contracts here hear from real incidents
     return Worker(
         env.client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=[MigrationWorkflow, ContractWorkflow],
-        activities=[classify],
+        activities=[classify, ledger.verify_outcomes, ledger.verify_validation],
     )
 
 

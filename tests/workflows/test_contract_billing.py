@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 
 from activities.billing import BillingActivities
 from activities.billing_settings import BillingSettings
-from tests.workflows.test_contract import CUSTOMER, Contract, _start_day
+from tests.workflows.test_contract import CUSTOMER, TRUSTING, Contract, _start_day
 from torchpass.contract import day_start
 from torchpass.contract_models import RenewInput
 from torchpass.credit import credit_idempotency_key
@@ -39,7 +39,7 @@ async def test_a_renewal_below_ninety_percent_is_credited_once_through_the_real_
             env.client,
             task_queue=c.queue,
             workflows=CONTRACT_WORKFLOWS,
-            activities=[billing.deliver_credit],
+            activities=[billing.deliver_credit, *TRUSTING],
         ):
             await c.create()
             await c.cover("job-a")

@@ -9,6 +9,7 @@ test.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -214,10 +215,17 @@ async def test_the_outcome_is_recorded_on_the_jobs_contract(env: WorkflowEnviron
         annual_fee=Money(amount="100000", currency="USD"),
     )
     async with control_worker(env):
-        await cc.create_contract(env.client, terms)
+        contract = await cc.create_contract(env.client, terms)
         await cc.opt_in(env.client, ref.customer_id, ref.contract_id, job_id)
         outcome = await _contract_incident(env, name, ref, job_id)
+        for _ in range(200):  # counted once the real check read the incident's own history
+            standing = await cc.get_standing(env.client, ref.customer_id, ref.contract_id)
+            if standing.unverified == 0:
+                break
+            await asyncio.sleep(0.05)
         page = await cc.get_ledger(env.client, ref.customer_id, ref.contract_id)
+        await contract.terminate("test done")  # its timers would wake it on the shared control queue
+    assert standing.rejected_claims == 0 and page.rejected == ()
     assert outcome.success and outcome.error is None
     assert [(r.incident_id, r.job_id) for r in page.rows] == [(outcome.incident_id, job_id)]
     assert not page.rows[0].counted  # opted in but never validated: kept, excluded, with its reason

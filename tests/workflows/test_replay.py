@@ -5,7 +5,8 @@ Regenerate them (after an intended change, once no old run can still be in fligh
 `TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py
 tests/workflows/test_migration_proof.py` (or `test_contract.py`, whose histories are
 `contract_<test>_run<k>.json`, one per run of a contract). `v1_*.json` are MigrationWorkflow histories
-recorded before the `measured-outcome` patch: they must keep replaying through its legacy path.
+recorded before the `measured-outcome` patch, `v1_contract_*.json` ContractWorkflow histories recorded
+before the `verified-ledger` patch: they must keep replaying through the legacy paths.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.workflows import test_contract, test_contract_bounds, test_migration, test_migration_proof
+from tests.workflows import (
+    test_contract,
+    test_contract_bounds,
+    test_ledger_checks,
+    test_migration,
+    test_migration_proof,
+)
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.migration import MigrationWorkflow
 
@@ -37,6 +44,8 @@ def test_every_workflow_test_has_a_saved_history() -> None:
 def test_every_contract_test_has_saved_histories() -> None:
     modules = (test_contract, test_contract_bounds)
     tests = {f"contract_{n}_run0" for m in modules for n in dir(m) if n.startswith("test_")}
+    tests.add("contract_test_the_30000_usd_forgery_earns_no_credit_run0")
+    tests |= {n for n in dir(test_ledger_checks) if n.startswith("test_a")}  # their incidents'
     assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
 
 

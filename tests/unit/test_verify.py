@@ -1,0 +1,125 @@
+"""The ledger's rules for what it counts (`torchpass.verify`) and how the book keeps refused claims: each
+rule refuses its forgery, and a genuine claim passes them all."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from tests.unit.test_contract_rules import T0, covered_book, outcome, report
+from torchpass.ids import incident_workflow_id
+from torchpass.models import ContractRef, EventSource, Evidence, FailureKind, FailureReport
+from torchpass.outcome import MigrationOutcome
+from torchpass.validation import ValidateInput
+from torchpass.verify import (
+    MAX_REJECTED_KEPT,
+    MAX_UNVERIFIED,
+    IncidentFacts,
+    Quarantine,
+    ValidationFacts,
+    judge_outcome,
+    judge_validation,
+    split_run,
+)
+
+T = T0 + timedelta(days=30)
+RUN = str(uuid.UUID(int=7))
+WF = incident_workflow_id("job-a", "node-1", 4)
+
+
+def failure(job: str = "job-a", domain: str = "node-1", generation: int = 4) -> FailureReport:
+    ev = Evidence(
+        kind=FailureKind.PROCESS_EXIT,
+        source=EventSource.RANK,
+        job_id=job,
+        failure_domain=domain,
+        observed_at=T,
+    )
+    return FailureReport(
+        evidence=ev,
+        job_task_queue="q",
+        generation=generation,
+        contract=ContractRef(customer_id="a", contract_id="c"),
+    )
+
+
+def genuine() -> tuple[MigrationOutcome, IncidentFacts]:
+    o = outcome(1, T, incident_id=f"{WF}/{RUN}")
+    return o, IncidentFacts(found=True, workflow_type="MigrationWorkflow", report=failure(), signalled=(o,))
+
+
+def test_an_incident_id_splits_at_its_run_id_only() -> None:
+    assert split_run(f"{WF}/{RUN}") == (WF, RUN)
+    assert split_run(WF) == (WF, None)
+    assert split_run("a/b/not-a-uuid") == ("a/b/not-a-uuid", None)
+
+
+def test_a_genuine_outcome_is_accepted_with_its_failure() -> None:
+    o, facts = genuine()
+    v = judge_outcome(o, facts)
+    assert v.accepted and v.failure_key == WF and v.reason == ""
+
+
+def test_every_forged_outcome_is_refused_with_why() -> None:
+    o, facts = genuine()
+    changed = o.model_copy(update={"success": False})
+    cases = {
+        "names no workflow run": (o.model_copy(update={"incident_id": WF}), facts),
+        "no such incident workflow": (o, IncidentFacts(found=False, detail="NOT_FOUND")),
+        "not an incident": (o, facts.model_copy(update={"workflow_type": "ContractWorkflow"})),
+        "start input is not a failure report": (o, facts.model_copy(update={"report": None})),
+        "was started for job": (o, facts.model_copy(update={"report": failure(job="job-b")})),
+        "not at its failure's incident id": (o, facts.model_copy(update={"report": failure(generation=5)})),
+        "sent no outcome": (o, facts.model_copy(update={"signalled": ()})),
+        "sent another outcome": (changed, facts),
+    }
+    for why, (claim, f) in cases.items():
+        v = judge_outcome(claim, f)
+        assert not v.accepted and why in v.reason, (why, v)
+
+
+def test_a_validation_is_accepted_only_from_the_run_that_made_it() -> None:
+    source = f"validate-job-a/{RUN}"
+    made = report(True, T).model_copy(update={"source": source})
+    request = ValidateInput(contract_id="c-1", customer_id="a", job_id="job-a")
+    facts = ValidationFacts(
+        found=True, workflow_type="EnvironmentValidationWorkflow", request=request, recorded=(made,)
+    )
+    assert judge_validation(made, facts).accepted
+    cases = {
+        "names no validation workflow run": (made.model_copy(update={"source": None}), facts),
+        "no such validation workflow": (made, ValidationFacts(found=False)),
+        "not a validation": (made, facts.model_copy(update={"workflow_type": "MigrationWorkflow"})),
+        "another contract or job": (
+            made,
+            facts.model_copy(update={"request": request.model_copy(update={"job_id": "job-b"})}),
+        ),
+        "did not make this report": (made.model_copy(update={"validated_at": datetime.now(UTC)}), facts),
+    }
+    for why, (claim, f) in cases.items():
+        v = judge_validation(claim, f)
+        assert not v.accepted and why in v.reason, (why, v)
+
+
+def test_a_refused_claim_never_counts_nor_blocks_the_genuine_one() -> None:
+    book = covered_book()
+    o = outcome(1, T, incident_id=f"{WF}/{RUN}", success=False)
+    book.checks.reject(o.incident_id, o.job_id, o.detected_at, "forged")  # a forgery arriving first
+    assert book.standing(T).qualifying == 0
+    assert book.record_checked(o, WF)  # the genuine outcome of that id is counted
+    assert book.entries[o.incident_id].status.value == "failure"
+    again = outcome(2, T, incident_id=f"{WF}/{uuid.UUID(int=8)}")  # the same failure, a second run
+    assert not book.record_checked(again, WF)
+    assert again.incident_id not in book.entries and "the same failure" in book.checks.rejected[-1].reason
+    assert (book.duplicates, book.checks.rejected_claims) == (1, 2)
+
+
+def test_the_quarantine_is_bounded_and_every_refusal_is_counted() -> None:
+    q = Quarantine()
+    for n in range(MAX_UNVERIFIED):
+        assert q.hold(outcome(n, T))
+    assert not q.hold(outcome(-1, T)) and len(q.unverified) == MAX_UNVERIFIED
+    for n in range(MAX_REJECTED_KEPT + 5):
+        q.reject(f"x-{n}", "job-a", T, "forged " * 200)
+    assert len(q.rejected) == MAX_REJECTED_KEPT and q.rejected_claims == MAX_REJECTED_KEPT + 6
+    assert q.rejected[-1].claim == f"x-{MAX_REJECTED_KEPT + 4}" and len(q.rejected[-1].reason) <= 500

@@ -1,0 +1,173 @@
+"""What the contract checks before its ledger counts anything: the claim against the workflow that made it.
+
+An outcome arrives as a signal anyone with access to Temporal can send, a validation as an update anyone
+can run. Neither is counted on its word. The control worker reads the history of the workflow the claim
+names (`IncidentFacts`, `ValidationFacts`) and these pure rules judge it:
+
+- an outcome is genuine when its `incident_id` names a `MigrationWorkflow` run that was started for the
+  same job and failure domain and itself signalled exactly this outcome to this contract;
+- a validation report is genuine when its `source` names an `EnvironmentValidationWorkflow` run, for the
+  same contract and job, that itself asked to record exactly this report.
+
+An incident's workflow id is its failure (`torchpass.ids.incident_workflow_id` of job, failure domain and
+world generation), checked against its own start input: the contract recognises the same failure told
+twice, by two runs of that workflow id, and counts it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from pydantic import Field
+
+from torchpass.contract_models import RejectedClaim
+from torchpass.ids import incident_workflow_id
+from torchpass.models import FailureReport, Model
+from torchpass.outcome import MAX_INCIDENT_ID, MigrationOutcome
+from torchpass.validation import ValidateInput, ValidationReport
+
+MIGRATION_WORKFLOW = "MigrationWorkflow"
+VALIDATION_WORKFLOW = "EnvironmentValidationWorkflow"
+MAX_REASON = 500
+MAX_CLAIMS = 50  # outcomes judged by one activity call
+MAX_EVENTS = 10_000  # of a claimed workflow's history read before it is judged too long to be genuine
+MAX_UNVERIFIED = 1000  # outcomes awaiting their check; past it a flood is refused, the ledger unharmed
+MAX_REJECTED_KEPT = 100  # refused claims kept with their reason (every one is counted)
+
+
+class Verdict(Model):
+    """The contract's answer to one claim."""
+
+    claim: str = Field(max_length=MAX_INCIDENT_ID + 20, description="the incident id or report source")
+    accepted: bool
+    reason: str = Field(default="", max_length=MAX_REASON, description="why it was refused")
+    failure_key: str | None = Field(
+        default=None, max_length=1000, description="the failure's incident workflow id, once confirmed"
+    )
+
+
+class OutcomeClaims(Model):
+    """Outcomes the contract received, to be checked against their incident workflows."""
+
+    contract_workflow_id: str = Field(min_length=1, max_length=1000)
+    outcomes: tuple[MigrationOutcome, ...] = Field(min_length=1, max_length=MAX_CLAIMS)
+
+
+class ValidationClaim(Model):
+    contract_workflow_id: str = Field(min_length=1, max_length=1000)
+    report: ValidationReport
+
+
+class Verdicts(Model):
+    verdicts: tuple[Verdict, ...]
+
+
+class IncidentFacts(Model):
+    """What an incident workflow's own history says: its type, its start input, what it signalled."""
+
+    found: bool
+    workflow_type: str = ""
+    report: FailureReport | None = Field(default=None, description="its start input, when it decodes")
+    signalled: tuple[MigrationOutcome, ...] = Field(
+        default=(), description="the record_outcome signals it sent to the claiming contract, decoded"
+    )
+    detail: str = Field(default="", max_length=MAX_REASON)
+
+
+class ValidationFacts(Model):
+    found: bool
+    workflow_type: str = ""
+    request: ValidateInput | None = None
+    recorded: tuple[ValidationReport, ...] = Field(
+        default=(), description="the reports it asked to record, decoded from its own activity inputs"
+    )
+    detail: str = Field(default="", max_length=MAX_REASON)
+
+
+def split_run(claim: str) -> tuple[str, str | None]:
+    """`workflow-id/run-id` (an incident id) into its parts; a bare workflow id has no run."""
+    wf, sep, run = claim.rpartition("/")
+    if not sep or not wf or len(run) != 36:  # run ids are UUIDs; anything else is part of the id
+        return claim, None
+    return wf, run
+
+
+def failure_key(report: FailureReport) -> str:
+    ev = report.evidence
+    return incident_workflow_id(ev.job_id, ev.failure_domain, report.generation)
+
+
+def _refused(claim: str, why: str) -> Verdict:
+    return Verdict(claim=claim[: MAX_INCIDENT_ID + 20], accepted=False, reason=why[:MAX_REASON])
+
+
+def judge_outcome(outcome: MigrationOutcome, facts: IncidentFacts) -> Verdict:
+    claim = outcome.incident_id
+    if split_run(claim)[1] is None:
+        return _refused(claim, "the incident id names no workflow run")
+    if not facts.found:
+        return _refused(claim, f"no such incident workflow: {facts.detail}")
+    if facts.workflow_type != MIGRATION_WORKFLOW:
+        return _refused(claim, f"not an incident: the workflow is a {facts.workflow_type!r}")
+    if facts.report is None:
+        return _refused(claim, f"the incident's start input is not a failure report: {facts.detail}")
+    ev = facts.report.evidence
+    if (ev.job_id, ev.failure_domain) != (outcome.job_id, outcome.failure_domain):
+        return _refused(
+            claim,
+            f"the incident was started for job {ev.job_id!r} on {ev.failure_domain!r}, the outcome claims "
+            f"{outcome.job_id!r} on {outcome.failure_domain!r}",
+        )
+    key = failure_key(facts.report)
+    if split_run(claim)[0] != key:
+        return _refused(claim, f"not at its failure's incident id {key!r}")
+    if outcome not in facts.signalled:
+        why = "sent no outcome" if not facts.signalled else "sent another outcome"
+        return _refused(claim, f"the incident workflow {why} to this contract")
+    return Verdict(claim=claim, accepted=True, failure_key=key)
+
+
+def judge_validation(report: ValidationReport, facts: ValidationFacts) -> Verdict:
+    claim = report.source or ""
+    if not claim or split_run(claim)[1] is None:
+        return _refused(claim or "(none)", "the report names no validation workflow run")
+    if not facts.found:
+        return _refused(claim, f"no such validation workflow: {facts.detail}")
+    if facts.workflow_type != VALIDATION_WORKFLOW:
+        return _refused(claim, f"not a validation: the workflow is a {facts.workflow_type!r}")
+    req = facts.request
+    if req is None or (req.contract_id, req.job_id) != (report.contract_id, report.job_id):
+        return _refused(claim, "the validation workflow was started for another contract or job")
+    if report not in facts.recorded:
+        return _refused(claim, "the validation workflow did not make this report")
+    return Verdict(claim=claim, accepted=True)
+
+
+class Quarantine:
+    """A contract's claims not counted: the outcomes awaiting their check, and the refused (the latest,
+    with why, apart from the ledger: they never count, nor block the genuine outcome of their incident id
+    arriving later). Part of `ContractBook`, carried across continue-as-new in its state."""
+
+    def __init__(
+        self,
+        unverified: Iterable[MigrationOutcome] = (),
+        rejected: Iterable[RejectedClaim] = (),
+        rejected_claims: int = 0,
+    ) -> None:
+        self.unverified = list(unverified)
+        self.rejected = list(rejected)
+        self.rejected_claims = rejected_claims
+
+    def hold(self, outcome: MigrationOutcome) -> bool:
+        if len(self.unverified) >= MAX_UNVERIFIED:
+            self.reject(outcome.incident_id, outcome.job_id, outcome.detected_at, "too many awaiting a check")
+            return False
+        self.unverified.append(outcome)
+        return True
+
+    def reject(self, claim: str, job_id: str, at: datetime, reason: str) -> RejectedClaim:
+        entry = RejectedClaim(claim=claim, job_id=job_id, at=at, reason=reason[:MAX_REASON])
+        self.rejected = [*self.rejected[-(MAX_REJECTED_KEPT - 1) :], entry]
+        self.rejected_claims += 1
+        return entry
