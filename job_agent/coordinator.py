@@ -111,6 +111,9 @@ class Coordinator:
         return self._generation
 
     async def _shutdown(self) -> JobResult:
+        # Nothing reacts to the exits that follow (a spare stopped now is not replaced).
+        if self._watcher is not None:
+            self._watcher.cancel()
         finished = self.state is JobState.FINISHED
         reason = "" if finished else f"job {self.job_id} stopped: {self.error}"
         for m in self.roster.members.values():
@@ -122,8 +125,6 @@ class Coordinator:
         ):
             await asyncio.sleep(0.05)
         await asyncio.to_thread(self._launcher.shutdown, timedelta(seconds=5))
-        if self._watcher is not None:
-            self._watcher.cancel()
         self.incidents.cancel()
         self._server.close()
         ranks = self.roster.ranks()
@@ -173,13 +174,13 @@ class Coordinator:
     def latest_checkpoint(self) -> tuple[int, str | None]:
         return self.checkpoints[-1] if self.checkpoints else (-1, None)
 
-    def end_incident(self, outcome: MigrationOutcome) -> None:
+    def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None:
         """The incident's workflow is done with the job; detection resumes, queued failures go next."""
 
         def replaced(slots: tuple[int, ...]) -> bool:  # a queued loss already repaired (say by a restart)
             return any((m := self.roster.at(s)) is not None and not m.fenced for s in slots)
 
-        if self.incidents.end(outcome, replaced):
+        if self.incidents.end(outcome, replaced, refuted):
             with (self.spec.job_dir / "incidents.jsonl").open("a") as f:
                 f.write(outcome.model_dump_json() + "\n")
 

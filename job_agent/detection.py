@@ -2,7 +2,8 @@
 
 - lost: a member's connection closed; its exit status (or a device error it reported first) names it;
 - hung: a rank silent past the hang timeout, or absent from a collective its peers have waited in;
-- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank alive.
+- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank alive;
+- refutes: the other way round, a failure someone else reports that the job's own view contradicts.
 
 Each returns `Evidence` and decides nothing else: the incident's workflow does.
 """
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from job_agent import wire
 from job_agent.members import Member, MemberState, Roster
 from job_agent.recovery import Progress, find_hung
-from torchpass.models import EventSource, Evidence, FailureKind
+from job_agent.waiting import Changes
+from torchpass.classify import CATEGORY_OF
+from torchpass.models import Category, EventSource, Evidence, FailureKind
 
 # Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.
 STALL_MARGIN = timedelta(seconds=0.5)
@@ -113,3 +117,29 @@ class Detector:
             f" ({len(frozen)} of {world_size} frozen for {waited:.1f} s); re-forming the group in place",
             observed_at=_wall(first, now),
         )
+
+
+async def refutes(
+    roster: Roster, changes: Changes, evidence: Sequence[Evidence], wait: timedelta
+) -> str | None:
+    """Why the job's own view contradicts a reported failure: every rank it names (naming none, for a
+    collective timeout, every rank) is connected and makes progress within `wait` of the report's arrival.
+    None when the claim may be true, or names no failure (a planned drain moves healthy ranks)."""
+    claims = [ev for ev in evidence if CATEGORY_OF[ev.kind] is not Category.PLANNED]
+    ranks = {m.slot: m for m in roster.ranks()}
+    named = {s for ev in claims for s in ev.slots}
+    if not named and any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in claims):
+        named = set(ranks)
+    if not named or any(s not in ranks or not ranks[s].alive for s in named):
+        return None
+    since = time.monotonic()
+    try:
+        await changes.wait_for(
+            lambda: all(ranks[s].alive and ranks[s].last_progress > since for s in named),
+            wait,
+            "the reported ranks to show progress",
+        )
+    except TimeoutError:
+        return None
+    steps = ", ".join(f"{s}: step {ranks[s].step}" for s in sorted(named))
+    return f"refuted by the job: rank(s) {sorted(named)} connected and progressing after it ({steps})"

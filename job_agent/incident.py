@@ -120,12 +120,17 @@ class IncidentTracker:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
-    def end(self, outcome: MigrationOutcome, replaced: Callable[[tuple[int, ...]], bool]) -> bool:
-        """The incident's workflow is done with the job; queued evidence not yet repaired goes next.
-        Returns whether the outcome was new (a retried completion records nothing twice)."""
+    def end(
+        self, outcome: MigrationOutcome, replaced: Callable[[tuple[int, ...]], bool], refuted: bool = False
+    ) -> bool:
+        """The incident's workflow is done with the job; queued evidence not yet repaired goes next. A
+        refuted claim (never this job's incident) is only recorded. Returns whether the outcome was new (a
+        retried completion records nothing twice)."""
         new = all(o.incident_id != outcome.incident_id for o in self.outcomes)
         if new:
             self.outcomes.append(outcome)
+        if refuted:
+            return new
         self.current = None
         queued, self.queued = self.queued, []
         for ev in queued:

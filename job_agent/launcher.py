@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
@@ -93,9 +94,14 @@ class LocalLauncher(Launcher):
         self._base_env = inherited_env(os.environ if base_env is None else base_env)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._host = socket.gethostname()
+        self._lock = threading.Lock()  # spawn runs on the coordinator's loop, shutdown in a thread
+        self._closed = False
 
     def spawn(self, agent_id: str, env: Mapping[str, str]) -> str:
-        self._procs[agent_id] = subprocess.Popen(self._cmd, env={**self._base_env, **env})
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
+            self._procs[agent_id] = subprocess.Popen(self._cmd, env={**self._base_env, **env})
         return f"{self._host}/{agent_id}"
 
     def _signal(self, agent_id: str, sig: signal.Signals) -> None:
@@ -122,11 +128,14 @@ class LocalLauncher(Launcher):
         return None if proc is None else proc.pid
 
     def shutdown(self, timeout: timedelta) -> None:
-        for proc in self._procs.values():
+        with self._lock:  # no process starts after this: every one is in the list below
+            self._closed = True
+            procs = list(self._procs.values())
+        for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
                 proc.send_signal(signal.SIGCONT)  # a suspended process acts on SIGTERM only once resumed
-        for proc in self._procs.values():
+        for proc in procs:
             try:
                 proc.wait(timeout.total_seconds())
             except subprocess.TimeoutExpired:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from job_agent.detection import refutes
 from job_agent.incident import Incident, IncidentError, IncidentTracker
 from job_agent.members import Member, MemberState, Roster
 from job_agent.progress import StepTracker
@@ -23,7 +24,7 @@ from job_agent.waiting import Changes
 from job_agent.wire import Assign, Freeze, Role
 from torchpass.classify import CATEGORY_OF
 from torchpass.errors import ErrorType
-from torchpass.models import Category, Evidence, FailureKind
+from torchpass.models import Category, Disposition, Evidence, FailureKind
 from torchpass.outcome import MigrationOutcome
 from torchpass.proof import resume_problems, transfer_problems
 from torchpass.steps import (
@@ -39,6 +40,9 @@ from torchpass.steps import (
 
 Tick = Callable[[int], None]
 FENCE_TIMEOUT = timedelta(seconds=10)
+# A failure reported by another source (or forged) names ranks the job still sees: they must show no
+# progress for this long before they are fenced (`detection.refutes`).
+REFUTE_WAIT = timedelta(seconds=5)
 
 
 class JobControl(Protocol):
@@ -61,7 +65,7 @@ class JobControl(Protocol):
     def regroup(self) -> int: ...
     def restart_ranks(self, restore: str | None) -> None: ...
     def latest_checkpoint(self) -> tuple[int, str | None]: ...
-    def end_incident(self, outcome: MigrationOutcome) -> None: ...
+    def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None: ...
 
 
 def _since(t0: float) -> float:
@@ -106,6 +110,12 @@ class IncidentSteps:
 
     async def confirm(self, incident_id: str, evidence: tuple[Evidence, ...]) -> ConfirmResult:
         t0 = time.perf_counter()
+        current = self.job.incidents.current
+        if current is None or current.workflow_id != incident_id.split("/", 1)[0]:
+            # Not an incident the job detected itself: a claim, checked against the job's own view.
+            refuted = await refutes(self.job.roster, self.job.changes, evidence, REFUTE_WAIT)
+            if refuted is not None:
+                return self._result(False, (), (), refuted, t0)
         job, inc = self.job, self._incident(incident_id, evidence)
         inc.leaving |= _planned_slots(inc)
         fenced = []
@@ -120,12 +130,19 @@ class IncidentSteps:
         await job.changes.wait_for(
             lambda: all(job.roster.at(s) is None for s in gone), FENCE_TIMEOUT, "fenced ranks to die"
         )
-        shards = dict(job.roster.shards)
+        # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
+        confirmed = bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence)
+        detail = "; ".join(ev.detail for ev in inc.evidence)
+        return self._result(confirmed, tuple(sorted(inc.lost)), tuple(fenced), detail, t0)
+
+    def _result(
+        self, confirmed: bool, lost: tuple[int, ...], fenced: tuple[int, ...], detail: str, t0: float
+    ) -> ConfirmResult:
+        job, shards = self.job, dict(self.job.roster.shards)
         return ConfirmResult(
-            # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
-            confirmed=bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence),
-            lost_slots=tuple(sorted(inc.lost)),
-            fenced_slots=tuple(fenced),
+            confirmed=confirmed,
+            lost_slots=lost,
+            fenced_slots=fenced,
             world_size=job.world_size,
             redundancy=_redundancy(shards, job.world_size),
             shard_of=shards,
@@ -133,7 +150,7 @@ class IncidentSteps:
             spares_warming=job.spares.warming(),
             generation=job.generation,
             covered=job.covered,
-            detail="; ".join(ev.detail for ev in inc.evidence),
+            detail=detail,
             work_seconds=_since(t0),
         )
 
@@ -328,6 +345,12 @@ class IncidentSteps:
         job = self.job
         if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
             return  # a retried completion: already recorded
+        current = job.incidents.current
+        if outcome.disposition is Disposition.NOT_A_FAILURE and (
+            current is None or current.workflow_id != incident_id.split("/", 1)[0]
+        ):
+            job.end_incident(outcome, refuted=True)  # a claim confirm refuted: recorded, nothing else
+            return
         inc = self._incident(incident_id)
         if not inc.completed:
             inc.completed = True

@@ -79,3 +79,17 @@ def test_ranks_inherit_the_users_environment_but_none_of_torchpass_settings(tmp_
     seen = json.loads(out.read_text())
     assert seen["MY_DATASET"] == "/data/x" and seen["TORCHPASS_JOB_ID"] == "j"
     assert "TORCHPASS_TEMPORAL_API_KEY" not in seen and "TORCHPASS_BILLING_WEBHOOK_SECRET" not in seen
+
+
+def test_nothing_starts_once_the_launcher_shuts_down(tmp_path: Path) -> None:
+    """A spare replaced while the job stopped used to start during shutdown (and change the process list
+    shutdown was walking): it was left running after the job."""
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    launcher = LocalLauncher(str(script), (), base_env={"PATH": os.environ.get("PATH", "")})
+    launcher.spawn("spare-1", {})
+    launcher.shutdown(timedelta(seconds=5))
+    assert launcher.poll("spare-1") is not None
+    with pytest.raises(RuntimeError, match="shutting down"):
+        launcher.spawn("spare-2", {})
+    assert launcher.pid("spare-2") is None
