@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, VERIFY_AGAIN_AFTER
     from torchpass.validation import ValidationReport
     from workflows.checks import check_outcomes, check_validation
-    from workflows.inputs import decode_start
+    from workflows.inputs import decode, decode_start
     from workflows.policy import retry_policy
 
 R = TypeVar("R")
@@ -128,26 +128,31 @@ class ContractWorkflow:
             workflow.logger.info("duplicate outcome %s counted once", entry.incident_id)
 
     @workflow.update
-    def opt_in(self, inp: OptInInput) -> JobCoverage:
+    def opt_in(self, raw: RawValue) -> JobCoverage:
+        inp = decode(raw, OptInInput, "opt_in input")
         self._handled += 1
         return self._book.opt_in(inp.job_id, workflow.now())
 
     @opt_in.validator
-    def _check_opt_in(self, inp: OptInInput) -> None:
+    def _check_opt_in(self, raw: RawValue) -> None:
+        decode(raw, OptInInput, "opt_in input")
         self._check(lambda: None)
 
     @workflow.update
-    def opt_out(self, inp: OptInInput) -> JobCoverage:
+    def opt_out(self, raw: RawValue) -> JobCoverage:
+        inp = decode(raw, OptInInput, "opt_out input")
         self._handled += 1
         return self._apply(self._book.opt_out, inp.job_id, workflow.now())
 
     @opt_out.validator
-    def _check_opt_out(self, inp: OptInInput) -> None:
+    def _check_opt_out(self, raw: RawValue) -> None:
+        inp = decode(raw, OptInInput, "opt_out input")
         self._check(self._book.check_opted_in, inp.job_id)
 
     @workflow.update
-    async def record_validation(self, report: ValidationReport) -> JobCoverage:
+    async def record_validation(self, raw: RawValue) -> JobCoverage:
         """Recorded once the report's own validation workflow shows it made it (`torchpass.verify`)."""
+        report = decode(raw, ValidationReport, "record_validation input")
         self._handled += 1
         if workflow.patched(VERIFIED_LEDGER):
             verdict = await check_validation(report, workflow.info().workflow_id)
@@ -162,27 +167,32 @@ class ContractWorkflow:
         return self._apply(self._book.record_validation, report)
 
     @record_validation.validator
-    def _check_validation(self, report: ValidationReport) -> None:
+    def _check_validation(self, raw: RawValue) -> None:
+        report = decode(raw, ValidationReport, "record_validation input")
         self._check(self._book.check_validation, report)
 
     @workflow.update
-    def expand(self, inp: ExpandInput) -> Evaluation:
+    def expand(self, raw: RawValue) -> Evaluation:
         """Evaluate at the expansion (the credit, if any, is delivered by the main loop) and apply its fee."""
+        inp = decode(raw, ExpandInput, "expand input")
         self._handled += 1
         return self._apply(self._book.expand, inp, workflow.now())
 
     @expand.validator
-    def _check_expand(self, inp: ExpandInput) -> None:
+    def _check_expand(self, raw: RawValue) -> None:
+        inp = decode(raw, ExpandInput, "expand input")
         self._check(self._book.check_expand, inp, workflow.now().date())
 
     @workflow.update
-    def renew(self, inp: RenewInput) -> Standing:
+    def renew(self, raw: RawValue) -> Standing:
+        inp = decode(raw, RenewInput, "renew input")
         self._handled += 1
         self._apply(self._book.renew, inp, workflow.now().date())
         return self._book.standing(workflow.now())
 
     @renew.validator
-    def _check_renew(self, inp: RenewInput) -> None:
+    def _check_renew(self, raw: RawValue) -> None:
+        inp = decode(raw, RenewInput, "renew input")
         self._check(self._book.check_renew, inp, workflow.now().date())
 
     def _apply(self, change: Callable[..., R], *args: Any) -> R:
@@ -214,7 +224,8 @@ class ContractWorkflow:
         return self._book.standing(workflow.now())
 
     @workflow.query
-    def ledger(self, page: LedgerPageInput) -> LedgerPage:
+    def ledger(self, raw: RawValue) -> LedgerPage:
+        page = decode(raw, LedgerPageInput, "ledger query")
         if self._bad is not None:
             raise self._bad
         return self._book.ledger_page(page)

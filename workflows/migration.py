@@ -66,7 +66,7 @@ with workflow.unsafe.imports_passed_through():
         TransferResult,
     )
     from workflows import legacy
-    from workflows.inputs import decode_start
+    from workflows.inputs import decode, decode_start
     from workflows.policy import retry_policy
 
 R = TypeVar("R")
@@ -112,10 +112,15 @@ class MigrationWorkflow:
         self._measured = False
 
     @workflow.signal
-    def report(self, rep: FailureReport) -> None:
-        """Fold another report of this incident; duplicates and other jobs' reports are ignored."""
-        ev = rep.evidence
+    def report(self, raw: RawValue) -> None:
+        """Fold another report of this incident; duplicates, other jobs' and malformed reports are ignored
+        (a null payload once failed every workflow task of the incident)."""
         if self._bad is not None:
+            return
+        try:
+            ev = decode(raw, FailureReport, "report signal").evidence
+        except ApplicationError as e:
+            workflow.logger.warning("%s: dropped", e.message)
             return
         if ev.job_id != self._job_id:
             workflow.logger.warning(

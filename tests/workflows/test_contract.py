@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -436,8 +437,17 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
         with pytest.raises(cc.ContractRejected) as e:
             await cc.renew(c.client, CUSTOMER, c.id, RenewInput(next_renewal=start))
         assert e.value.error_type == ErrorType.CONTRACT_DATES_OUT_OF_ORDER
-        with pytest.raises(WorkflowUpdateFailedError):  # not even a model: rejected before the validator
-            await handle.execute_update("expand", {"on": "yesterday", "annual_fee": 5})
+        for update, arg, field in (  # not even a model: refused by the validator, naming the field
+            ("expand", {"on": "yesterday", "annual_fee": 5}, "on"),
+            ("opt_in", {"job": "job-a"}, "job_id"),
+            ("renew", None, "got NoneType"),
+            ("record_validation", {"contract_id": 7}, "status"),
+        ):
+            with pytest.raises(WorkflowUpdateFailedError) as failed:
+                await handle.execute_update(update, arg)
+            cause = failed.value.cause
+            assert isinstance(cause, ApplicationError) and cause.type == ErrorType.INVALID_INPUT
+            assert f"malformed {update} input" in cause.message and field in cause.message, cause.message
         for client_call in (
             cc.get_standing(c.client, CUSTOMER, "no-such-contract"),
             cc.opt_in(c.client, CUSTOMER, "no-such-contract", "job-a"),
