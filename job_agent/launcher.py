@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -86,11 +87,23 @@ def inherited_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("TORCHPASS_")}
 
 
+def die_with_parent() -> list[str]:
+    """A prefix that has the kernel SIGKILL a rank when the thread that started it ends, so that a
+    coordinator killed (SIGKILL, OOM) leaves no rank behind, a stopped (hung) one included: util-linux's
+    `setpriv --pdeathsig` (preexec_fn would do it too, but is unsafe in a process with threads). Empty
+    where there is no setpriv (not Linux): ranks then outlive a killed coordinator until their control
+    connection closes."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform == "linux" else []
+
+
 class LocalLauncher(Launcher):
-    """Processes on this host; each is its own failure domain, named host/agent."""
+    """Processes on this host; each is its own failure domain, named host/agent. Started from the main
+    thread, each dies with the coordinator (`die_with_parent`)."""
 
     def __init__(self, script: str, args: Sequence[str], base_env: Mapping[str, str] | None = None) -> None:
         self._cmd = [sys.executable, "-u", script, *args]
+        self._reaper = die_with_parent()
         self._base_env = inherited_env(os.environ if base_env is None else base_env)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._host = socket.gethostname()
@@ -101,7 +114,10 @@ class LocalLauncher(Launcher):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
-            self._procs[agent_id] = subprocess.Popen(self._cmd, env={**self._base_env, **env})
+            # The death signal follows the starting thread: from any other, a rank would die with it.
+            main = threading.current_thread() is threading.main_thread()
+            cmd = [*self._reaper, *self._cmd] if main else self._cmd
+            self._procs[agent_id] = subprocess.Popen(cmd, env={**self._base_env, **env})
         return f"{self._host}/{agent_id}"
 
     def _signal(self, agent_id: str, sig: signal.Signals) -> None:

@@ -5,9 +5,13 @@ Real files and, for the environment, a real child process started by the real `L
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -16,7 +20,7 @@ import pytest
 import torch
 
 from job_agent.jobs import JobIdInUse, register_job, unregister_job
-from job_agent.launcher import LocalLauncher, inherited_env
+from job_agent.launcher import LocalLauncher, die_with_parent, inherited_env
 from job_agent.state import TrackedState
 
 
@@ -93,3 +97,51 @@ def test_nothing_starts_once_the_launcher_shuts_down(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="shutting down"):
         launcher.spawn("spare-2", {})
     assert launcher.pid("spare-2") is None
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie is dead, waiting for whoever adopted it to reap it
+
+
+@pytest.mark.skipif(not die_with_parent(), reason="needs Linux and util-linux's setpriv")
+def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_path: Path) -> None:
+    """A stand-in coordinator (a real process using the real LocalLauncher) starts a rank, the rank is
+    stopped as a hang stops it, and the coordinator is SIGKILLed: the kernel kills the rank too."""
+    rank = tmp_path / "rank.py"
+    rank.write_text("import time\ntime.sleep(120)\n")
+    coordinator = tmp_path / "coordinator.py"
+    coordinator.write_text(
+        "import sys, time\n"
+        "from job_agent.launcher import LocalLauncher\n"
+        f"launcher = LocalLauncher({str(rank)!r}, ())\n"
+        "launcher.spawn('rank0-1', {})\n"
+        "print(launcher.pid('rank0-1'), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, str(coordinator)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 10  # until setpriv has armed the signal and become the rank
+        while Path(f"/proc/{child}/cmdline").read_text().startswith(die_with_parent()[0]):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(child, signal.SIGSTOP)  # hung
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child), "the rank outlived its coordinator"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
