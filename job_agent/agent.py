@@ -304,7 +304,7 @@ class RankAgent:
         assert self._tracked is not None
         path = s.checkpoint_dir / f"step-{step:08d}.pt"
         self._tracked.save_checkpoint(path, step)
-        for old in sorted(s.checkpoint_dir.glob("step-*.pt"))[:-2]:
+        for old in sorted(s.checkpoint_dir.glob("step-*.pt"))[: -s.keep_checkpoints]:
             old.unlink(missing_ok=True)
         self._send(wire.CheckpointSaved(step=step, path=str(path)))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
 import socket
 import time
 from datetime import timedelta
@@ -142,6 +143,9 @@ class Coordinator:
         )
         (self.spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
         unregister_job(self.spec.job_dir)
+        if result.status is JobState.FINISHED and not self.spec.keep_checkpoints_after:
+            # Only a fallback restart reads them: a finished job's would fill the state directory.
+            shutil.rmtree(self.spec.job_dir / "checkpoints", ignore_errors=True)
         return result
 
     def _fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:

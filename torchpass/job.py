@@ -33,6 +33,14 @@ class JobSpec(Model):
         default=300.0, gt=0, description="seconds a frozen rank waits for its instructions before it stops"
     )
     checkpoint_every: int = Field(default=50, ge=0)
+    keep_checkpoints: int = Field(
+        default=2, ge=1, le=1000, description="fallback checkpoints kept while the job runs (the latest)"
+    )
+    keep_checkpoints_after: bool = Field(
+        default=False,
+        description="keep them once the job finished; by default a finished job's are removed (a failed "
+        "job's stay, to restart it from)",
+    )
     seed: int = 0
     threads: int = Field(default=1, ge=1)
     startup_timeout: float = Field(default=120.0, gt=0)

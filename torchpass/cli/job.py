@@ -20,6 +20,8 @@ def register(sub: Any) -> None:
     r.add_argument("--hang-timeout", type=float, default=2.0, help="seconds without heartbeat or progress")
     r.add_argument("--collective-timeout", type=float, default=60.0, help="seconds one collective may take")
     r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
+    r.add_argument("--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)")
+    r.add_argument("--keep-checkpoints-after", action="store_true", help="keep them once the job finished")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     r.add_argument("--customer", help="customer of the YOCO contract the job's incidents count toward")
@@ -87,6 +89,8 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "hang_timeout": args.hang_timeout,
         "collective_timeout": args.collective_timeout,
         "checkpoint_every": args.checkpoint_every,
+        "keep_checkpoints": args.keep_checkpoints,
+        "keep_checkpoints_after": args.keep_checkpoints_after,
         "seed": args.seed,
         "threads": args.threads,
     }
