@@ -6,8 +6,9 @@ ApplicationErrors that carry the retry decision. The transfer's heartbeats carry
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TypeVar
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -36,7 +37,20 @@ from torchpass.validation import JobDescription, ValidationTarget
 T = TypeVar("T")
 
 
-async def _guard(call: Awaitable[T]) -> T:
+BEAT_EVERY = 1.0  # seconds; the workflow's heartbeat timeout for a job activity is 5 s (torchpass.policies)
+
+
+async def _beat(details: Callable[[], Any]) -> None:
+    while True:
+        activity.heartbeat(*details())
+        await asyncio.sleep(BEAT_EVERY)
+
+
+async def _guard(call: Awaitable[T], details: Callable[[], Any] = tuple) -> T:
+    """The step, its errors as ApplicationErrors, and a heartbeat each second while it runs (with
+    `details()`): a worker or server lost mid-step is noticed in seconds, not at the step's whole
+    start-to-close timeout."""
+    beating = asyncio.create_task(_beat(details))
     try:
         return await call
     except IncidentError as e:
@@ -45,10 +59,21 @@ async def _guard(call: Awaitable[T]) -> T:
         raise ApplicationError(str(e), type=ErrorType.JOB_GONE.value, non_retryable=True) from e
     except TimeoutError as e:
         raise ApplicationError(str(e), type=ErrorType.TIMEOUT.value) from e
+    finally:
+        beating.cancel()
 
 
-def _heartbeat_bytes(sent: int) -> None:
-    activity.heartbeat({"bytes_sent": sent})
+class _BytesSent:
+    """The transfer's heartbeat details: the bytes streamed so far, as the donor reports them."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def __call__(self, sent: int) -> None:
+        self.sent = sent
+
+    def details(self) -> tuple[dict[str, int]]:
+        return ({"bytes_sent": self.sent},)
 
 
 class JobActivities:
@@ -76,7 +101,8 @@ class JobActivities:
 
     @activity.defn(name=JobActivity.TRANSFER_STATE)
     async def transfer_state(self, inp: IncidentRef) -> TransferResult:
-        return await _guard(self._a.transfer(inp.incident_id, tick=_heartbeat_bytes))
+        sent = _BytesSent()
+        return await _guard(self._a.transfer(inp.incident_id, tick=sent), sent.details)
 
     @activity.defn(name=JobActivity.REJOIN)
     async def rejoin(self, inp: IncidentRef) -> RejoinResult:

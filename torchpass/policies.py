@@ -50,16 +50,19 @@ MIGRATION_RETRY = Retry(
     non_retryable=non_retryable(INCIDENT_ERRORS),
 )
 
+# Every job-side step heartbeats each second (activities/job.py): a job worker or a server lost mid-step
+# is noticed after HEARTBEAT seconds and the step retried, instead of at its whole start-to-close.
+HEARTBEAT = 5.0
 ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
-    JobActivity.CONFIRM_FAILURE: _t(15, 60),
+    JobActivity.CONFIRM_FAILURE: _t(15, 60, HEARTBEAT),
     ControlActivity.CLASSIFY_FAILURE: _t(10, 60),
-    JobActivity.RESERVE_SPARE: _t(90, 200),  # may wait for a spare that is still warming up
-    JobActivity.RELEASE_SPARE: _t(15, 60),
-    JobActivity.FREEZE_RANKS: _t(45, 150),
-    JobActivity.TRANSFER_STATE: _t(150, 500, heartbeat=20),  # streams state, heartbeats bytes sent
-    JobActivity.REJOIN: _t(150, 500),
-    JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900),
-    JobActivity.COMPLETE_INCIDENT: _t(15, 60),
+    JobActivity.RESERVE_SPARE: _t(90, 200, HEARTBEAT),  # may wait for a spare that is still warming up
+    JobActivity.RELEASE_SPARE: _t(15, 60, HEARTBEAT),
+    JobActivity.FREEZE_RANKS: _t(45, 150, HEARTBEAT),
+    JobActivity.TRANSFER_STATE: _t(150, 500, HEARTBEAT),  # streams state, heartbeats bytes sent
+    JobActivity.REJOIN: _t(150, 500, HEARTBEAT),
+    JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900, HEARTBEAT),
+    JobActivity.COMPLETE_INCIDENT: _t(15, 60, HEARTBEAT),
     JobActivity.DESCRIBE_JOB: _t(10, 20),  # validation: a job that does not answer soon is not covered
 }
 

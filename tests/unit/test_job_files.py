@@ -107,6 +107,10 @@ def _running(pid: int) -> bool:
     return state != "Z"  # a zombie is dead, waiting for whoever adopted it to reap it
 
 
+def _is_rank(argv: list[str]) -> bool:
+    return len(argv) > 2 and "python" in Path(argv[0]).name and argv[2].endswith("rank.py")
+
+
 @pytest.mark.skipif(not die_with_parent(), reason="needs Linux and util-linux's setpriv")
 def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_path: Path) -> None:
     """A stand-in coordinator (a real process using the real LocalLauncher) starts a rank, the rank is
@@ -131,8 +135,10 @@ def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_p
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     try:
-        deadline = time.monotonic() + 10  # until setpriv has armed the signal and become the rank
-        while Path(f"/proc/{child}/cmdline").read_text().startswith(die_with_parent()[0]):
+        # Until the rank runs: setpriv armed the signal, then became it (before, the fork still shows the
+        # coordinator's command line, then setpriv's).
+        deadline = time.monotonic() + 10
+        while not _is_rank(Path(f"/proc/{child}/cmdline").read_text().split("\0")):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         os.kill(child, signal.SIGSTOP)  # hung

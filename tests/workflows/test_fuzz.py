@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 
 from tests.workflows.fake_job import FakeJob, control_worker, report, signal_with_start
 from tests.workflows.test_contract import TRUSTING
+from tests.workflows.test_validation_workflow import outcome as valid_outcome
 from torchpass.contract import add_months
 from torchpass.contract_models import (
     ContractInput,
@@ -39,7 +40,7 @@ from torchpass.contract_models import (
 from torchpass.credit import Money
 from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE
-from torchpass.models import Category, Classification, Disposition, FailureKind, FailureReport
+from torchpass.models import FailureReport
 from torchpass.outcome import MigrationOutcome
 from torchpass.validation import CheckResult, ValidateInput, ValidationReport
 from workflows.contract import CONTRACT_WORKFLOWS
@@ -101,21 +102,6 @@ def malformed(rng: random.Random, model: type[BaseModel], valid: BaseModel, n: i
         except (ValidationError, TypeError, ValueError):
             made += 1
             yield candidate
-
-
-def _outcome() -> MigrationOutcome:
-    return MigrationOutcome(
-        incident_id=f"torchpass-incident:j:n:g0/{uuid.uuid4()}",
-        job_id="j",
-        failure_domain="n",
-        kind=FailureKind.PROCESS_EXIT,
-        evidence_count=1,
-        classification=Classification(category=Category.INTERRUPTION, qualifying=True, reason="exit"),
-        covered=True,
-        disposition=Disposition.MIGRATED,
-        success=True,
-        detected_at=NOW,
-    )
 
 
 async def _task_failures(handle: WorkflowHandle[Any, Any]) -> int:
@@ -233,7 +219,7 @@ async def _fuzz(
             id=f"fuzz-contract-{uuid.uuid4()}",
             task_queue="fuzz-contracts",
         )
-        outcome = _outcome()
+        outcome = valid_outcome(NOW)
         await _gather(
             [contract.signal("record_outcome", s) for s in malformed(rng, MigrationOutcome, outcome, 200)]
         )
