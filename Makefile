@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt typecheck bench clean
+.PHONY: demo test lint fmt typecheck bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ fmt: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.recovery
+
+# N random failures in one job (default 1000: about 45 minutes on 2 cores); the result goes to docs/benchmarks.md.
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos $(or $(N),1000)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
