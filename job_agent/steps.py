@@ -91,10 +91,15 @@ class IncidentSteps:
         self.transfer_timeout = transfer_timeout
         self.spare_wait = spare_wait
 
+    def _is_current(self, incident_id: str) -> bool:
+        """Whether `incident_id` (workflow id/run id) names the incident the job itself has open."""
+        inc = self.job.incidents.current
+        return inc is not None and inc.workflow_id == incident_id.split("/", 1)[0]
+
     def _incident(self, incident_id: str, evidence: tuple[Evidence, ...] = ()) -> Incident:
         workflow_id = incident_id.split("/", 1)[0]
         inc = self.job.incidents.current
-        if inc is not None and inc.workflow_id == workflow_id:
+        if inc is not None and self._is_current(incident_id):
             return inc
         if inc is None and evidence:
             # Reported by another source (a node watch, NVML): adopt it as this job's incident.
@@ -110,8 +115,7 @@ class IncidentSteps:
 
     async def confirm(self, incident_id: str, evidence: tuple[Evidence, ...]) -> ConfirmResult:
         t0 = time.perf_counter()
-        current = self.job.incidents.current
-        if current is None or current.workflow_id != incident_id.split("/", 1)[0]:
+        if not self._is_current(incident_id):
             # Not an incident the job detected itself: a claim, checked against the job's own view.
             refuted = await refutes(self.job.roster, self.job.changes, evidence, REFUTE_WAIT)
             if refuted is not None:
@@ -345,10 +349,7 @@ class IncidentSteps:
         job = self.job
         if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
             return  # a retried completion: already recorded
-        current = job.incidents.current
-        if outcome.disposition is Disposition.NOT_A_FAILURE and (
-            current is None or current.workflow_id != incident_id.split("/", 1)[0]
-        ):
+        if outcome.disposition is Disposition.NOT_A_FAILURE and not self._is_current(incident_id):
             job.end_incident(outcome, refuted=True)  # a claim confirm refuted: recorded, nothing else
             return
         inc = self._incident(incident_id)
