@@ -206,10 +206,10 @@ class RankAgent:
                 self._send(wire.Frozen(completed=self.completed_step, reason="freeze"))
             case wire.Assign(slot=slot):
                 self.slot = slot
-            case wire.Serve(receivers=n, timeout=timeout):
-                self._serve(n, timedelta(seconds=timeout))
-            case wire.Receive(host=host, port=port, timeout=timeout):
-                self._receive(host, port, timedelta(seconds=timeout))
+            case wire.Serve(receivers=n, timeout=timeout, transfer=tid):
+                self._serve(n, timedelta(seconds=timeout), tid)
+            case wire.Receive(host=host, port=port, timeout=timeout, transfer=tid):
+                self._receive(host, port, timedelta(seconds=timeout), tid)
             case wire.Regroup(generation=generation, world_size=world_size):
                 self._regroup(generation, world_size)
                 return True
@@ -219,10 +219,10 @@ class RankAgent:
 
     # --- recovery actions ----------------------------------------------------------------------------
 
-    def _serve(self, receivers: int, timeout: timedelta) -> None:
+    def _serve(self, receivers: int, timeout: timedelta, tid: int) -> None:
         assert self._tracked is not None
         server = StateServer(self._secret, self.settings.advertise_host)
-        self._send(wire.Serving(port=server.port, step=self.completed_step))
+        self._send(wire.Serving(port=server.port, step=self.completed_step, transfer=tid))
         t0 = time.perf_counter()
         snap = self._tracked.snapshot(self.completed_step)
         last = [t0]
@@ -233,9 +233,13 @@ class RankAgent:
                 self._send(wire.TransferProgress(bytes=sent))
 
         try:
-            digest = server.serve(snap, receivers, timeout, on_progress=progress)
+            # A new command while it waits for receivers means the plan changed (a receiver was lost):
+            # stop serving this one and carry the command out.
+            digest = server.serve(
+                snap, receivers, timeout, on_progress=progress, stop=lambda: not self._link.inbox.empty()
+            )
         except TransferError as e:
-            self._send(wire.TransferFailed(error=str(e)[:4000]))
+            self._send(wire.TransferFailed(error=str(e)[:4000], transfer=tid))
             return
         self._send(wire.TransferProgress(bytes=server.bytes_sent))
         self._send(
@@ -245,15 +249,16 @@ class RankAgent:
                 bytes=snap.nbytes,
                 seconds=time.perf_counter() - t0,
                 stream_seconds=server.stream_seconds,
+                transfer=tid,
             )
         )
 
-    def _receive(self, host: str, port: int, timeout: timedelta) -> None:
+    def _receive(self, host: str, port: int, timeout: timedelta, tid: int) -> None:
         assert self._tracked is not None
         try:
             stats = receive_state(self._tracked, host, port, self._secret, timeout)
         except TransferError as e:
-            self._send(wire.TransferFailed(error=str(e)[:4000]))
+            self._send(wire.TransferFailed(error=str(e)[:4000], transfer=tid))
             return
         self.completed_step = stats.step
         # The proof's receiver side: what this rank holds now, hashed from its own memory, not the bytes
@@ -266,6 +271,7 @@ class RankAgent:
                 step=self.completed_step,
                 bytes=stats.nbytes,
                 seconds=stats.seconds,
+                transfer=tid,
             )
         )
 

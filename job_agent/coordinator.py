@@ -191,6 +191,9 @@ class Coordinator:
     def add_evidence(self, ev: Evidence) -> None:
         self.incidents.add(ev)
 
+    def on_transfer(self, donor: Member, receivers: list[Member]) -> None:
+        self._injector.on_transfer(donor, receivers)
+
     # --- control channel -----------------------------------------------------------------------------
 
     def _on_frame(self, conn: socket.socket, frame: wire.Frame | wire.BadFrame, ts: float) -> None:

@@ -1,7 +1,9 @@
 """The incident in progress, as the coordinator keeps it, and the delivery of its reports to Temporal.
 
 Evidence of one failure folds into one incident (its workflow id is keyed by job, failure domain and
-world generation). Once an incident has frozen the world, later evidence waits for the next one. Every
+world generation). A failure during the recovery (a donor, a spare or another rank lost while the state
+moves) folds into it too: the recovery re-plans around it. Once the world trains again, later evidence
+waits for the next incident. Every
 report is delivered to the incident's workflow by the `Reporter` (signal-with-start), retried with
 backoff for a bounded time; one that still cannot be delivered is logged and counted, never dropped
 silently.
@@ -15,9 +17,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from job_agent import wire
+from torchpass.classify import CATEGORY_OF
 from torchpass.errors import ErrorType, TorchpassError
 from torchpass.ids import incident_workflow_id, job_task_queue
-from torchpass.models import ContractRef, Evidence, FailureReport
+from torchpass.models import Category, ContractRef, Evidence, FailureReport
 from torchpass.outcome import MigrationOutcome
 from torchpass.steps import FallbackResult, FreezeResult, RejoinResult, TransferProof
 
@@ -36,6 +40,17 @@ class IncidentError(TorchpassError):
 
 
 @dataclass
+class Supply:
+    """The state transfers of one recovery so far (several when a donor or receiver was lost)."""
+
+    got: dict[int, tuple[str, wire.Received, int]] = field(
+        default_factory=dict
+    )  # slot: agent, account, donor
+    served: list[tuple[int, wire.Served]] = field(default_factory=list)  # donor slot and its account
+    moves: int = 0
+
+
+@dataclass
 class Incident:
     """What the coordinator remembers of the incident in progress."""
 
@@ -43,12 +58,20 @@ class Incident:
     evidence: list[Evidence] = field(default_factory=list)
     lost: set[int] = field(default_factory=set)
     leaving: set[int] = field(default_factory=set)  # planned: healthy until frozen, then fenced
+    confirmed: frozenset[int] = frozenset()  # the slots confirm found lost; the rest were lost later
     past_freeze: bool = False
     frozen: FreezeResult | None = None
     proof: TransferProof | None = None
+    supply: Supply = field(default_factory=Supply)
     rejoined: RejoinResult | None = None
     fallback: FallbackResult | None = None
     completed: bool = False
+
+    @property
+    def recovering(self) -> bool:
+        """Frozen and not yet training again: a failure now is one more loss of this recovery, whose plan
+        is re-made around it, not a failure of the world the recovery is building."""
+        return self.past_freeze and self.rejoined is None and self.fallback is None and not self.completed
 
 
 class IncidentTracker:
@@ -80,8 +103,9 @@ class IncidentTracker:
             inc = self.current = Incident(
                 incident_workflow_id(self._job_id, ev.failure_domain, self._generation())
             )
-        elif inc.past_freeze:
-            # The world of this incident is already decided: the next incident takes it.
+        elif inc.past_freeze and not (inc.recovering and CATEGORY_OF[ev.kind] is not Category.PLANNED):
+            # The world of this incident is already decided (or a planned move waits for a calm one):
+            # the next incident takes it.
             self.queued.append(ev)
             return None
         inc.evidence.append(ev)

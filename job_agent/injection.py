@@ -8,12 +8,13 @@ every rank froze, by the incident's freeze step).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from job_agent import wire
 from job_agent.launcher import Launcher
 from job_agent.members import Member, Roster
-from job_agent.wire import InjectAction, Role
+from job_agent.wire import InjectAction, InjectTarget, Role
 from torchpass.errors import ErrorType
 from torchpass.models import EventSource, Evidence, FailureKind
 
@@ -40,7 +41,13 @@ class Injector:
         m = self._roster.at(req.slot)
         if m is not None:
             self.on_step(m)
-        detail = {"action": req.action.value, "slot": req.slot, "after_step": req.after_step}
+        detail = {
+            "action": req.action.value,
+            "slot": req.slot,
+            "after_step": req.after_step,
+            "during": req.during,
+            "target": req.target.value,
+        }
         return wire.Ok(detail=detail)
 
     def drain(self, req: wire.Drain, state: str) -> tuple[wire.Ok | wire.Error, Evidence | None]:
@@ -65,12 +72,34 @@ class Injector:
     def on_step(self, m: Member) -> None:
         """Fire the injections armed for `m`'s slot that its step has reached."""
         for req in list(self._armed):
-            if req.slot != m.slot or (req.after_step is not None and m.step < req.after_step):
+            if req.during != "step" or req.slot != m.slot:
+                continue
+            if req.after_step is not None and m.step < req.after_step:
                 continue
             self._armed.remove(req)
-            if req.action is InjectAction.KILL:
-                self._launcher.kill(m.agent_id)
+            self._fire(req, m)
+
+    def on_transfer(self, donor: Member, receivers: Sequence[Member]) -> None:
+        """A state transfer is about to start: fire the injections armed for it (one per transfer; with
+        `after_step`, only once the world has completed that step)."""
+        for req in list(self._armed):
+            if req.during != "transfer" or (req.after_step is not None and donor.completed < req.after_step):
                 continue
-            self._launcher.suspend(m.agent_id)
-            if req.action is InjectAction.PAUSE:  # a stall that ends: the rank resumes on its own
-                asyncio.get_running_loop().call_later(req.seconds, self._launcher.resume, m.agent_id)
+            if req.target is InjectTarget.DONOR:
+                m: Member | None = donor
+            elif req.target is InjectTarget.RECEIVER:
+                m = receivers[0] if receivers else None
+            else:
+                m = self._roster.at(req.slot)
+            if m is not None:
+                self._armed.remove(req)
+                self._fire(req, m)
+                return
+
+    def _fire(self, req: wire.Inject, m: Member) -> None:
+        if req.action is InjectAction.KILL:
+            self._launcher.kill(m.agent_id)
+            return
+        self._launcher.suspend(m.agent_id)
+        if req.action is InjectAction.PAUSE:  # a stall that ends: the rank resumes on its own
+            asyncio.get_running_loop().call_later(req.seconds, self._launcher.resume, m.agent_id)

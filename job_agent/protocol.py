@@ -3,7 +3,11 @@
 Frames are a 4-byte big-endian length and a JSON object, one of the models in `job_agent.wire`. A
 connection starts with a mutual HMAC-SHA256 challenge: each side proves it holds the job's secret without
 sending it, so a stray process, another job's rank or a port scanner is refused before it can send a
-command or read a byte of model state.
+command or read a byte of model state. Every frame after it carries an HMAC-SHA256 tag under a key of that
+connection (derived from the secret and both nonces) over its direction, its sequence number and its
+bytes: a frame altered, injected, replayed, reordered or taken from another connection fails its tag and
+ends the connection. The raw state stream of a transfer is covered by its digest, which travels in a
+tagged frame (`StateEnd`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import hmac
 import os
 import socket
 import struct
+import threading
+import weakref
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from job_agent import wire
@@ -28,12 +35,42 @@ class ProtocolError(Exception):
 
 
 class AuthError(ProtocolError):
-    """The peer does not hold the job's secret."""
+    """The peer does not hold the job's secret, or a frame failed its tag."""
+
+
+@dataclass
+class _Session:
+    """One authenticated connection's frame key and counters, one per direction."""
+
+    key: bytes
+    send_label: bytes
+    recv_label: bytes
+    sent: int = 0
+    received: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tag(self, label: bytes, seq: int, body: bytes) -> bytes:
+        return hmac.new(self.key, label + seq.to_bytes(8, "big") + body, hashlib.sha256).digest()
+
+
+# Sockets cannot carry attributes; the session of each authenticated one lives here, and goes with it.
+_sessions: weakref.WeakKeyDictionary[socket.socket, _Session] = weakref.WeakKeyDictionary()
 
 
 def send_frame(sock: socket.socket, frame: wire.Frame) -> None:
-    body = wire.encode(frame)
-    sock.sendall(_LEN.pack(len(body)) + body)
+    send_body(sock, wire.encode(frame))
+
+
+def send_body(sock: socket.socket, body: bytes) -> None:
+    """One frame's bytes, tagged once the connection is authenticated."""
+    session = _sessions.get(sock)
+    if session is None:  # before the handshake (or a test's bare socket): framing only
+        sock.sendall(_LEN.pack(len(body)) + body)
+        return
+    with session.lock:  # the tag's sequence number is the order on the wire
+        tag = session.tag(session.send_label, session.sent, body)
+        session.sent += 1
+        sock.sendall(_LEN.pack(len(body)) + body + tag)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -53,7 +90,15 @@ def recv_body(sock: socket.socket) -> bytes:
     (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
     if n > MAX_FRAME:
         raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
-    return recv_exact(sock, n)
+    body = recv_exact(sock, n)
+    session = _sessions.get(sock)
+    if session is not None:
+        tag = recv_exact(sock, _MAC_BYTES)
+        seq = session.received
+        session.received += 1
+        if not hmac.compare_digest(tag, session.tag(session.recv_label, seq, body)):
+            raise AuthError(f"frame {seq} failed its tag: altered, injected, replayed or out of order")
+    return body
 
 
 def recv_frame(sock: socket.socket) -> wire.Frame:
@@ -75,6 +120,7 @@ def authenticate_client(sock: socket.socket, secret: bytes) -> None:
     proof = recv_exact(sock, _MAC_BYTES)
     if not hmac.compare_digest(proof, _mac(secret, b"server", client_nonce, server_nonce)):
         raise AuthError("server failed to prove the job secret")
+    _sessions[sock] = _Session(_mac(secret, b"session", server_nonce, client_nonce), b"c2s", b"s2c")
 
 
 def authenticate_server(sock: socket.socket, secret: bytes) -> None:
@@ -86,6 +132,7 @@ def authenticate_server(sock: socket.socket, secret: bytes) -> None:
     if not hmac.compare_digest(mac, _mac(secret, b"client", server_nonce, client_nonce)):
         raise AuthError("peer does not hold the job secret")
     sock.sendall(_mac(secret, b"server", client_nonce, server_nonce))
+    _sessions[sock] = _Session(_mac(secret, b"session", server_nonce, client_nonce), b"s2c", b"c2s")
 
 
 def connect(host: str, port: int, secret: bytes, timeout: timedelta) -> socket.socket:

@@ -33,7 +33,7 @@ class SparePool(abc.ABC):
 
     @abc.abstractmethod
     def reserve(self, incident: str, n: int) -> list[Member]:
-        """Up to `n` ready spares, held for `incident` (those it already holds first)."""
+        """Up to `n` live spares, held for `incident` (those it already holds first)."""
 
     @abc.abstractmethod
     def release(self, incident: str) -> None:
@@ -79,7 +79,7 @@ class LocalSparePool(SparePool):
         return [m for m in self._roster.members.values() if m.reserved_for == incident]
 
     def reserve(self, incident: str, n: int) -> list[Member]:
-        held = self.held(incident)
+        held = [m for m in self.held(incident) if m.alive]  # one lost on the way is replaced
         for m in self.ready()[: max(0, n - len(held))]:
             m.reserved_for = incident
             held.append(m)

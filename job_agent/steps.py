@@ -9,71 +9,37 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
 
 from job_agent.detection import refutes
-from job_agent.incident import Incident, IncidentError, IncidentTracker
-from job_agent.members import Member, MemberState, Roster
-from job_agent.progress import StepTracker
-from job_agent.recovery import choose_donor, receivers
-from job_agent.spares import SparePool
-from job_agent.transfer import StateTransport
-from job_agent.waiting import Changes
-from job_agent.wire import Assign, Freeze, Role
+from job_agent.incident import Incident, IncidentError
+from job_agent.job_control import JobControl, Tick
+from job_agent.members import Member, MemberState
+from job_agent.recovery import choose_donor
+from job_agent.supply import Supplier, mismatch
+from job_agent.wire import Freeze
 from torchpass.classify import CATEGORY_OF
 from torchpass.errors import ErrorType
-from torchpass.models import Category, Disposition, Evidence, FailureKind
+from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind
 from torchpass.outcome import MigrationOutcome
-from torchpass.proof import resume_problems, transfer_problems
+from torchpass.proof import resume_problems
 from torchpass.steps import (
     ConfirmResult,
     FallbackResult,
     FreezeResult,
-    ReceiverProof,
     RejoinResult,
     ReserveResult,
-    TransferProof,
     TransferResult,
 )
 
-Tick = Callable[[int], None]
 FENCE_TIMEOUT = timedelta(seconds=10)
 # A failure reported by another source (or forged) names ranks the job still sees: they must show no
 # progress for this long before they are fenced (`detection.refutes`).
 REFUTE_WAIT = timedelta(seconds=5)
 
 
-class JobControl(Protocol):
-    """What the incident steps may see and do of a job (the coordinator implements it)."""
-
-    job_id: str
-    world_size: int
-    covered: bool
-    startup_timeout: timedelta
-    roster: Roster
-    spares: SparePool
-    transport: StateTransport
-    progress: StepTracker
-    incidents: IncidentTracker
-    changes: Changes
-
-    @property
-    def generation(self) -> int: ...
-    def fence(self, m: Member) -> None: ...
-    def regroup(self) -> int: ...
-    def restart_ranks(self, restore: str | None) -> None: ...
-    def latest_checkpoint(self) -> tuple[int, str | None]: ...
-    def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None: ...
-
-
 def _since(t0: float) -> float:
     return time.perf_counter() - t0
-
-
-def _mismatch(problems: list[str]) -> IncidentError:
-    return IncidentError(ErrorType.PROOF_MISMATCH, "proof does not hold: " + "; ".join(problems))
 
 
 class IncidentSteps:
@@ -89,7 +55,7 @@ class IncidentSteps:
         self.job = job
         self.freeze_timeout = freeze_timeout
         self.transfer_timeout = transfer_timeout
-        self.spare_wait = spare_wait
+        self.supplier = Supplier(job, transfer_timeout, spare_wait)
 
     def _is_current(self, incident_id: str) -> bool:
         """Whether `incident_id` (workflow id/run id) names the incident the job itself has open."""
@@ -137,6 +103,7 @@ class IncidentSteps:
         # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
         confirmed = bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence)
         detail = "; ".join(ev.detail for ev in inc.evidence)
+        inc.confirmed = frozenset(inc.lost)
         return self._result(confirmed, tuple(sorted(inc.lost)), tuple(fenced), detail, t0)
 
     def _result(
@@ -160,20 +127,8 @@ class IncidentSteps:
 
     async def reserve(self, incident_id: str) -> ReserveResult:
         t0 = time.perf_counter()
-        job, inc = self.job, self._incident(incident_id)
-        need = len(inc.lost)
-        # A spare still warming up (the pool refills after each migration) is worth a few seconds' wait:
-        # far cheaper than a checkpoint restart.
-        held = len(job.spares.held(inc.workflow_id))
-        with contextlib.suppress(TimeoutError):
-            await job.changes.wait_for(
-                lambda: held + len(job.spares.ready()) >= need or job.spares.warming() == 0,
-                self.spare_wait,
-                "a warm spare",
-            )
-        if held + len(job.spares.ready()) < need:
-            raise IncidentError(ErrorType.NO_SPARE, f"{need} spare(s) needed, {len(job.spares.ready())} warm")
-        spares = job.spares.reserve(inc.workflow_id, need)
+        inc = self._incident(incident_id)
+        spares = await self.supplier.hold_spares(inc, len(inc.lost))
         return ReserveResult(spare_ids=tuple(m.agent_id for m in spares), work_seconds=_since(t0))
 
     async def release(self, incident_id: str) -> None:
@@ -189,14 +144,23 @@ class IncidentSteps:
         leaving = [m for m in job.roster.ranks() if m.slot in inc.leaving and not m.fenced]
         for m in (*survivors, *leaving):
             m.send(Freeze())
-        await job.changes.wait_for(
-            lambda: all(m.state is MemberState.FROZEN or not m.alive for m in (*survivors, *leaving)),
-            self.freeze_timeout,
-            "ranks to freeze",
-        )
-        gone = [m.slot for m in survivors if not m.alive]
-        if gone:
-            raise IncidentError(ErrorType.FREEZE_FAILED, f"ranks {gone} were lost while freezing")
+        with contextlib.suppress(TimeoutError):
+            await job.changes.wait_for(
+                lambda: all(m.state is MemberState.FROZEN or not m.alive for m in (*survivors, *leaving)),
+                self.freeze_timeout,
+                "ranks to freeze",
+            )
+        # A survivor lost while freezing, or one that never froze (hung), is one more loss of this
+        # recovery: fenced, and its slot goes to a spare like the first one's.
+        for m in survivors:
+            if m.alive and m.state is not MemberState.FROZEN:
+                why = f"rank {m.slot} did not freeze within the freeze timeout"
+                self._lose(inc, m, FailureKind.HANG, why)
+            elif not m.alive:
+                inc.lost.add(m.slot)
+        survivors = [m for m in survivors if m.slot not in inc.lost]
+        if not survivors:
+            raise IncidentError(ErrorType.FREEZE_FAILED, "no rank survived the freeze to give its state")
         for m in leaving:  # a planned move: the leaving ranks froze with everyone else; now they go
             job.fence(m)
         await job.changes.wait_for(
@@ -216,63 +180,27 @@ class IncidentSteps:
 
     async def transfer(self, incident_id: str, tick: Tick) -> TransferResult:
         t0 = time.perf_counter()
-        job, inc = self.job, self._incident(incident_id)
+        inc = self._incident(incident_id)
         if inc.proof is not None:
             return TransferResult(proof=inc.proof, work_seconds=0.0)
-        if inc.frozen is None:
-            raise IncidentError(ErrorType.OUT_OF_ORDER, "transfer before freeze")
-        completed = dict(inc.frozen.completed_steps)
-        donor_slot, target = choose_donor(completed)
-        new = self._assign_spares(inc)
-        targets = [self._member(s) for s in receivers(completed, target, frozenset(new))]
-        donor = self._member(donor_slot)
-        moved = await job.transport.move(donor, targets, self.transfer_timeout, tick) if targets else None
-        survivors = {s: k for s, k in completed.items() if s not in {m.slot for m in targets}}
-        proof = TransferProof(
-            donor_slot=donor_slot,
-            donor_step=moved.served.step if moved else target,
-            receiver_slots=tuple(m.slot for m in targets),
-            donor_digest=moved.served.digest if moved else "",
-            receivers=tuple(
-                ReceiverProof(
-                    slot=s,
-                    stream_digest=r.stream_digest,
-                    installed_digest=r.installed_digest,
-                    installed_step=r.step,
-                    bytes=r.bytes,
-                    seconds=r.seconds,
-                )
-                for s, r in sorted((moved.received if moved else {}).items())
-            ),
-            receiver_digests={s: r.installed_digest for s, r in (moved.received if moved else {}).items()},
-            survivor_steps=survivors,
-            step_before=inc.frozen.step_before if inc.frozen.step_before is not None else target,
-            step_after=target,
-            bytes=moved.served.bytes if moved else 0,
-            seconds=moved.served.seconds if moved else 0.0,
-            stream_seconds=moved.served.stream_seconds if moved else None,
+        inc.proof = await self.supplier.supply(inc, tick)
+        return TransferResult(proof=inc.proof, work_seconds=_since(t0))
+
+    def _lose(self, inc: Incident, m: Member, kind: FailureKind, detail: str) -> None:
+        """`m` fails during the recovery: fenced, its slot lost, the evidence reported to the incident."""
+        self.job.fence(m)
+        inc.lost.add(m.slot)
+        self.job.add_evidence(
+            Evidence(
+                kind=kind,
+                source=EventSource.COORDINATOR,
+                job_id=self.job.job_id,
+                failure_domain=m.node,
+                slots=(m.slot,),
+                detail=detail,
+                observed_at=datetime.now(UTC),
+            )
         )
-        problems = transfer_problems(proof, target)
-        if problems:
-            raise _mismatch(problems)
-        inc.proof = proof
-        return TransferResult(proof=proof, work_seconds=_since(t0))
-
-    def _assign_spares(self, inc: Incident) -> dict[int, Member]:
-        """Give each lost slot one reserved spare: the newcomer takes the dead rank's exact place."""
-        held = sorted(self.job.spares.held(inc.workflow_id), key=lambda m: m.agent_id)
-        new = dict(zip(sorted(inc.lost), held, strict=True))
-        for slot, m in new.items():
-            if m.slot != slot:
-                m.slot, m.role = slot, Role.RANK
-                m.send(Assign(slot=slot))
-        return new
-
-    def _member(self, slot: int) -> Member:
-        m = self.job.roster.at(slot)
-        if m is None:
-            raise IncidentError(ErrorType.TRANSFER_FAILED, f"no live process holds slot {slot}")
-        return m
 
     async def rejoin(self, incident_id: str) -> RejoinResult:
         t0 = time.perf_counter()
@@ -282,12 +210,16 @@ class IncidentSteps:
         if inc.frozen is None:
             raise IncidentError(ErrorType.OUT_OF_ORDER, "rejoin before freeze")
         resume = inc.frozen.target_step + 1
+        reproof = None
+        if inc.proof is not None and any(self.job.roster.at(s) is None for s in range(self.job.world_size)):
+            # A rank was lost after the state moved: one more loss of this recovery, supplied like the rest.
+            inc.proof = reproof = await self.supplier.supply(inc, lambda n: None)
         generation, resumed_at = await self._regroup_and_resume(resume)
         step_before = inc.frozen.step_before if inc.frozen.step_before is not None else resume - 1
         resumed = dict(self.job.progress.resumed)
         problems = resume_problems(resumed, resume)
         if problems:
-            raise _mismatch(problems)
+            raise mismatch(problems)
         inc.rejoined = RejoinResult(
             generation=generation,
             resumed_step=resume,
@@ -295,6 +227,7 @@ class IncidentSteps:
             resumed_steps=resumed,
             step_before=step_before,
             steps_recomputed=self.job.progress.recomputed_after(step_before),
+            proof=reproof,
             work_seconds=_since(t0),
         )
         return inc.rejoined
@@ -310,8 +243,13 @@ class IncidentSteps:
             return m.state is MemberState.DONE or (m.state is MemberState.TRAINING and m.step >= resume)
 
         await job.changes.wait_for(
-            lambda: all(resumed(m) for m in ranks), self.transfer_timeout, "every rank to train again"
+            lambda: all(resumed(m) or not m.alive for m in ranks),
+            self.transfer_timeout,
+            "every rank to train again",
         )
+        lost = [m.slot for m in ranks if not m.alive]
+        if lost:
+            raise IncidentError(ErrorType.REJOIN_FAILED, f"ranks {lost} were lost while the group re-formed")
         return generation, datetime.fromtimestamp(max(m.step_wall for m in ranks), UTC)
 
     async def restart_from_checkpoint(self, incident_id: str, reason: str) -> FallbackResult:

@@ -55,6 +55,7 @@ class DirectTransport(StateTransport):
     def __init__(self, changes: Changes, host_of: Callable[[Member], str] = lambda m: "127.0.0.1") -> None:
         self._changes = changes
         self._host_of = host_of
+        self._transfers = 0  # numbers each transfer: an answer to an earlier one is never taken for it
 
     async def move(
         self,
@@ -63,45 +64,63 @@ class DirectTransport(StateTransport):
         timeout: timedelta,
         progress: Callable[[int], None],
     ) -> Moved:
+        self._transfers += 1
+        tid = self._transfers
         members = [donor, *receivers]
         for m in members:
             for key in _REPLIES:
                 m.replies.pop(key, None)
             m.bytes_moved = 0
-        donor.send(wire.Serve(receivers=len(receivers), timeout=timeout.total_seconds()))
+
+        def answer(m: Member, *keys: str) -> wire.Frame | None:
+            return next(
+                (f for k in keys if (f := m.replies.get(k)) is not None and getattr(f, "transfer", 0) == tid),
+                None,
+            )
+
+        donor.send(wire.Serve(receivers=len(receivers), timeout=timeout.total_seconds(), transfer=tid))
         await self._changes.wait_for(
-            lambda: bool({"serving", "transfer_failed"} & donor.replies.keys()) or not donor.alive,
+            lambda: answer(donor, "serving", "transfer_failed") is not None or not donor.alive,
             LISTEN_TIMEOUT,
             "the donor to listen",
         )
-        serving = donor.replies.get("serving")
+        serving = answer(donor, "serving")
         if not isinstance(serving, wire.Serving):
-            raise _failed(f"donor rank {donor.slot} did not serve: {self._why(donor)}")
+            raise _failed(f"donor rank {donor.slot} did not serve: {self._why(donor, tid)}")
         for r in receivers:
             r.send(
-                wire.Receive(host=self._host_of(donor), port=serving.port, timeout=timeout.total_seconds())
+                wire.Receive(
+                    host=self._host_of(donor),
+                    port=serving.port,
+                    timeout=timeout.total_seconds(),
+                    transfer=tid,
+                )
             )
 
         def finished() -> bool:
-            return all(
-                {"served", "received", "transfer_failed"} & m.replies.keys() or not m.alive for m in members
-            )
+            # Every side answered, or one was lost: then the transfer cannot complete, and the step
+            # re-plans at once rather than wait out the timeout (the donor stops serving at the next
+            # command).
+            ends = ("served", "received", "transfer_failed")
+            return all(answer(m, *ends) is not None for m in members) or not all(m.alive for m in members)
 
         await self._changes.wait_for(
             finished, timeout, "the state transfer", lambda: progress(donor.bytes_moved)
         )
         broken = [
-            f"{m.slot}: {self._why(m)}" for m in members if "transfer_failed" in m.replies or not m.alive
+            f"{m.slot}: {self._why(m, tid)}"
+            for m in members
+            if answer(m, "transfer_failed") is not None or not m.alive
         ]
-        served = donor.replies.get("served")
-        received = {r.slot: r.replies.get("received") for r in receivers}
+        served = answer(donor, "served")
+        received = {r.slot: answer(r, "received") for r in receivers}
         if broken or not isinstance(served, wire.Served):
             raise _failed(f"state transfer failed ({'; '.join(broken) or 'no answer'})")
         return Moved(served, {s: f for s, f in received.items() if isinstance(f, wire.Received)})
 
     @staticmethod
-    def _why(m: Member) -> str:
+    def _why(m: Member, tid: int) -> str:
         f = m.replies.get("transfer_failed")
-        if isinstance(f, wire.TransferFailed):
+        if isinstance(f, wire.TransferFailed) and f.transfer == tid:
             return f.error
         return "process lost" if not m.alive else "no answer"

@@ -24,6 +24,7 @@ from job_agent.state import Snapshot, StateMismatch, TrackedState, byte_view
 
 AUTH_TIMEOUT = timedelta(seconds=2)  # a receiver proves the secret in milliseconds
 MAX_STRAYS = 64
+_STOP_POLL = 0.1
 _SOCK_BUF = 8 * 2**20
 _CHUNK = 4 * 2**20
 
@@ -82,20 +83,36 @@ class StateServer:
         self.stream_seconds = 0.0  # bytes on the wire only: no snapshot, no waiting for the digest
         self.bytes_sent = 0
 
-    def serve(self, snap: Snapshot, receivers: int, timeout: timedelta, on_progress: Progress) -> str:
+    def serve(
+        self,
+        snap: Snapshot,
+        receivers: int,
+        timeout: timedelta,
+        on_progress: Progress,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> str:
         """Send `snap` to `receivers` authenticated peers within `timeout`; returns the donor's digest.
 
         A connection that fails or stalls before it proves the job's secret (a port scanner, a
         connect-then-close, garbage bytes, a silent peer) is dropped after at most `AUTH_TIMEOUT` and the
-        transfer goes on; more than `MAX_STRAYS` of them fail it."""
+        transfer goes on; more than `MAX_STRAYS` of them fail it. `stop()` is asked between connections
+        (at least every `_STOP_POLL` seconds): true, the serving is called off."""
         digest: str | None = None
         deadline = time.monotonic() + timeout.total_seconds()
         strays = 0
         try:
             served = 0
             while served < receivers:
-                self._listener.settimeout(max(0.001, deadline - time.monotonic()))
-                conn, _addr = self._listener.accept()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransferError(f"{receivers - served} receiver(s) never came")
+                if stop():
+                    raise TransferError("called off by the coordinator")
+                self._listener.settimeout(min(left, _STOP_POLL))
+                try:
+                    conn, _addr = self._listener.accept()
+                except TimeoutError:
+                    continue
                 with conn:
                     conn.settimeout(AUTH_TIMEOUT.total_seconds())
                     try:

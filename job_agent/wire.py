@@ -17,7 +17,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from torchpass.errors import ErrorType
 
@@ -120,6 +128,7 @@ class Serving(_Frame):
     t: Literal["serving"] = "serving"
     port: int = Field(gt=0, lt=65536)
     step: int = Field(ge=-1)
+    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
 
 
 class TransferProgress(_Frame):
@@ -134,6 +143,7 @@ class Served(_Frame):
     bytes: NonNegativeInt
     seconds: float = Field(ge=0)
     stream_seconds: float | None = Field(default=None, ge=0)
+    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
 
 
 class Received(_Frame):
@@ -145,11 +155,13 @@ class Received(_Frame):
     step: int = Field(ge=-1, description="the completed step it holds once installed")
     bytes: NonNegativeInt
     seconds: float = Field(ge=0)
+    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
 
 
 class TransferFailed(_Frame):
     t: Literal["transfer_failed"] = "transfer_failed"
     error: str = Field(max_length=_TEXT)
+    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
 
 
 # --- coordinator -> rank or spare ---------------------------------------------------------------------
@@ -183,6 +195,7 @@ class Serve(_Frame):
     t: Literal["serve"] = "serve"
     receivers: int = Field(gt=0)
     timeout: float = Field(gt=0, description="seconds")
+    transfer: NonNegativeInt = Field(default=0, description="numbers the transfer: answers carry it back")
 
 
 class Receive(_Frame):
@@ -190,6 +203,7 @@ class Receive(_Frame):
     host: str = Field(min_length=1, max_length=_ID)
     port: int = Field(gt=0, lt=65536)
     timeout: float = Field(gt=0, description="seconds")
+    transfer: NonNegativeInt = Field(default=0, description="numbers the transfer: answers carry it back")
 
 
 class Exit(_Frame):
@@ -207,12 +221,30 @@ class InjectAction(StrEnum):
     PAUSE = "pause"
 
 
+class InjectTarget(StrEnum):
+    RANK = "rank"  # the rank at `slot`
+    DONOR = "donor"  # with `during="transfer"`: the replica chosen to serve the state
+    RECEIVER = "receiver"  # with `during="transfer"`: the first process chosen to receive it
+
+
 class Inject(_Frame):
+    """A failure to inject: when the rank at `slot` reaches `after_step` (`during="step"`), or when the
+    next state transfer starts (`during="transfer"`: a second failure in the middle of a recovery), to
+    `target`."""
+
     t: Literal["inject"] = "inject"
     action: InjectAction
     slot: NonNegativeInt
     after_step: NonNegativeInt | None = None
     seconds: float = Field(default=5.0, gt=0, le=3600, description="how long a pause lasts")
+    during: Literal["step", "transfer"] = "step"
+    target: InjectTarget = InjectTarget.RANK
+
+    @model_validator(mode="after")
+    def _target_needs_a_transfer(self) -> Inject:
+        if self.target is not InjectTarget.RANK and self.during != "transfer":
+            raise ValueError(f"target {self.target.value!r} exists only during a transfer")
+        return self
 
 
 class Drain(_Frame):

@@ -120,6 +120,7 @@ def build_outcome(
         step_before = ending.rejoin.step_before
     else:
         step_before = ending.fallback.failed_at_step if ending.fallback is not None else None
+    lost_during = ending.proof.lost_during if ending.proof is not None else ()
     detect = PhaseTiming(phase=Phase.DETECT, seconds=max(0.0, (started_at - detected).total_seconds()))
     return MigrationOutcome(
         incident_id=incident_id,
@@ -131,7 +132,8 @@ def build_outcome(
         covered=confirm.covered if confirm else False,
         disposition=ending.disposition,
         success=ending.disposition is Disposition.MIGRATED and recomputed == 0,
-        lost_slots=confirm.lost_slots if confirm else (),
+        # What confirm found, and what the recovery lost on the way and re-planned around (the proof's).
+        lost_slots=tuple(sorted({*(confirm.lost_slots if confirm else ()), *lost_during})),
         steps_recomputed=recomputed,
         step_before=step_before,
         resumed_steps=dict(resumed.resumed_steps) if resumed is not None else {},

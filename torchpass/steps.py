@@ -92,6 +92,16 @@ class TransferProof(Model):
     survivor_steps: dict[int, int] = Field(
         default_factory=dict, description="slot -> completed step of each survivor that received nothing"
     )
+    donor_of: dict[int, int] = Field(
+        default_factory=dict, description="receiver slot -> the slot of the replica that served it"
+    )
+    replans: NonNegativeInt = Field(
+        default=0,
+        description="times the plan was re-made because a donor, receiver or other rank was lost on the way",
+    )
+    lost_during: tuple[NonNegativeInt, ...] = Field(
+        default=(), description="slots lost while the recovery ran (a donor, a receiver, another rank)"
+    )
 
 
 class TransferResult(Model):
@@ -109,6 +119,9 @@ class RejoinResult(Model):
     step_before: int | None = Field(default=None, description="see FreezeResult.step_before")
     steps_recomputed: NonNegativeInt = Field(
         default=0, description="completed steps the ranks run again, from their own step reports"
+    )
+    proof: TransferProof | None = Field(
+        default=None, description="the transfer's proof re-made: a rank was lost after the state moved"
     )
     work_seconds: float = 0.0
 

@@ -251,12 +251,15 @@ class MigrationWorkflow:
             transfer = await self._call(Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult)
             self._check(JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step))
             rejoin = await self._call(Phase.REJOIN, JobActivity.REJOIN, ref, RejoinResult)
+            # A rank lost after the state moved was supplied before the group re-formed: a new proof.
+            proof = rejoin.proof or transfer.proof
+            self._check(JobActivity.REJOIN, transfer_problems(proof, frozen.target_step))
             self._check(JobActivity.REJOIN, resume_problems(rejoin.resumed_steps, rejoin.resumed_step))
         except _Failed as e:
             # Compensation: the spare goes back to the pool, then the classic restart.
             await self._try(JobActivity.RELEASE_SPARE, ref)
             return classification, await self._fall_back(ref, str(e))
-        return classification, Ending(Disposition.MIGRATED, proof=transfer.proof, rejoin=rejoin)
+        return classification, Ending(Disposition.MIGRATED, proof=proof, rejoin=rejoin)
 
     def _check(self, name: str, problems: list[str]) -> None:
         """The job's answer must hold on its own figures before the migration counts as live."""

@@ -65,14 +65,22 @@ async def start_job(client: Client, job: JobSpec) -> asyncio.Task[JobResult]:
 
 
 async def run_with(
-    client: Client, job: JobSpec, injections: Sequence[tuple[str, int, int]] = (), timeout: float = 150
+    client: Client,
+    job: JobSpec,
+    injections: Sequence[tuple[str, int, int] | wire.Inject] = (),
+    timeout: float = 150,
 ) -> JobResult:
-    """Run a job to its end, injecting (action, rank, at_step) through its coordinator's control channel."""
+    """Run a job to its end, injecting (action, rank, at_step), or any `Inject`, through its coordinator's
+    control channel."""
     if not injections:
         return await asyncio.wait_for(run_job(job, client), timeout)
     task = await start_job(client, job)
-    for action, rank, step in injections:
-        inject = wire.Inject(action=wire.InjectAction(action), slot=rank, after_step=step)
+    for item in injections:
+        if isinstance(item, wire.Inject):
+            inject = item
+        else:
+            action, rank, step = item
+            inject = wire.Inject(action=wire.InjectAction(action), slot=rank, after_step=step)
         reply = await asyncio.to_thread(request, job.state_dir, job.job_id, inject)
         assert isinstance(reply, wire.Ok), reply
     return await asyncio.wait_for(task, timeout)

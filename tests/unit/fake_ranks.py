@@ -186,7 +186,7 @@ class FakeRank:
         body = lc.malformed.pop((self.slot, step), None)
         if body is not None:
             assert self._sock is not None
-            self._sock.sendall(len(body).to_bytes(4, "big") + body)
+            protocol.send_body(self._sock, body)  # well tagged: the peer holds the key, the body is bad
 
     def _all_reduce(self) -> bool:
         self._seq += 1
@@ -235,10 +235,10 @@ class FakeRank:
                 self._send(wire.Frozen(completed=self.completed, reason="freeze"))
             case wire.Assign(slot=slot):
                 self.slot = slot
-            case wire.Serve(receivers=n):
-                self._serve(n)
-            case wire.Receive(port=port):
-                self._receive(port)
+            case wire.Serve(receivers=n, transfer=tid):
+                self._serve(n, tid)
+            case wire.Receive(port=port, transfer=tid):
+                self._receive(port, tid)
             case wire.Regroup(generation=generation, world_size=world_size):
                 with self._l.lock:
                     self._leave()
@@ -253,21 +253,23 @@ class FakeRank:
                 raise _Gone
         return False
 
-    def _serve(self, receivers: int) -> None:
+    def _serve(self, receivers: int, tid: int) -> None:
         """Serve this rank's state on a made-up port: receivers read the step it holds from the launcher."""
         with self._l.lock:
             port = 40000 + len(self._l.offers)
             self._l.offers[port] = self.completed
-        self._send(wire.Serving(port=port, step=self.completed))
+        self._send(wire.Serving(port=port, step=self.completed, transfer=tid))
         self._send(wire.TransferProgress(bytes=STATE_BYTES * receivers))
         digest = digest_of(self.completed)
-        self._send(wire.Served(digest=digest, step=self.completed, bytes=STATE_BYTES, seconds=0.001))
+        self._send(
+            wire.Served(digest=digest, step=self.completed, bytes=STATE_BYTES, seconds=0.001, transfer=tid)
+        )
 
-    def _receive(self, port: int) -> None:
+    def _receive(self, port: int, tid: int) -> None:
         with self._l.lock:
             step = self._l.offers.get(port)
         if step is None:
-            self._send(wire.TransferFailed(error=f"nobody serves on port {port}"))
+            self._send(wire.TransferFailed(error=f"nobody serves on port {port}", transfer=tid))
             return
         self.completed = step
         stream = installed = digest_of(step)
@@ -275,7 +277,12 @@ class FakeRank:
             installed = ("0" if installed[0] != "0" else "1") + installed[1:]
         self._send(
             wire.Received(
-                stream_digest=stream, installed_digest=installed, step=step, bytes=STATE_BYTES, seconds=0.001
+                stream_digest=stream,
+                installed_digest=installed,
+                step=step,
+                bytes=STATE_BYTES,
+                seconds=0.001,
+                transfer=tid,
             )
         )
 

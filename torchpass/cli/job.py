@@ -37,8 +37,14 @@ def register(sub: Any) -> None:
         "action", choices=["kill", "hang", "pause"], help="pause: SIGSTOP, SIGCONT after --seconds"
     )
     i.add_argument("--job", required=True)
-    i.add_argument("--rank", type=int, required=True)
+    i.add_argument("--rank", type=int, default=None, help="the rank to hit (not with donor or receiver)")
     i.add_argument("--after-step", type=int, default=None, help="wait until the rank reaches this step")
+    i.add_argument(
+        "--during-transfer",
+        choices=["rank", "donor", "receiver"],
+        default=None,
+        help="fire when the next state transfer starts, at --rank, the donor or the first receiver",
+    )
     i.add_argument("--seconds", type=float, default=5.0, help="how long a pause lasts")
 
     d = sub.add_parser("drain", help="planned migration: move a healthy rank off its node (cordon/drain)")
@@ -62,12 +68,24 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
     from job_agent import wire
 
     if args.command == "inject":
+        target = args.during_transfer
+        if (args.rank is None) != (target in ("donor", "receiver")):
+            raise CliError("give --rank, or --during-transfer donor|receiver without it")
         inject = wire.Inject(
-            action=args.action, slot=args.rank, after_step=args.after_step, seconds=args.seconds
+            action=args.action,
+            slot=args.rank or 0,
+            after_step=args.after_step,
+            seconds=args.seconds,
+            during="transfer" if target else "step",
+            target=target or "rank",
         )
         _request(settings.state_dir, args.job, inject)
-        when = f" at step {args.after_step}" if args.after_step is not None else " now"
-        print(f"torchpass: {args.action} of rank {args.rank} in job {args.job} scheduled{when}")
+        who = f"the {target}" if target in ("donor", "receiver") else f"rank {args.rank}"
+        if target:
+            when = " when the next state transfer starts"
+        else:
+            when = f" at step {args.after_step}" if args.after_step is not None else " now"
+        print(f"torchpass: {args.action} of {who} in job {args.job} scheduled{when}")
         return 0
     kind = "cordon" if args.cordon else "drain"
     drain = wire.Drain(slot=args.rank, reason=args.reason, kind=kind)

@@ -1,0 +1,44 @@
+"""What the incident steps may see and do of a job: the coordinator implements it, the steps and the
+state supply act through it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Protocol
+
+from job_agent.incident import IncidentTracker
+from job_agent.members import Member, Roster
+from job_agent.progress import StepTracker
+from job_agent.spares import SparePool
+from job_agent.transfer import StateTransport
+from job_agent.waiting import Changes
+from torchpass.models import Evidence
+from torchpass.outcome import MigrationOutcome
+
+Tick = Callable[[int], None]
+
+
+class JobControl(Protocol):
+    """What the incident steps may see and do of a job (the coordinator implements it)."""
+
+    job_id: str
+    world_size: int
+    covered: bool
+    startup_timeout: timedelta
+    roster: Roster
+    spares: SparePool
+    transport: StateTransport
+    progress: StepTracker
+    incidents: IncidentTracker
+    changes: Changes
+
+    @property
+    def generation(self) -> int: ...
+    def fence(self, m: Member) -> None: ...
+    def regroup(self) -> int: ...
+    def restart_ranks(self, restore: str | None) -> None: ...
+    def latest_checkpoint(self) -> tuple[int, str | None]: ...
+    def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None: ...
+    def add_evidence(self, ev: Evidence) -> None: ...
+    def on_transfer(self, donor: Member, receivers: list[Member]) -> None: ...

@@ -1,0 +1,164 @@
+"""Supplying the state in a recovery: which replica serves, which spare takes each lost slot, and the
+plan re-made when a donor, a receiver or another rank is lost on the way (`IncidentSteps` calls it from
+`transfer_state`, and from `rejoin` for a rank lost after the state moved)."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+from job_agent import wire
+from job_agent.incident import Incident, IncidentError
+from job_agent.job_control import JobControl, Tick
+from job_agent.members import Member
+from job_agent.recovery import receivers
+from job_agent.wire import Assign, Role
+from torchpass.errors import ErrorType
+from torchpass.proof import transfer_problems
+from torchpass.steps import ReceiverProof, TransferProof
+
+# Transfers one recovery may start, each after a loss, before it gives up (each needs a spare or a donor).
+MAX_REPLANS = 4
+
+
+def mismatch(problems: list[str]) -> IncidentError:
+    return IncidentError(ErrorType.PROOF_MISMATCH, "proof does not hold: " + "; ".join(problems))
+
+
+class Supplier:
+    def __init__(self, job: JobControl, transfer_timeout: timedelta, spare_wait: timedelta) -> None:
+        self.job = job
+        self.transfer_timeout = transfer_timeout
+        self.spare_wait = spare_wait
+
+    async def hold_spares(self, inc: Incident, need: int) -> list[Member]:
+        """`need` live spares held for `inc` (those it holds first); NoSpareAvailable when there are not."""
+        job = self.job
+
+        def held() -> int:
+            return len([m for m in job.spares.held(inc.workflow_id) if m.alive])
+
+        # A spare still warming up (the pool refills after each migration) is worth a few seconds' wait:
+        # far cheaper than a checkpoint restart.
+        with contextlib.suppress(TimeoutError):
+            await job.changes.wait_for(
+                lambda: held() + len(job.spares.ready()) >= need or job.spares.warming() == 0,
+                self.spare_wait,
+                "a warm spare",
+            )
+        if held() + len(job.spares.ready()) < need:
+            raise IncidentError(ErrorType.NO_SPARE, f"{need} spare(s) needed, {len(job.spares.ready())} warm")
+        return [m for m in job.spares.reserve(inc.workflow_id, need) if m.alive]
+
+    async def supply(self, inc: Incident, tick: Tick) -> TransferProof:
+        """Every slot that needs the state gets it from a replica at the frozen step. A donor, receiver or
+        other rank lost on the way is one more loss of this recovery: the plan is re-made with the
+        replicas and spares left (another donor, the next spare), and what was installed stays. Called
+        again (by rejoin, for a rank lost after the state moved) it supplies only what is missing."""
+        job = self.job
+        if inc.frozen is None:
+            raise IncidentError(ErrorType.OUT_OF_ORDER, "transfer before freeze")
+        target, sup = inc.frozen.target_step, inc.supply
+        while True:
+            live = {
+                s: k for s, k in inc.frozen.completed_steps.items() if s not in inc.lost and job.roster.at(s)
+            }
+            donors = sorted(s for s, k in live.items() if k == target)
+            if not donors:
+                raise IncidentError(
+                    ErrorType.TRANSFER_FAILED, f"no healthy replica holding step {target} is left"
+                )
+            new = await self._assign_spares(inc)
+            need = [
+                s
+                for s in receivers(live, target, frozenset(new))
+                if s not in sup.got or sup.got[s][0] != self._member(s).agent_id
+            ]
+            if not need:
+                break
+            if sup.moves > MAX_REPLANS:
+                raise IncidentError(
+                    ErrorType.TRANSFER_FAILED, f"gave up after {sup.moves} transfers, each losing a process"
+                )
+            donor, targets = self._member(donors[0]), [self._member(s) for s in need]
+            sup.moves += 1  # a move after the first is the plan re-made around a loss
+            job.on_transfer(donor, targets)
+            try:
+                moved = await job.transport.move(donor, targets, self.transfer_timeout, tick)
+            except IncidentError:
+                lost = [m for m in (donor, *targets) if not m.alive]
+                if not lost:
+                    raise
+                for m in lost:
+                    inc.lost.add(m.slot)
+                for m in targets:  # whoever installed the state before the loss keeps it
+                    r = m.replies.get("received")
+                    if m.alive and isinstance(r, wire.Received):
+                        sup.got[m.slot] = (m.agent_id, r, donor.slot)
+                continue
+            sup.served.append((donor.slot, moved.served))
+            for m in targets:
+                sup.got[m.slot] = (m.agent_id, moved.received[m.slot], donor.slot)
+        proof = self._proof(inc, target, sup.got, sup.served, max(0, sup.moves - 1))
+        problems = transfer_problems(proof, target)
+        if problems:
+            raise mismatch(problems)
+        return proof
+
+    def _proof(
+        self,
+        inc: Incident,
+        target: int,
+        got: dict[int, tuple[str, wire.Received, int]],
+        served: list[tuple[int, wire.Served]],
+        replans: int,
+    ) -> TransferProof:
+        """What the ranks said of the transfer, as one proof (`torchpass.proof` checks it)."""
+        assert inc.frozen is not None
+        live = {s: k for s, k in inc.frozen.completed_steps.items() if s not in inc.lost}
+        donor_slot, last = served[-1] if served else (min(live), None)
+        return TransferProof(
+            donor_slot=donor_slot,
+            donor_step=last.step if last else target,
+            receiver_slots=tuple(sorted(got)),
+            donor_digest=last.digest if last else "",
+            receivers=tuple(
+                ReceiverProof(
+                    slot=s,
+                    stream_digest=r.stream_digest,
+                    installed_digest=r.installed_digest,
+                    installed_step=r.step,
+                    bytes=r.bytes,
+                    seconds=r.seconds,
+                )
+                for s, (_, r, _) in sorted(got.items())
+            ),
+            receiver_digests={s: r.installed_digest for s, (_, r, _) in got.items()},
+            survivor_steps={s: k for s, k in live.items() if s not in got},
+            step_before=inc.frozen.step_before if inc.frozen.step_before is not None else target,
+            step_after=target,
+            bytes=sum(x.bytes for _, x in served),
+            seconds=sum(x.seconds for _, x in served),
+            stream_seconds=sum(x.stream_seconds or 0.0 for _, x in served) if served else None,
+            donor_of={s: d for s, (_, _, d) in got.items()},
+            replans=replans,
+            lost_during=tuple(sorted(inc.lost - inc.confirmed)),
+        )
+
+    async def _assign_spares(self, inc: Incident) -> dict[int, Member]:
+        """Give each lost slot one live spare held for the incident: the newcomer takes the dead rank's
+        exact place. A slot whose spare was lost on the way gets the next one."""
+        held = await self.hold_spares(inc, len(inc.lost))
+        taken = {m.slot: m for m in held if m.role is Role.RANK and m.slot in inc.lost}
+        free = sorted((m for m in held if m.role is Role.SPARE), key=lambda m: m.agent_id)
+        for slot in sorted(inc.lost - taken.keys()):
+            m = taken[slot] = free.pop(0)
+            m.slot, m.role = slot, Role.RANK
+            m.send(Assign(slot=slot))
+        return taken
+
+    def _member(self, slot: int) -> Member:
+        m = self.job.roster.at(slot)
+        if m is None:
+            raise IncidentError(ErrorType.TRANSFER_FAILED, f"no live process holds slot {slot}")
+        return m
