@@ -36,6 +36,7 @@ from torchpass.errors import ErrorType
 from torchpass.job import JobResult, JobSpec, JobState
 from torchpass.models import Evidence
 from torchpass.outcome import MigrationOutcome
+from torchpass.signing import is_signed
 
 WATCH_EVERY = timedelta(seconds=0.1)
 SHUTDOWN_GRACE = timedelta(seconds=10)
@@ -193,6 +194,10 @@ class Coordinator:
 
     def on_transfer(self, donor: Member, receivers: list[Member]) -> None:
         self._injector.on_transfer(donor, receivers)
+
+    def signed(self, ev: Evidence) -> bool:
+        """Whether `ev` carries a signature under this job's secret (`torchpass.signing`)."""
+        return is_signed(self._secret, ev)
 
     # --- control channel -----------------------------------------------------------------------------
 

@@ -82,7 +82,13 @@ class IncidentSteps:
     async def confirm(self, incident_id: str, evidence: tuple[Evidence, ...]) -> ConfirmResult:
         t0 = time.perf_counter()
         if not self._is_current(incident_id):
-            # Not an incident the job detected itself: a claim, checked against the job's own view.
+            # Not an incident the job detected itself: a claim, checked against the job's own view. A
+            # planned move of healthy ranks cannot be checked that way: it must be signed.
+            unsigned = [ev for ev in evidence if _planned(ev) and not self.job.signed(ev)]
+            if unsigned:
+                slots = sorted({s for ev in unsigned for s in ev.slots})
+                why = f"refused by the job: a planned move of rank(s) {slots}, not signed with its secret"
+                return self._result(False, (), (), why, t0)
             refuted = await refutes(self.job.roster, self.job.changes, evidence, REFUTE_WAIT)
             if refuted is not None:
                 return self._result(False, (), (), refuted, t0)
@@ -305,6 +311,10 @@ def _redundancy(shards: dict[int, str], world_size: int) -> int:
         key = shards.get(slot, f"unreported-rank-{slot}")
         counts[key] = counts.get(key, 0) + 1
     return min(counts.values(), default=0)
+
+
+def _planned(ev: Evidence) -> bool:
+    return CATEGORY_OF[ev.kind] is Category.PLANNED
 
 
 def _planned_slots(inc: Incident) -> set[int]:

@@ -82,6 +82,12 @@ class Evidence(Model):
     exit_code: int | None = None
     xid: int | None = None
     scheduler: str | None = Field(default=None, description="'slurm' or 'kubernetes' where that matters")
+    signature: str | None = Field(
+        default=None,
+        max_length=64,
+        description="a planned migration sent through Temporal: HMAC-SHA256 under the job's secret "
+        "(torchpass.signing)",
+    )
 
 
 class ContractRef(Model):

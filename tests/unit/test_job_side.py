@@ -26,6 +26,7 @@ from torchpass.ids import incident_workflow_id
 from torchpass.job import JobResult, JobState
 from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind, FailureReport
 from torchpass.outcome import MigrationOutcome
+from torchpass.signing import sign
 
 
 @pytest.fixture(scope="session")
@@ -313,3 +314,38 @@ async def test_a_failure_claimed_of_a_healthy_rank_is_refuted_and_nothing_is_fen
     r = _assert_finished(job, incidents=1)
     assert r.generation == 0 and r.incidents[0].disposition is Disposition.NOT_A_FAILURE
     assert job.reports.empty()  # the job itself saw no failure
+
+
+async def test_a_planned_move_claimed_without_the_jobs_signature_is_refused(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """A drain of a healthy rank sent through Temporal (here forged, as any client could) cannot be refuted
+    by watching the rank, which is healthy by definition: without a signature under the job's secret it is
+    refused, recorded as not a failure, and nothing is frozen or fenced. The same claim signed is genuine."""
+    job = Job(tmp_path, allowance)
+    job.launcher.step_seconds = 0.05
+    async with job:
+        c = job.coordinator
+        await until(lambda: all(m.step >= 2 for m in c.roster.ranks()), "the ranks to train")
+        victim = c.roster.at(1)
+        assert victim is not None
+        ev = Evidence(
+            kind=FailureKind.NODE_DRAIN,
+            source=EventSource.KUBERNETES,
+            job_id=c.job_id,
+            failure_domain=victim.node,
+            slots=(1,),
+            observed_at=datetime.now(UTC),
+        )
+        assert c.signed(sign(c._secret, ev)) and not c.signed(ev)
+        assert not c.signed(sign(b"another job's secret", ev))
+        report = FailureReport(evidence=ev, job_task_queue="forged", generation=c.generation)
+        m = Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
+        outcome = await m.run()
+        assert m.confirmed is not None and not m.confirmed.confirmed and m.confirmed.fenced_slots == ()
+        assert "not signed with its secret" in m.confirmed.detail
+        assert outcome.disposition is Disposition.NOT_A_FAILURE
+        assert c.roster.at(1) is victim and not victim.fenced and job.launcher.poll(victim.agent_id) is None
+        await job.finished()
+    r = _assert_finished(job, incidents=1)
+    assert r.generation == 0
