@@ -1,19 +1,23 @@
-"""Chaos benchmark: one real job, N failures injected at random (seeded), one at a time, spaced in steps.
+"""Chaos benchmark: one real job, N failures injected at random (seeded), one at a time.
 
-Kills (SIGKILL), hangs (SIGSTOP), and kills with a second loss during their recovery (the donor, the spare receiving the state, or another rank killed when the state
-transfer starts) of random ranks of a 4-rank job with 3 warm spares, on the embedded Temporal dev server
-with the real control worker. Prints and records in docs/benchmarks.md: failures
-injected, incidents, live migrations, fallbacks, failures, steps recomputed (measured by the ranks), whether
-the final state is bitwise equal to the same run never failed, and the wall time. The CI-sized run (30) is
-`tests/integration/test_chaos.py`, which uses the same plan.
+Kills (SIGKILL), hangs (SIGSTOP), pauses (SIGSTOP past the hang timeout, SIGCONT after), planned drains of
+healthy ranks, and kills with a second loss during their recovery (the donor, the spare receiving the
+state, or another rank killed when the state transfer starts) of random ranks of a 4-rank job with 3 warm
+spares, on the embedded Temporal dev server with the real control worker. Each failure is armed once the
+job trains again with the previous one's incident on its record (`inject_each`), so every incident is one
+planned failure and a record lost or doubled shows. Prints and records in docs/benchmarks.md: failures
+injected, incidents, live migrations, fallbacks, failures, steps recomputed (measured by the ranks),
+whether the final state is bitwise equal to the same run never failed, and the wall time. The CI-sized run
+(30) is `tests/integration/test_chaos.py`, which uses the same plan.
 
-Run: `.venv/bin/python -m bench.chaos [N] [SEED]` (N=1000 is the issue's target; about 2.7 s a failure on
+Run: `.venv/bin/python -m bench.chaos [N] [SEED]` (N=1000 is the issue's target; about 2 s a failure on
 2 cores).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import sys
@@ -26,7 +30,8 @@ from pathlib import Path
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import request, running_jobs
+from job_agent.jobs import UnknownJob, request, running_jobs
+from job_agent.protocol import ProtocolError
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from workers.control import control_worker
@@ -45,15 +50,14 @@ Plan = list[tuple[str, int, int]]
 # process killed when that recovery's state transfer starts (the donor, the spare receiving, or another
 # rank): the recovery must re-plan around it. "pause": SIGSTOP past the hang timeout, SIGCONT after.
 # "drain": a planned migration of a healthy rank.
-# "pause" and "drain" are understood by `injects` but not yet drawn: in a mixed run a drain was carried
-# out some 30 steps after it was asked for, folded into the next kill's incident, and a pause in between
-# made no incident (5 of 30 records missing); open until that is understood and fixed.
 MIX = (
     ("kill", 3),
     ("hang", 1),
     ("kill+donor", 1),
     ("kill+receiver", 1),
     ("kill+rank", 1),
+    ("pause", 1),
+    ("drain", 1),
 )
 PAUSE_SECONDS = 4.0  # past the hang timeout (1.5 s): detected, fenced, migrated
 SECOND = {"kill+donor": "donor", "kill+receiver": "receiver", "kill+rank": "rank"}
@@ -68,35 +72,29 @@ def plan(failures: int, seed: int) -> Plan:
     return [(action, rng.randrange(WORLD), 10 + i * SPACING) for i, action in enumerate(actions)]
 
 
-def injects(injections: Plan) -> tuple[list[wire.Inject], list[tuple[int, int]]]:
-    """The frames to arm at once, and the (rank, step) drains to request when the job gets there."""
-    frames, drains = [], []
-    for action, rank, step in injections:
-        if action == "drain":
-            drains.append((rank, step))
-            continue
-        first = action.split("+")[0]
-        seconds = PAUSE_SECONDS if first == "pause" else 5.0
-        frames.append(
-            wire.Inject(action=wire.InjectAction(first), slot=rank, after_step=step, seconds=seconds)
-        )
-        if action in SECOND:
-            other = (rank + 1 + step % (WORLD - 1)) % WORLD  # never the first rank itself
-            target = wire.InjectTarget(SECOND[action])
-            frames.append(
-                wire.Inject(
-                    action=wire.InjectAction.KILL,
-                    slot=other,
-                    after_step=max(0, step - 1),  # the frozen world completed the step before
-                    during="transfer",
-                    target=target,
-                )
+def frames(action: str, rank: int, step: int) -> list[wire.Inject]:
+    """The injection frames of one failure (not a drain) armed to fire at `step`."""
+    first = action.partition("+")[0]
+    seconds = PAUSE_SECONDS if first == "pause" else 5.0
+    out = [wire.Inject(action=wire.InjectAction(first), slot=rank, after_step=step, seconds=seconds)]
+    if action in SECOND:
+        other = (rank + 1 + step % (WORLD - 1)) % WORLD  # never the first rank itself
+        out.append(
+            wire.Inject(
+                action=wire.InjectAction.KILL,
+                slot=other,
+                after_step=max(0, step - 1),  # the frozen world completed the step before
+                during="transfer",
+                target=wire.InjectTarget(SECOND[action]),
             )
-    return frames, drains
+        )
+    return out
 
 
 def steps_for(failures: int) -> int:
-    return 10 + failures * SPACING + 10
+    """The job's length: the plan's steps, and as many again for the steps the job trains between a failure
+    and the next one's arming (a drain's world trains while its spare warms)."""
+    return 10 + 2 * failures * SPACING + 10
 
 
 def spec(state_dir: Path, job_id: str, failures: int, spares: int) -> JobSpec:
@@ -114,36 +112,60 @@ def spec(state_dir: Path, job_id: str, failures: int, spares: int) -> JobSpec:
 
 
 async def run(client: Client, job: JobSpec, injections: Plan) -> JobResult:
+    """Run `job` with `injections` carried out one at a time (`inject_each`); its result."""
     task = asyncio.create_task(run_job(job, client))
     while not any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
         if task.done():
             return await task
         await asyncio.sleep(0.05)
-    frames, drains = injects(injections)
-    for inject in frames:
-        reply = await asyncio.to_thread(request, job.state_dir, job.job_id, inject)
-        assert isinstance(reply, wire.Ok), reply
-    if drains:
-        drainer = asyncio.create_task(drain_at(job, drains))
-        result = await task
-        drainer.cancel()
-        return result
-    return await task
+    driver = asyncio.create_task(inject_each(job, injections))
+    try:
+        return await task
+    finally:
+        driver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await driver
 
 
-async def drain_at(job: JobSpec, drains: list[tuple[int, int]]) -> None:
-    """Ask for each planned migration once the job's ranks have reached its step (and it is training
-    with nothing in progress, as an operator would)."""
-    for rank, step in drains:
-        while True:
-            status = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.StatusRequest())
-            assert isinstance(status, wire.Status), status
-            steps = [r.step for r in status.ranks]
-            if status.incident is None and len(steps) == WORLD and min(steps) >= step:
+async def inject_each(job: JobSpec, injections: Plan) -> None:
+    """Each failure is armed once the job trains again with every earlier one's incident recorded, at its
+    planned step or (when the job is past it) two steps on: two failures never share a recovery unless
+    the plan says so (the second losses). One that makes no incident stops the rest, and the run's
+    incident count shows it."""
+    for i, (action, rank, step) in enumerate(injections):
+        status = await _calm(job, recorded=i)
+        at = max(step, min(r.step for r in status.ranks) + 2)
+        if action == "drain":  # asked for as an operator would: once the rank is there, nothing in progress
+            while True:
+                await _calm(job, recorded=i, step=at)
                 reply = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.Drain(slot=rank))
                 if isinstance(reply, wire.Ok):
                     break
+            continue
+        for frame in frames(action, rank, at):
+            reply = await asyncio.to_thread(request, job.state_dir, job.job_id, frame)
+            assert isinstance(reply, wire.Ok), reply
+
+
+async def _calm(job: JobSpec, recorded: int, step: int = 0) -> wire.Status:
+    """The job's status once it trains with all its ranks, no incident in progress, at least `recorded`
+    incidents on its record and every rank at `step` or past it."""
+    while True:
+        try:
+            status = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.StatusRequest())
+        except (UnknownJob, OSError, ProtocolError):  # between two accepts; or the job just ended
             await asyncio.sleep(0.05)
+            continue
+        assert isinstance(status, wire.Status), status
+        if (
+            status.state == "training"
+            and status.incident is None
+            and status.incidents >= recorded
+            and len(status.ranks) == WORLD
+            and all(r.state == "training" and r.step >= step for r in status.ranks)
+        ):
+            return status
+        await asyncio.sleep(0.05)
 
 
 def summary(injections: Plan, reference: JobResult, result: JobResult, seconds: float) -> dict[str, object]:

@@ -182,10 +182,7 @@ class Coordinator:
     def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None:
         """The incident's workflow is done with the job; detection resumes, queued failures go next."""
 
-        def replaced(slots: tuple[int, ...]) -> bool:  # a queued loss already repaired (say by a restart)
-            return any((m := self.roster.at(s)) is not None and not m.fenced for s in slots)
-
-        if self.incidents.end(outcome, replaced, refuted):
+        if self.incidents.end(outcome, self.roster.repaired, refuted):
             with (self.spec.job_dir / "incidents.jsonl").open("a") as f:
                 f.write(outcome.model_dump_json() + "\n")
 
@@ -338,4 +335,5 @@ class Coordinator:
             ranks=ranks,
             spares=len(self.spares.ready()),
             incident=inc.workflow_id if inc else None,
+            incidents=len(self.incidents.outcomes),
         )

@@ -145,7 +145,7 @@ class IncidentTracker:
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def end(
-        self, outcome: MigrationOutcome, replaced: Callable[[tuple[int, ...]], bool], refuted: bool = False
+        self, outcome: MigrationOutcome, replaced: Callable[[Evidence], bool], refuted: bool = False
     ) -> bool:
         """The incident's workflow is done with the job; queued evidence not yet repaired goes next. A
         refuted claim (never this job's incident) is only recorded. Returns whether the outcome was new (a
@@ -158,7 +158,7 @@ class IncidentTracker:
         self.current = None
         queued, self.queued = self.queued, []
         for ev in queued:
-            if not replaced(ev.slots):
+            if not replaced(ev):
                 self.add(ev)
         return new
 

@@ -14,6 +14,8 @@ from enum import StrEnum
 from job_agent import wire
 from job_agent.channel import send
 from job_agent.wire import Role
+from torchpass.classify import CATEGORY_OF
+from torchpass.models import Category, Evidence
 
 
 class MemberState(StrEnum):
@@ -129,3 +131,13 @@ class Roster:
             m.layout = layout
             if m.slot >= 0:
                 self.shards[m.slot] = layout.shard
+
+    def repaired(self, ev: Evidence) -> bool:
+        """Whether the failure `ev` reports is already repaired (say by a restart) or the planned move it
+        asks for already made: every slot it names is held by a live process, off the drained node for a
+        planned one."""
+        planned = CATEGORY_OF[ev.kind] is Category.PLANNED
+        members = [self.at(s) for s in ev.slots]
+        return bool(members) and all(
+            m is not None and not m.fenced and not (planned and m.node == ev.failure_domain) for m in members
+        )

@@ -274,6 +274,7 @@ class Status(_Frame):
     ranks: tuple[RankStatus, ...]
     spares: NonNegativeInt
     incident: str | None = None
+    incidents: NonNegativeInt = Field(default=0, description="incidents recorded so far")
 
 
 class Ok(_Frame):

@@ -9,14 +9,18 @@ down still holds while referenced (its TCPStore's own), and its shutdown returne
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from job_agent import wire
 from job_agent.coordinator import SHUTDOWN_GRACE
 from job_agent.incident import IncidentError
+from job_agent.jobs import request
 from job_agent.spares import MAX_FAILED_STARTS
 from job_agent.wire import Role
 from tests.unit.fake_ranks import KILLED, digest_of
@@ -27,6 +31,7 @@ from torchpass.job import JobResult, JobState
 from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind, FailureReport
 from torchpass.outcome import MigrationOutcome
 from torchpass.signing import sign
+from torchpass.steps import TransferResult
 
 
 @pytest.fixture(scope="session")
@@ -349,3 +354,39 @@ async def test_a_planned_move_claimed_without_the_jobs_signature_is_refused(
         await job.finished()
     r = _assert_finished(job, incidents=1)
     assert r.generation == 0
+
+
+async def test_a_drain_asked_for_during_a_recovery_is_the_next_incident(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """The real coordinator against in-process fake ranks over the real protocol: an operator drains rank 0
+    while the recovery of rank 2 moves its state. The drain waits (it moves a healthy rank, not a loss of
+    this recovery) and, once the world trains again, is the next incident, migrated live: on the previous
+    main it was dropped when the recovery ended (its rank was alive, so taken as already repaired) and the
+    operator's request left no record."""
+    job = Job(tmp_path, allowance, nproc=4, spares=2)
+    job.launcher.fail_at(2, 5)
+    async with job:
+        transfer = job.steps.transfer
+
+        async def drain_then_transfer(incident_id: str, tick: Callable[[int], None]) -> TransferResult:
+            reply = await asyncio.to_thread(request, job.spec.state_dir, job.spec.job_id, wire.Drain(slot=0))
+            assert isinstance(reply, wire.Ok), reply
+            return await transfer(incident_id, tick)
+
+        job.steps.transfer = drain_then_transfer  # type: ignore[method-assign]
+        first = Migration(job, *await job.report())
+        assert (await first.run()).disposition is Disposition.MIGRATED
+        job.steps.transfer = transfer  # type: ignore[method-assign]
+        workflow_id, report = await job.report()
+        assert (report.evidence.kind, report.evidence.slots) == (FailureKind.NODE_DRAIN, (0,))
+        assert workflow_id != first.incident_id.split("/")[0]
+        second = Migration(job, workflow_id, report)
+        outcome = await second.run()
+        assert (outcome.disposition, outcome.lost_slots, outcome.steps_recomputed) == (
+            Disposition.MIGRATED,
+            (0,),
+            0,
+        )
+        await job.finished()
+    _assert_finished(job, incidents=2)
