@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from job_agent import wire
@@ -143,3 +143,32 @@ async def refutes(
         return None
     steps = ", ".join(f"{s}: step {ranks[s].step}" for s in sorted(named))
     return f"refuted by the job: rank(s) {sorted(named)} connected and progressing after it ({steps})"
+
+
+async def disowns(
+    job_id: str,
+    own: Sequence[Evidence],
+    lost: set[int],
+    claims: Sequence[Evidence],
+    signed: Callable[[Evidence], bool],
+    changes: Changes,
+    wait: timedelta,
+) -> str | None:
+    """Why a workflow run at the id of the job's own incident, started by somebody else with `claims`, is
+    not that incident (a squatter's): a claim of another job, a planned move not signed with the job's
+    secret, a claim naming no rank of a kind the job did not see, or ranks the job has not lost itself
+    within `wait` of the check (a genuine other source reporting the same failure names what the job
+    lost, or is about to: its ranks' exits may reach the job a moment later). None when the claims agree."""
+    for ev in claims:
+        if ev.job_id != job_id:
+            return f"it reports a failure of job {ev.job_id!r}"
+        if CATEGORY_OF[ev.kind] is Category.PLANNED and not signed(ev):
+            return f"it claims a planned move of rank(s) {list(ev.slots)} not signed with the job's secret"
+        if not ev.slots and all(o.kind is not ev.kind for o in own):
+            return f"it claims a {ev.kind.value} the job did not see"
+    named = {s for ev in claims for s in ev.slots}
+    try:
+        await changes.wait_for(lambda: named <= lost, wait, "the claimed ranks to be lost")
+    except TimeoutError:
+        return f"it claims rank(s) {sorted(named - lost)} failed, which the job has not lost"
+    return None

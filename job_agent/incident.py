@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -29,7 +30,13 @@ log = logging.getLogger("torchpass.coordinator")
 
 Reporter = Callable[[str, FailureReport], Awaitable[None]]
 REPORT_RETRY_FOR = timedelta(seconds=60)
+MAX_REKEYS = 3
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.2, 5.0
+
+
+class Squatted(Exception):
+    """A report reached a workflow at the incident's id that is not this job's incident (it runs the job's
+    activities on another task queue, or holds another job's reports): the incident needs a fresh id."""
 
 
 class IncidentError(TorchpassError):
@@ -66,6 +73,8 @@ class Incident:
     rejoined: RejoinResult | None = None
     fallback: FallbackResult | None = None
     completed: bool = False
+    generation: int = -1  # the world generation its reports carry (the first report's)
+    rekeyed: int = 0  # times it moved to a fresh id because a squatter held its own
 
     @property
     def recovering(self) -> bool:
@@ -110,24 +119,50 @@ class IncidentTracker:
             return None
         inc.evidence.append(ev)
         inc.lost.update(ev.slots)
+        self._report(inc, ev, self._generation())
+        return inc
+
+    def rekey(self, inc: Incident, why: str) -> str:
+        """The workflow at `inc`'s id is not this job's incident (a squatter holds it): the incident goes on
+        under a fresh id nobody can guess, and every report of it is delivered there again. Returns it."""
+        old = inc.workflow_id
+        base = old.rsplit(":", 1)[0] if old.rsplit(":", 1)[-1].startswith("x") else old
+        inc.workflow_id = f"{base}:x{secrets.token_hex(8)}"
+        inc.rekeyed += 1
+        log.warning("incident %s moves to %s: %s", old, inc.workflow_id, why)
+        for ev in inc.evidence:
+            self._report(inc, ev, inc.generation)
+        return inc.workflow_id
+
+    def _report(self, inc: Incident, ev: Evidence, generation: int) -> None:
+        if inc.generation < 0:
+            inc.generation = generation
         report = FailureReport(
             evidence=ev,
             job_task_queue=job_task_queue(self._job_id),
-            generation=self._generation(),
+            generation=generation,
             contract=self._contract,
         )
-        task = asyncio.ensure_future(self._deliver(inc.workflow_id, report))
+        task = asyncio.ensure_future(self._deliver(inc, inc.workflow_id, report))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return inc
 
-    async def _deliver(self, workflow_id: str, report: FailureReport) -> None:
+    async def _deliver(self, inc: Incident, workflow_id: str, report: FailureReport) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._retry_for.total_seconds()
         backoff = _FIRST_BACKOFF
         while True:
             try:
                 await self._reporter(workflow_id, report)
+                return
+            except Squatted as e:  # delivered to a workflow that is not this job's incident
+                if inc.workflow_id == workflow_id and inc.rekeyed < MAX_REKEYS:
+                    self.rekey(inc, str(e))
+                elif inc.workflow_id == workflow_id:
+                    self.undelivered += 1
+                    log.error(
+                        "incident %s squatted %d times; report NOT delivered: %s", workflow_id, MAX_REKEYS, e
+                    )
                 return
             except Exception as e:  # any failure to reach Temporal: retried, then logged, never raised
                 if loop.time() + backoff > deadline:

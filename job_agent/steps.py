@@ -11,7 +11,7 @@ import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 
-from job_agent.detection import refutes
+from job_agent.detection import disowns, refutes
 from job_agent.incident import Incident, IncidentError
 from job_agent.job_control import JobControl, Tick
 from job_agent.members import Member, MemberState
@@ -81,6 +81,18 @@ class IncidentSteps:
 
     async def confirm(self, incident_id: str, evidence: tuple[Evidence, ...]) -> ConfirmResult:
         t0 = time.perf_counter()
+        inc = self.job.incidents.current
+        if inc is not None and self._is_current(incident_id) and evidence and evidence[0] not in inc.evidence:
+            # A run at the id of the job's own incident that somebody else started: the same failure seen
+            # first by another source, or a squatter holding the id with a claim of its own.
+            claims = [ev for ev in evidence if ev not in inc.evidence]
+            job = self.job
+            why = await disowns(
+                job.job_id, inc.evidence, inc.lost, claims, job.signed, job.changes, REFUTE_WAIT
+            )
+            if why is not None:
+                moved = self.job.incidents.rekey(inc, f"run {incident_id} is not this job's incident: {why}")
+                return self._result(False, (), (), f"refused by the job: {why}; its incident is {moved}", t0)
         if not self._is_current(incident_id):
             # Not an incident the job detected itself: a claim, checked against the job's own view. A
             # planned move of healthy ranks cannot be checked that way: it must be signed.

@@ -77,6 +77,8 @@ class IncidentStatus(Model):
     phase: str
     evidence_count: NonNegativeInt
     disposition: Disposition | None = None
+    job_id: str = Field(default="", description="the job whose incident it is (its first report's)")
+    job_task_queue: str = Field(default="", description="where its job-side activities go")
 
 
 @dataclass(frozen=True)

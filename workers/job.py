@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
@@ -14,17 +16,22 @@ from temporalio.worker import Worker
 
 from activities.job import JobActivities
 from job_agent.coordinator import Coordinator
+from job_agent.incident import Squatted
 from job_agent.steps import IncidentSteps
 from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport
+from torchpass.outcome import IncidentStatus
+
+log = logging.getLogger("torchpass.coordinator")
+QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
     """Signal-with-start: the first report of a failure starts its incident, later ones fold into it."""
 
     async def report(workflow_id: str, rep: FailureReport) -> None:
-        await client.start_workflow(
+        handle = await client.start_workflow(
             "MigrationWorkflow",
             rep,
             id=workflow_id,
@@ -32,6 +39,20 @@ def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
             start_signal="report",
             start_signal_args=[rep],
         )
+        # The run that got it may be somebody else's, started at the id first: one that sends the job's
+        # activities elsewhere, or is another job's, would swallow the report. An answer that says so
+        # moves the incident (`Squatted`); no answer (the control worker is away) proves nothing.
+        try:
+            status = await handle.query("status", result_type=IncidentStatus, rpc_timeout=QUERY_TIMEOUT)
+        except Exception as e:
+            log.info("incident %s: no status answer to check it by (%s)", workflow_id, e)
+            return
+        job_id, queue = rep.evidence.job_id, rep.job_task_queue
+        if status.job_id and (status.job_id, status.job_task_queue) != (job_id, queue):
+            raise Squatted(
+                f"the run at {workflow_id} is an incident of job {status.job_id!r} with its activities on"
+                f" {status.job_task_queue!r}, not of job {job_id!r} on {queue!r}"
+            )
 
     return report
 

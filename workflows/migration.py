@@ -136,7 +136,11 @@ class MigrationWorkflow:
     @workflow.query
     def status(self) -> IncidentStatus:
         return IncidentStatus(
-            phase=self._phase.value, evidence_count=len(self._evidence), disposition=self._disposition
+            phase=self._phase.value,
+            evidence_count=len(self._evidence),
+            disposition=self._disposition,
+            job_id=self._job_id,
+            job_task_queue=self._queue,
         )
 
     @workflow.run

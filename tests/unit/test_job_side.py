@@ -390,3 +390,32 @@ async def test_a_drain_asked_for_during_a_recovery_is_the_next_incident(
         )
         await job.finished()
     _assert_finished(job, incidents=2)
+
+
+async def test_a_run_squatting_the_incidents_id_with_a_false_claim_is_refused_and_the_incident_moves(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """Rank 2 dies; the run at its incident's id was started by somebody else (a squatter, on the job's own
+    task queue) with a claim that rank 1 died too, which the job never sees. Confirm of that run refuses it
+    (recorded as not a failure, nothing fenced), and the incident moves to a fresh id where the job's own
+    report is delivered again and migrated live. On the previous main the squatter's run was taken as the
+    job's incident, its false claim on the record."""
+    job = Job(tmp_path, allowance, nproc=4)
+    job.launcher.fail_at(2, 5)
+    async with job:
+        workflow_id, report = await job.report()
+        claim = report.evidence.model_copy(update={"slots": (1,), "detail": "a squatter's claim"})
+        squatter = Migration(job, workflow_id, report.model_copy(update={"evidence": claim}))
+        squatter.evidence.append(report.evidence)  # the job's own report, folded into the squatter's run
+        refused = await squatter.run()
+        assert squatter.confirmed is not None and not squatter.confirmed.confirmed
+        assert "rank(s) [1] failed, which the job has not lost" in squatter.confirmed.detail
+        assert refused.disposition is Disposition.NOT_A_FAILURE and squatter.confirmed.fenced_slots == ()
+        moved, again = await job.report()
+        assert moved.startswith(workflow_id + ":x") and again.evidence == report.evidence
+        m = Migration(job, moved, again)
+        outcome = await m.run()
+        _assert_migrated_live(job, m, outcome, lost=2, target=4)
+        await job.finished()
+    r = _assert_finished(job, incidents=2)
+    assert [o.disposition for o in r.incidents] == [Disposition.NOT_A_FAILURE, Disposition.MIGRATED]
