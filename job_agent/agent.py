@@ -31,6 +31,7 @@ from job_agent import wire
 from job_agent.link import CoordinatorLink, exit_now
 from job_agent.settings import AgentSettings
 from job_agent.state import Stateful, TrackedState
+from job_agent.store import STORE_PREFIX, RendezvousStore
 from job_agent.transport import StateServer, TransferError, receive_state
 
 _EXIT_DEVICE_ERROR = 75
@@ -72,7 +73,7 @@ class RankAgent:
         self._coll_timeout = timedelta(seconds=s.collective_timeout)
         self._recovery_timeout = timedelta(seconds=s.recovery_timeout)
         host, port = s.store_addr
-        self._store = dist.TCPStore(host, port, is_master=False, timeout=self._recovery_timeout)
+        self._store = RendezvousStore(host, port, self._secret, self._recovery_timeout)
         hello = wire.Hello(agent_id=s.agent_id, role=wire.Role(s.role), slot=s.slot, pid=os.getpid())
         self._link = CoordinatorLink(
             *s.coordinator_addr, self._secret, hello, timedelta(seconds=s.heartbeat_interval)
@@ -283,7 +284,7 @@ class RankAgent:
         # A new store prefix per generation: reusing one makes init read stale keys.
         dist.init_process_group(
             backend,
-            store=dist.PrefixStore(f"gen{generation}", self._store),
+            store=dist.PrefixStore(f"{STORE_PREFIX}{generation}", self._store),
             rank=self.slot,
             world_size=world_size,
             timeout=self._coll_timeout,

@@ -17,8 +17,6 @@ import socket
 import time
 from datetime import timedelta
 
-import torch.distributed as dist
-
 from job_agent import wire
 from job_agent.channel import ControlServer, send
 from job_agent.detection import Detector, signal_name
@@ -29,6 +27,7 @@ from job_agent.launcher import Launcher, LocalLauncher, agent_env
 from job_agent.members import Member, MemberState, Roster
 from job_agent.progress import StepTracker
 from job_agent.spares import LocalSparePool, SparePool
+from job_agent.store import STORE_PREFIX, StoreServer
 from job_agent.transfer import DirectTransport, StateTransport
 from job_agent.waiting import Changes, JobFailed
 from job_agent.wire import Role
@@ -62,7 +61,7 @@ class Coordinator:
         self._done = asyncio.get_running_loop().create_future()
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self._store = StoreServer(self._secret)  # authenticated: torch's TCPStore serves anyone
         self._server = ControlServer(self._secret, asyncio.get_running_loop(), self._on_frame, self._on_close)
         self._address, self._store_address = f"127.0.0.1:{self._server.port}", f"127.0.0.1:{self._store.port}"
         self.roster = Roster()
@@ -105,6 +104,7 @@ class Coordinator:
     def regroup(self) -> int:
         """Form the next generation of the world with every current rank; returns its number."""
         self._generation += 1
+        self._store.drop_before(STORE_PREFIX, self._generation - 1)
         self.progress.begin_generation()
         for m in self.roster.ranks():
             m.state = MemberState.JOINING
@@ -129,6 +129,7 @@ class Coordinator:
         await asyncio.to_thread(self._launcher.shutdown, timedelta(seconds=5))
         self.incidents.cancel()
         self._server.close()
+        self._store.close()
         ranks = self.roster.ranks()
         digests = {m.digest for m in ranks if m.digest}
         result = JobResult(

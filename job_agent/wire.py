@@ -10,6 +10,8 @@ reads a frame as a dict, and a malformed or unknown frame never reaches a handle
 - operator (`torchpass inject|drain|status`) -> coordinator: Inject, Drain, StatusRequest; answered with
   Ok, Status or Error
 - donor <-> receiver (state transfer): StateHeader, StateEnd, StateAck
+
+The rendezvous store's requests and answers are in `job_agent.store`.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from job_agent import wire
 from job_agent.coordinator import SHUTDOWN_GRACE
@@ -419,3 +420,15 @@ async def test_a_run_squatting_the_incidents_id_with_a_false_claim_is_refused_an
         await job.finished()
     r = _assert_finished(job, incidents=2)
     assert [o.disposition for o in r.incidents] == [Disposition.NOT_A_FAILURE, Disposition.MIGRATED]
+
+
+async def test_the_coordinators_store_refuses_torchs_own_client(tmp_path: Path, allowance: Counts) -> None:
+    """The coordinator's store, as a rank of another host would reach it: torch's TCPStore client (what
+    anyone could use against the previous main's store to read, write and delete the group's keys) gets
+    nothing."""
+    async with Job(tmp_path, allowance) as job:
+        host, _, port = job.coordinator._store_address.rpartition(":")
+        with pytest.raises((dist.DistStoreError, RuntimeError)):
+            intruder = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=1))
+            intruder.set("gen0/0", "an attacker's address")
+        await job.finished()
