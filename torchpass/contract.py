@@ -26,6 +26,7 @@ from torchpass.contract_models import (
     COUNTED,
     ContractPurpose,
     ContractRuleError,
+    DayRollup,
     EntryStatus,
     Evaluation,
     EvaluationContext,
@@ -104,18 +105,20 @@ def validation_status(report: ValidationReport, purpose: ContractPurpose) -> Ent
     return EntryStatus.VALIDATION_FAILED
 
 
-def tally(entries: Iterable[LedgerEntry], start: date, end: date) -> Tally:
-    """Count the entries detected in ``[start, end)``; the order of the entries never matters."""
+def tally(entries: Iterable[LedgerEntry | DayRollup], start: date, end: date) -> Tally:
+    """Count the entries detected in ``[start, end)``, a day's roll-up as its count; the order of the
+    entries never matters."""
     lo, hi = day_start(start), day_start(end)
     t = Tally()
     for e in entries:
-        if not lo <= e.detected_at < hi:
+        at, n = (day_start(e.day), e.entries) if isinstance(e, DayRollup) else (e.detected_at, 1)
+        if not lo <= at < hi:
             continue
         if e.status in COUNTED:
-            t.qualifying += 1
-            t.successful += e.status is EntryStatus.SUCCESS
+            t.qualifying += n
+            t.successful += n if e.status is EntryStatus.SUCCESS else 0
         else:
-            t.excluded[e.status] += 1
+            t.excluded[e.status] += n
     return t
 
 
@@ -161,7 +164,7 @@ def _unpaid_note(unpaid: Tally, since: date) -> str:
     )
 
 
-def evaluate(ctx: EvaluationContext, entries: Iterable[LedgerEntry]) -> Evaluation:
+def evaluate(ctx: EvaluationContext, entries: Iterable[LedgerEntry | DayRollup]) -> Evaluation:
     """One evaluation: the tally of its window and, when due, the one credit notice of its period.
 
     The rate shown is the full trailing window's. A credit needs that rate below 90% *and* the outcomes

@@ -125,6 +125,18 @@ class LedgerEntry(NamedTuple):
     recovery_seconds: float | None = None
 
 
+class DayRollup(NamedTuple):
+    """The ledger entries of one UTC day with one status, once the ledger passed its budget
+    (`torchpass.contract_book.LEDGER_BUDGET`): as many as any window counts of them, no longer who they
+    were. Windows begin and end on day boundaries, so every tally over roll-ups is exact."""
+
+    day: date
+    status: EntryStatus
+    entries: int
+    late: int = 0
+    duplicates: int = 0
+
+
 class RejectedClaim(Model):
     """An outcome or a validation the contract refused because its workflow does not bear it out."""
 
@@ -265,6 +277,14 @@ class ContractState(Model):
     )
     jobs: tuple[JobCoverage, ...] = ()
     ledger: tuple[LedgerEntry, ...] = ()
+    rollups: tuple[DayRollup, ...] = Field(
+        default=(),
+        description="the oldest entries as counts per day and status, once the ledger grew past its budget",
+    )
+    rolled_through: date | None = Field(
+        default=None,
+        description="the last day rolled up: an outcome detected then or before is too late to count",
+    )
     evaluations: tuple[Evaluation, ...] = ()
     pending_credits: tuple[CreditNotice, ...] = ()
     deliveries: tuple[CreditDelivery, ...] = ()
@@ -330,6 +350,10 @@ class LedgerPage(Model):
     total: NonNegativeInt
     next_offset: NonNegativeInt | None
     pruned: NonNegativeInt
+    rolled_up: tuple[DayRollup, ...] = Field(
+        default=(),
+        description="the oldest entries, counted per day and status (the ledger passed its budget)",
+    )
     rejected: tuple[RejectedClaim, ...] = Field(
         default=(), description="the latest claims refused as unverifiable, with why: never counted"
     )

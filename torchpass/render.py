@@ -136,6 +136,13 @@ def format_ledger(page: LedgerPage) -> str:
             lines.append(f"{'':<20} {r.reason}")
     more = f", next page: --offset {page.next_offset}" if page.next_offset is not None else ""
     lines.append(f"{len(page.rows)} of {page.total} entries ({page.pruned} pruned as too old){more}")
+    if page.rolled_up:
+        days = sorted({r.day for r in page.rolled_up})
+        n = sum(r.entries for r in page.rolled_up)
+        lines.append(
+            f"rolled up to counts per day (the ledger passed its budget): {n} earlier entries,"
+            f" {days[0]} to {days[-1]}"
+        )
     if page.rejected:
         lines.append(f"refused, never counted (the latest {len(page.rejected)}):")
         lines += [f"  {r.at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.claim}: {r.reason}" for r in page.rejected]

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from torchpass import contract_book
 from torchpass.contract import (
     add_months,
     credit_due,
@@ -777,3 +778,51 @@ def test_status_is_excluded_unless_covered_qualifying_and_a_real_failure(raw: li
 
 def test_every_evaluation_instant_is_midnight_utc() -> None:
     assert day_start(START) == datetime(2026, 1, 15, tzinfo=UTC)
+
+
+def _busy_year(book: ContractBook, per_day: int, days: int, long_ids: bool = False) -> None:
+    """`per_day` outcomes a day for `days` days from T0, one in ten failed; ids as long as allowed."""
+    pad = "x" * (1000 if long_ids else 0)
+    for d in range(days):
+        for i in range(per_day):
+            n = d * per_day + i
+            o = outcome(n, T0 + timedelta(days=d, minutes=i), success=n % 10 != 0)
+            book.record_outcome(o.model_copy(update={"incident_id": f"torchpass-incident:{pad}{n}/run"}))
+
+
+def test_past_its_budget_the_ledger_rolls_old_days_up_and_every_window_counts_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The carried ledger must fit one continue-as-new payload: past its budget the oldest days become counts
+    per day and status. Every tally (standing, evaluation) is what the whole ledger would give, also after
+    the state travels; an outcome of a rolled-up day is refused (who was counted is no longer known)."""
+    whole = covered_book()
+    _busy_year(whole, per_day=12, days=40)
+    monkeypatch.setattr(contract_book, "LEDGER_BUDGET", 100)
+    rolled = covered_book()
+    _busy_year(rolled, per_day=12, days=40)
+    assert len(rolled.entries) <= 100 and rolled.rollups and rolled.rolled_through is not None
+    assert sum(r.entries for r in rolled.rollups.values()) + len(rolled.entries) == 480
+    now = T0 + timedelta(days=41)
+    assert rolled.standing(now).model_dump() == whole.standing(now).model_dump()
+    carried = ContractBook(
+        rolled.terms, ContractState.model_validate_json(rolled.to_state().model_dump_json())
+    )
+    assert carried.standing(now).model_dump() == whole.standing(now).model_dump()
+    assert carried.rolled_through == rolled.rolled_through
+    late = outcome(9999, T0 + timedelta(days=1), success=False)
+    assert not carried.record_checked(late, "torchpass-incident:late")
+    assert "rolled up to counts" in carried.checks.rejected[-1].reason
+    counted = carried.standing(now).model_dump(exclude={"rejected_claims"})
+    assert counted == whole.standing(now).model_dump(exclude={"rejected_claims"})  # nothing counted
+
+
+def test_a_years_ledger_of_the_longest_ids_fits_one_payload() -> None:
+    """30 failures a day for a year, each incident id 1,000 characters: without roll-ups the state is
+    ~40 MB (Temporal refuses a payload over 2 MB and the contract would be stuck); with them it stays
+    under the budget."""
+    book = covered_book()
+    _busy_year(book, per_day=30, days=365, long_ids=True)
+    size = len(book.to_state().model_dump_json())
+    assert size < 2_000_000, size
+    assert sum(r.entries for r in book.rollups.values()) + len(book.entries) == 30 * 365
