@@ -33,11 +33,15 @@ class ActivityTimeouts:
     start_to_close: timedelta
     schedule_to_close: timedelta
     heartbeat: timedelta | None = None
+    schedule_to_start: timedelta | None = None
 
 
-def _t(start: float, total: float, heartbeat: float | None = None) -> ActivityTimeouts:
+def _t(
+    start: float, total: float, heartbeat: float | None = None, pickup: float | None = None
+) -> ActivityTimeouts:
     hb = timedelta(seconds=heartbeat) if heartbeat is not None else None
-    return ActivityTimeouts(timedelta(seconds=start), timedelta(seconds=total), hb)
+    to_start = timedelta(seconds=pickup) if pickup is not None else None
+    return ActivityTimeouts(timedelta(seconds=start), timedelta(seconds=total), hb, to_start)
 
 
 # --- an incident: seconds matter, so retry fast (0.2 s) and few times, then fall back rather than wait ---
@@ -53,16 +57,21 @@ MIGRATION_RETRY = Retry(
 # Every job-side step heartbeats each second (activities/job.py): a job worker or a server lost mid-step
 # is noticed after HEARTBEAT seconds and the step retried, instead of at its whole start-to-close.
 HEARTBEAT = 5.0
+# A job's steps run in its coordinator, which takes a task within milliseconds: one nobody takes for this
+# long means the coordinator is gone (killed, Ctrl-C), and the incident ends on the record within a minute
+# or so instead of waiting out every step's schedule-to-close (19 minutes once). Not retried: no retry can
+# bring a dead coordinator back.
+JOB_PICKUP = 20.0
 ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
-    JobActivity.CONFIRM_FAILURE: _t(15, 60, HEARTBEAT),
+    JobActivity.CONFIRM_FAILURE: _t(15, 60, HEARTBEAT, JOB_PICKUP),
     ControlActivity.CLASSIFY_FAILURE: _t(10, 60),
-    JobActivity.RESERVE_SPARE: _t(90, 200, HEARTBEAT),  # may wait for a spare that is still warming up
-    JobActivity.RELEASE_SPARE: _t(15, 60, HEARTBEAT),
-    JobActivity.FREEZE_RANKS: _t(45, 150, HEARTBEAT),
-    JobActivity.TRANSFER_STATE: _t(150, 500, HEARTBEAT),  # streams state, heartbeats bytes sent
-    JobActivity.REJOIN: _t(150, 500, HEARTBEAT),
-    JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900, HEARTBEAT),
-    JobActivity.COMPLETE_INCIDENT: _t(15, 60, HEARTBEAT),
+    JobActivity.RESERVE_SPARE: _t(90, 200, HEARTBEAT, JOB_PICKUP),  # may wait for a spare still warming up
+    JobActivity.RELEASE_SPARE: _t(15, 60, HEARTBEAT, JOB_PICKUP),
+    JobActivity.FREEZE_RANKS: _t(45, 150, HEARTBEAT, JOB_PICKUP),
+    JobActivity.TRANSFER_STATE: _t(150, 500, HEARTBEAT, JOB_PICKUP),  # streams state, heartbeats bytes sent
+    JobActivity.REJOIN: _t(150, 500, HEARTBEAT, JOB_PICKUP),
+    JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900, HEARTBEAT, JOB_PICKUP),
+    JobActivity.COMPLETE_INCIDENT: _t(15, 60, HEARTBEAT, JOB_PICKUP),
     JobActivity.DESCRIBE_JOB: _t(10, 20),  # validation: a job that does not answer soon is not covered
 }
 

@@ -324,6 +324,7 @@ class MigrationWorkflow:
                 result_type=result_type,
                 start_to_close_timeout=t.start_to_close,
                 schedule_to_close_timeout=t.schedule_to_close,
+                schedule_to_start_timeout=t.schedule_to_start,
                 heartbeat_timeout=t.heartbeat,
                 retry_policy=RETRY_POLICY,
             )
@@ -349,6 +350,7 @@ class MigrationWorkflow:
                 task_queue=self._queue,
                 start_to_close_timeout=t.start_to_close,
                 schedule_to_close_timeout=t.schedule_to_close,
+                schedule_to_start_timeout=t.schedule_to_start,
                 retry_policy=RETRY_POLICY,
             )
         except ActivityError as e:

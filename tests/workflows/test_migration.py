@@ -10,10 +10,12 @@ test.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections import Counter
 from datetime import timedelta
 
+import pytest
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
@@ -30,10 +32,10 @@ from tests.workflows.fake_job import (
 from torchpass.contract_models import ContractTerms
 from torchpass.credit import Money
 from torchpass.errors import ErrorType
-from torchpass.ids import SA_JOB_ID, SA_KIND, SA_OUTCOME, SA_QUALIFYING, JobActivity
+from torchpass.ids import CONTROL_TASK_QUEUE, SA_JOB_ID, SA_KIND, SA_OUTCOME, SA_QUALIFYING, JobActivity
 from torchpass.models import Category, ContractRef, Disposition, FailureKind, Phase
 from torchpass.outcome import MigrationOutcome
-from torchpass.policies import MIGRATION_RETRY
+from torchpass.policies import ACTIVITY_TIMEOUTS, JOB_PICKUP, MIGRATION_RETRY
 from workers import contract_client as cc
 from workflows.migration import MigrationWorkflow
 
@@ -176,6 +178,8 @@ async def test_every_step_is_bounded_in_time_and_retries(env: WorkflowEnvironmen
         assert ErrorType.NO_SPARE in a.retry_policy.non_retryable_error_types
         if a.activity_type.name == JobActivity.TRANSFER_STATE:
             assert a.heartbeat_timeout.ToSeconds() > 0
+        if a.task_queue.name != CONTROL_TASK_QUEUE:  # a job step: a gone coordinator shows in seconds
+            assert a.schedule_to_start_timeout.ToSeconds() == JOB_PICKUP, a.activity_type.name
     assert outcome.disposition == Disposition.FALLBACK_RESTART
 
 
@@ -240,3 +244,28 @@ async def test_a_contract_that_is_not_running_is_an_error_the_outcome_keeps(
         outcome = await _contract_incident(env, name, ref, f"job-{uuid.uuid4().hex[:8]}")
     assert outcome.success and outcome.disposition == Disposition.MIGRATED
     assert outcome.error and "not recorded on contract never-created" in outcome.error
+
+
+async def test_an_incident_whose_job_is_gone_ends_on_the_record_within_a_minute(
+    env: WorkflowEnvironment, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator killed (Ctrl-C, SIGKILL) with its incident open: nobody serves the job's task queue.
+    Each job step nobody takes ends after JOB_PICKUP (never retried), so the incident ends failed, with
+    why, within about a minute; on the previous main it stayed RUNNING for every step's schedule-to-close
+    (19 minutes once). The time-skipping server does not skip an outstanding activity's time, so the test
+    takes the pickup bound as 2 s."""
+    pickup = timedelta(seconds=2)
+    for step, t in list(ACTIVITY_TIMEOUTS.items()):
+        if t.schedule_to_start is not None:
+            monkeypatch.setitem(ACTIVITY_TIMEOUTS, step, dataclasses.replace(t, schedule_to_start=pickup))
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    async with control_worker(env):
+        handle = await signal_with_start(env, report(job_id))  # and no worker on the job's queue
+        outcome: MigrationOutcome = await asyncio.wait_for(handle.result(), 60)
+        described = await handle.describe()
+    assert outcome.disposition is Disposition.FAILED and not outcome.success
+    assert outcome.error and "confirm_failure failed" in outcome.error
+    assert described.close_time and described.start_time
+    took = described.close_time - described.start_time
+    assert took < 4 * pickup, took  # confirm, the restart, the record: one pickup each
+    assert JOB_PICKUP <= 30  # and in production a minute and a half at most
