@@ -19,6 +19,8 @@ import contextlib
 import gc
 import os
 import queue
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -61,6 +63,10 @@ class RankAgent:
 
     def __init__(self, settings: AgentSettings | None = None) -> None:
         self.settings = s = settings or AgentSettings.model_validate({})
+        if threading.current_thread() is threading.main_thread():
+            # A terminal's Ctrl-C reaches every process of its group: the coordinator stops the job in
+            # order (it tells each rank to exit); a rank that died of it would be a failure to migrate.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(s.threads)
         self.slot = s.slot
         self.world_size = s.world_size

@@ -11,10 +11,13 @@ reports become incident workflows). The recovery steps (`steps.IncidentSteps`) a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import shutil
+import signal
 import socket
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from job_agent import wire
@@ -80,6 +83,10 @@ class Coordinator:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def run(self) -> JobResult:
+        with _stopped_by_signals(self._fail):
+            return await self._run()
+
+    async def _run(self) -> JobResult:
         register_job(self.spec.job_dir, self._secret, self._address, self.world_size)
         for slot in range(self.world_size):
             self.spawn(Role.RANK, slot)
@@ -227,7 +234,7 @@ class Coordinator:
                 self.add_evidence(ev)
             return reply
         if isinstance(frame, wire.StatusRequest):
-            return self.status()
+            return job_status(self)
         return wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"unexpected request {frame.t!r}")
 
     def _on_member_frame(self, m: Member, frame: wire.Frame, ts: float) -> None:
@@ -322,19 +329,49 @@ class Coordinator:
         if len(ranks) == self.world_size and all(m.state is MemberState.DONE for m in ranks):
             self._fail(None, JobState.FINISHED)
 
-    def status(self) -> wire.Status:
-        inc = self.incidents.current
-        ranks = tuple(
-            wire.RankStatus(slot=m.slot, agent=m.agent_id, state=m.state.value, step=m.step)
-            for m in self.roster.ranks()
-        )
-        return wire.Status(
-            job_id=self.job_id,
-            state=self.state.value,
-            generation=self._generation,
-            world_size=self.world_size,
-            ranks=ranks,
-            spares=len(self.spares.ready()),
-            incident=inc.workflow_id if inc else None,
-            incidents=len(self.incidents.outcomes),
-        )
+
+def job_status(c: Coordinator) -> wire.Status:
+    """The job's state, its ranks' steps, its warm spares and its incidents (`torchpass status`)."""
+    inc = c.incidents.current
+    ranks = tuple(
+        wire.RankStatus(slot=m.slot, agent=m.agent_id, state=m.state.value, step=m.step)
+        for m in c.roster.ranks()
+    )
+    return wire.Status(
+        job_id=c.job_id,
+        state=c.state.value,
+        generation=c.generation,
+        world_size=c.world_size,
+        ranks=ranks,
+        spares=len(c.spares.ready()),
+        incident=inc.workflow_id if inc else None,
+        incidents=len(c.incidents.outcomes),
+    )
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: Callable[[str], None]) -> Iterator[None]:
+    """Ctrl-C or SIGTERM (a scheduler ending the job) stop the job the orderly way: its ranks are told to
+    exit, its result and incidents are written and its secret removed. A second one is the default (an
+    impatient Ctrl-C still ends the process; the ranks die with it). Off the main thread, nothing."""
+    loop = asyncio.get_running_loop()
+    caught: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        loop.remove_signal_handler(sig)
+        caught.append(sig)
+        stop(f"stopped by {sig.name} (the job did not finish; its state so far is recorded)")
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not Unix
+            continue
+        installed.append(sig)
+    try:
+        yield
+    finally:
+        for sig in installed:
+            if sig not in caught:
+                loop.remove_signal_handler(sig)

@@ -6,7 +6,7 @@ travels across continue-as-new as one `ContractState`.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from torchpass.contract import (
     CREDIT_SHARE,
@@ -31,7 +31,6 @@ from torchpass.contract_models import (
     ContractState,
     ContractTerms,
     CoverageChange,
-    DayRollup,
     EntryStatus,
     Evaluation,
     EvaluationContext,
@@ -48,16 +47,10 @@ from torchpass.contract_models import (
 )
 from torchpass.credit import CreditDelivery
 from torchpass.errors import ErrorType
+from torchpass.ledger import Ledger
 from torchpass.outcome import MigrationOutcome
 from torchpass.validation import ValidationReport
-from torchpass.verify import Quarantine, split_run
-
-# The ledger carried across continue-as-new: at most this many entries and about this many bytes of them
-# (Temporal refuses a payload over 2 MB). Past either, the oldest days are rolled up to counts (`DayRollup`).
-LEDGER_BUDGET = 10_000
-LEDGER_BYTES = 1_000_000
-ROLLUP_MIN_AGE = timedelta(days=2)
-_ENTRY_OVERHEAD = 120  # bytes of one entry's JSON beyond its two ids
+from torchpass.verify import Quarantine
 
 
 class ContractBook:
@@ -74,10 +67,8 @@ class ContractBook:
         self.term, self.term_start, self.renewal_date = s.term, s.term_start, s.renewal_date
         self.fee, self.renewal, self.awaiting_renewal = s.annual_fee, s.renewal, s.awaiting_renewal
         self.jobs = {j.job_id: j for j in s.jobs}
-        self.entries = {e.incident_id: e for e in s.ledger}  # insertion order is recording order
-        self.rollups = {(r.day, r.status): r for r in s.rollups}
-        self.rolled_through = s.rolled_through
-        self._bytes = sum(_size(e) for e in s.ledger)
+        self.ledger = Ledger(s.ledger, s.rollups, s.rolled_through)
+        self.entries = self.ledger.entries
         self.evaluations = list(s.evaluations)
         self.pending = list(s.pending_credits)
         self.deliveries = list(s.deliveries)
@@ -86,8 +77,6 @@ class ContractBook:
         self.runs, self.rules_version = s.runs, s.rules_version
         self.lapsed = False
         self.checks = Quarantine(s.unverified, s.rejected, s.rejected_claims)
-        # An incident's workflow id is its failure (job, failure domain, generation): run -> incident id.
-        self._failures = {split_run(e.incident_id)[0]: e.incident_id for e in s.ledger}
 
     def to_state(self) -> ContractState:
         return ContractState(
@@ -99,8 +88,8 @@ class ContractBook:
             awaiting_renewal=self.awaiting_renewal,
             jobs=tuple(self.jobs.values()),
             ledger=tuple(self.entries.values()),
-            rollups=tuple(self.rollups.values()),
-            rolled_through=self.rolled_through,
+            rollups=tuple(self.ledger.rollups.values()),
+            rolled_through=self.ledger.rolled_through,
             evaluations=tuple(self.evaluations),
             pending_credits=tuple(self.pending),
             deliveries=tuple(self.deliveries),
@@ -183,14 +172,11 @@ class ContractBook:
     def record_checked(self, outcome: MigrationOutcome, failure_key: str) -> bool:
         """An outcome its check bore out: recorded, unless another run of the same failure's incident
         (`failure_key`, the workflow id the check confirmed) already was; that one is refused."""
-        if self.rolled_through is not None and outcome.detected_at < day_start(
-            self.rolled_through + timedelta(days=1)
-        ):
-            # Who was counted that day is no longer known, so neither is whether this one already was.
+        if self.ledger.too_late(outcome.detected_at):
             why = f"detected on {outcome.detected_at:%Y-%m-%d}, a day the ledger has rolled up to counts"
             self.checks.reject(outcome.incident_id, outcome.job_id, outcome.detected_at, why)
             return False
-        first = self._failures.get(failure_key)
+        first = self.ledger.failures.get(failure_key)
         if first is None or first == outcome.incident_id:
             self.record_outcome(outcome)
             return True
@@ -214,48 +200,13 @@ class ContractBook:
         entry = LedgerEntry(
             outcome.incident_id, outcome.job_id, outcome.detected_at, status, late, 0, recovery
         )
-        self.entries[outcome.incident_id] = entry
-        self._bytes += _size(entry)
-        self._failures.setdefault(split_run(outcome.incident_id)[0], outcome.incident_id)
-        self.roll_up()
+        self.ledger.add(entry)
         return entry, False
-
-    def roll_up(self) -> int:
-        """Past the ledger's budget, roll its oldest days up to counts per day and status; returns how many
-        entries went. Every window's tally stays the same (windows are whole days)."""
-        if len(self.entries) <= LEDGER_BUDGET and self._bytes <= LEDGER_BYTES:
-            return 0
-        by_age = sorted(self.entries.values(), key=lambda e: e.detected_at)
-        # The latest days stay whole: an outcome of them may still arrive, and must be checked one by one.
-        keep_from = by_age[-1].detected_at.astimezone(UTC).date() - ROLLUP_MIN_AGE
-        gone = 0
-        for e in by_age:
-            day = e.detected_at.astimezone(UTC).date()
-            if day >= keep_from:
-                break
-            under = len(self.entries) <= 0.9 * LEDGER_BUDGET and self._bytes <= 0.9 * LEDGER_BYTES
-            if under and (self.rolled_through is None or day > self.rolled_through):
-                break  # a day is rolled up whole, never split between counts and entries
-            r = self.rollups.get((day, e.status), DayRollup(day, e.status, 0))
-            self.rollups[(day, e.status)] = r._replace(
-                entries=r.entries + 1, late=r.late + e.late, duplicates=r.duplicates + e.duplicates
-            )
-            del self.entries[e.incident_id]
-            self._failures.pop(split_run(e.incident_id)[0], None)
-            self._bytes -= _size(e)
-            self.rolled_through = max(day, self.rolled_through or day)
-            gone += 1
-        return gone
 
     def prune(self, today: date) -> int:
         """Drop what no future window can count, so the carried ledger stays bounded; returns how many."""
         cutoff = day_start(prune_horizon(self.term_start, self.last_evaluated(), today))
-        old = [k for k, e in self.entries.items() if e.detected_at < cutoff]
-        for k in old:
-            self._failures.pop(split_run(k)[0], None)
-            self._bytes -= _size(self.entries.pop(k))
-        gone = [key for key, r in self.rollups.items() if day_start(r.day) < cutoff]
-        pruned = len(old) + sum(self.rollups.pop(key).entries for key in gone)
+        pruned = self.ledger.prune(cutoff)
         self.pruned += pruned
         return pruned
 
@@ -276,7 +227,7 @@ class ContractBook:
             credited_through=self.last_credited(),
             purpose=self.terms.purpose,
         )
-        ev = evaluate(ctx, self._counted())
+        ev = evaluate(ctx, self.ledger.counted())
         self.evaluations.append(ev)
         if ev.credit is not None:
             self.pending.append(ev.credit)
@@ -382,8 +333,8 @@ class ContractBook:
     def standing(self, now: datetime) -> Standing:
         """The window as if evaluated at the end of today, and the credit it would earn."""
         start, end = window_for(self.terms.start, now.date() + timedelta(days=1))
-        t = tally(self._counted(), start, end)
-        unpaid = tally(self._counted(), credit_start(start, end, self.last_credited()), end)
+        t = tally(self.ledger.counted(), start, end)
+        unpaid = tally(self.ledger.counted(), credit_start(start, end, self.last_credited()), end)
         projected = None
         if (
             credit_due(t.successful, t.qualifying)
@@ -435,14 +386,6 @@ class ContractBook:
             total=len(entries),
             next_offset=inp.offset + inp.limit if more else None,
             pruned=self.pruned,
-            rolled_up=tuple(self.rollups.values()),
+            rolled_up=tuple(self.ledger.rollups.values()),
             rejected=tuple(self.checks.rejected),
         )
-
-    def _counted(self) -> list[LedgerEntry | DayRollup]:
-        """What a window tallies: every entry and every day's roll-up."""
-        return [*self.entries.values(), *self.rollups.values()]
-
-
-def _size(e: LedgerEntry) -> int:
-    return len(e.incident_id) + len(e.job_id) + _ENTRY_OVERHEAD

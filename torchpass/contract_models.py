@@ -126,9 +126,8 @@ class LedgerEntry(NamedTuple):
 
 
 class DayRollup(NamedTuple):
-    """The ledger entries of one UTC day with one status, once the ledger passed its budget
-    (`torchpass.contract_book.LEDGER_BUDGET`): as many as any window counts of them, no longer who they
-    were. Windows begin and end on day boundaries, so every tally over roll-ups is exact."""
+    """A UTC day's entries of one status counted, no longer listed (`torchpass.ledger`): windows are whole
+    days, so every tally over roll-ups is exact."""
 
     day: date
     status: EntryStatus
@@ -277,14 +276,8 @@ class ContractState(Model):
     )
     jobs: tuple[JobCoverage, ...] = ()
     ledger: tuple[LedgerEntry, ...] = ()
-    rollups: tuple[DayRollup, ...] = Field(
-        default=(),
-        description="the oldest entries as counts per day and status, once the ledger grew past its budget",
-    )
-    rolled_through: date | None = Field(
-        default=None,
-        description="the last day rolled up: an outcome detected then or before is too late to count",
-    )
+    rollups: tuple[DayRollup, ...] = Field(default=(), description="the oldest days' entries, counted")
+    rolled_through: date | None = Field(default=None, description="the last day rolled up (none later)")
     evaluations: tuple[Evaluation, ...] = ()
     pending_credits: tuple[CreditNotice, ...] = ()
     deliveries: tuple[CreditDelivery, ...] = ()

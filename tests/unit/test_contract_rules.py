@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from torchpass import contract_book
+from torchpass import ledger
 from torchpass.contract import (
     add_months,
     credit_due,
@@ -798,18 +798,18 @@ def test_past_its_budget_the_ledger_rolls_old_days_up_and_every_window_counts_th
     the state travels; an outcome of a rolled-up day is refused (who was counted is no longer known)."""
     whole = covered_book()
     _busy_year(whole, per_day=12, days=40)
-    monkeypatch.setattr(contract_book, "LEDGER_BUDGET", 100)
+    monkeypatch.setattr(ledger, "LEDGER_BUDGET", 100)
     rolled = covered_book()
     _busy_year(rolled, per_day=12, days=40)
-    assert len(rolled.entries) <= 100 and rolled.rollups and rolled.rolled_through is not None
-    assert sum(r.entries for r in rolled.rollups.values()) + len(rolled.entries) == 480
+    assert len(rolled.entries) <= 100 and rolled.ledger.rollups and rolled.ledger.rolled_through is not None
+    assert sum(r.entries for r in rolled.ledger.rollups.values()) + len(rolled.entries) == 480
     now = T0 + timedelta(days=41)
     assert rolled.standing(now).model_dump() == whole.standing(now).model_dump()
     carried = ContractBook(
         rolled.terms, ContractState.model_validate_json(rolled.to_state().model_dump_json())
     )
     assert carried.standing(now).model_dump() == whole.standing(now).model_dump()
-    assert carried.rolled_through == rolled.rolled_through
+    assert carried.ledger.rolled_through == rolled.ledger.rolled_through
     late = outcome(9999, T0 + timedelta(days=1), success=False)
     assert not carried.record_checked(late, "torchpass-incident:late")
     assert "rolled up to counts" in carried.checks.rejected[-1].reason
@@ -825,4 +825,4 @@ def test_a_years_ledger_of_the_longest_ids_fits_one_payload() -> None:
     _busy_year(book, per_day=30, days=365, long_ids=True)
     size = len(book.to_state().model_dump_json())
     assert size < 2_000_000, size
-    assert sum(r.entries for r in book.rollups.values()) + len(book.entries) == 30 * 365
+    assert sum(r.entries for r in book.ledger.rollups.values()) + len(book.entries) == 30 * 365
