@@ -23,7 +23,7 @@ from datetime import timedelta
 from job_agent import wire
 from job_agent.channel import ControlServer, send
 from job_agent.detection import Detector, signal_name
-from job_agent.incident import IncidentTracker, Reporter
+from job_agent.incident import Incident, IncidentTracker, Reporter
 from job_agent.injection import Injector
 from job_agent.jobs import register_job, unregister_job
 from job_agent.launcher import Launcher, LocalLauncher, agent_env
@@ -297,7 +297,10 @@ class Coordinator:
         while True:
             await asyncio.sleep(WATCH_EVERY.total_seconds())
             self._reap()
-            if self.state is not JobState.TRAINING or self.incidents.current is not None:
+            inc = self.incidents.current
+            if self.state is JobState.TRAINING and inc is not None and inc.recovering:
+                self._silent_in_recovery(inc)
+            if self.state is not JobState.TRAINING or inc is not None:
                 continue
             now = time.monotonic()
             for ev in self._detector.hung(now):
@@ -308,6 +311,16 @@ class Coordinator:
             stall = self._detector.stalled(now, self.world_size) if self.incidents.current is None else None
             if stall is not None:
                 self.add_evidence(stall)
+
+    def _silent_in_recovery(self, inc: Incident) -> None:
+        """A process stopped while a recovery runs (the donor, a receiving spare, a survivor) would hold
+        it up until a timeout: it is one more loss of the recovery, killed now, so the plan is re-made."""
+        members = [*self.roster.ranks(), *self.spares.held(inc.workflow_id)]
+        for m, ev in self._detector.silent(time.monotonic(), members):
+            if ev is not None:
+                m.fenced = True  # its loss is this evidence, not a second one when its socket closes
+                self.add_evidence(ev)
+            self._launcher.kill(m.agent_id)
 
     def _reap(self) -> None:
         """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare

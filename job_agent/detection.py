@@ -91,6 +91,23 @@ class Detector:
             )
         return out
 
+    def silent(self, now: float, members: Sequence[Member]) -> list[tuple[Member, Evidence | None]]:
+        """Members not heard from at all (not even a heartbeat) for the hang timeout: stopped or wedged.
+        Each with its hang evidence when it holds a slot (a spare not yet given one is only replaced)."""
+        out: list[tuple[Member, Evidence | None]] = []
+        for m in members:
+            if not m.alive or m.fenced or now - m.last_heartbeat <= self._hang.total_seconds():
+                continue
+            detail = f"{m.agent_id} silent for {now - m.last_heartbeat:.1f} s during a recovery"
+            at = _wall(m.last_heartbeat, now)
+            ev = None
+            if m.slot >= 0:
+                ev = self._evidence(
+                    m, FailureKind.HANG, detail, observed_at=datetime.now(UTC), last_progress_at=at
+                )
+            out.append((m, ev))
+        return out
+
     def stalled(self, now: float, world_size: int) -> Evidence | None:
         """Ranks frozen with nobody lost: a collective failed or timed out with every rank alive.
 

@@ -72,3 +72,18 @@ async def test_another_rank_killed_during_the_transfer_folds_into_the_same_incid
     (o,) = result.incidents
     assert o.proof is not None and set(o.proof.receiver_slots) == {1, 3}, o.proof
     assert o.lost_slots == (1, 3) and o.proof.lost_during == (3,)
+
+
+@pytest.mark.parametrize("target", ["donor", "receiver"])
+async def test_a_process_stopped_mid_transfer_is_a_loss_of_the_recovery_not_a_timeout(
+    client: Client, reference: JobResult, tmp_path: Path, target: str
+) -> None:
+    """The donor, or the spare receiving the state, SIGSTOPped as the transfer starts: alive, its socket
+    open, silent. Past the hang timeout it is one more loss of the recovery (hang evidence, killed), and
+    the plan is re-made at once. On the previous main the transfer waited out its 120 s timeout and the
+    incident fell back to a checkpoint restart."""
+    job = spec(tmp_path, f"{target}-stopped", spares=2)
+    result = await run_with(client, job, [during_transfer("hang", target), ("kill", 1, 20)])
+    await _one_incident_two_losses(result, reference)
+    (o,) = result.incidents
+    assert o.recovery_seconds is not None and o.recovery_seconds < 30, o.recovery_seconds

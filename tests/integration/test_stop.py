@@ -51,8 +51,7 @@ async def test_ctrl_c_stops_the_job_in_order_and_records_it(client: Client, tmp_
     ]
     env = {**os.environ, "TORCHPASS_STATE_DIR": str(tmp_path)}
     proc = subprocess.Popen(
-        cmd,
-        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         await asyncio.to_thread(wait_until_ready, tmp_path, job_id, timedelta(seconds=90))
