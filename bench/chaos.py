@@ -112,14 +112,15 @@ def spec(state_dir: Path, job_id: str, failures: int, spares: int) -> JobSpec:
     )
 
 
-async def run(client: Client, job: JobSpec, injections: Plan) -> JobResult:
-    """Run `job` with `injections` carried out one at a time (`inject_each`); its result."""
+async def run(client: Client, job: JobSpec, injections: Plan, armed: list[int] | None = None) -> JobResult:
+    """Run `job` with `injections` carried out one at a time (`inject_each`, which appends to `armed` the
+    index of each one it armed); its result."""
     task = asyncio.create_task(run_job(job, client))
     while not any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
         if task.done():
             return await task
         await asyncio.sleep(0.05)
-    driver = asyncio.create_task(inject_each(job, injections))
+    driver = asyncio.create_task(inject_each(job, injections, [] if armed is None else armed))
     try:
         return await task
     finally:
@@ -128,7 +129,7 @@ async def run(client: Client, job: JobSpec, injections: Plan) -> JobResult:
             await driver
 
 
-async def inject_each(job: JobSpec, injections: Plan) -> None:
+async def inject_each(job: JobSpec, injections: Plan, armed: list[int]) -> None:
     """Each failure is armed once the job trains again with every earlier one's incident recorded, at its
     planned step or (when the job is past it) two steps on: two failures never share a recovery unless
     the plan says so (the second losses). One that makes no incident stops the rest, and the run's
@@ -142,10 +143,12 @@ async def inject_each(job: JobSpec, injections: Plan) -> None:
                 reply = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.Drain(slot=rank))
                 if isinstance(reply, wire.Ok):
                     break
+            armed.append(i)
             continue
         for frame in frames(action, rank, at):
             reply = await asyncio.to_thread(request, job.state_dir, job.job_id, frame)
             assert isinstance(reply, wire.Ok), reply
+        armed.append(i)
 
 
 async def _calm(job: JobSpec, recorded: int, step: int = 0) -> wire.Status:
@@ -169,10 +172,13 @@ async def _calm(job: JobSpec, recorded: int, step: int = 0) -> wire.Status:
         await asyncio.sleep(0.05)
 
 
-def summary(injections: Plan, reference: JobResult, result: JobResult, seconds: float) -> dict[str, object]:
+def summary(
+    injections: Plan, reference: JobResult, result: JobResult, seconds: float, armed: int
+) -> dict[str, object]:
     outcomes = result.incidents
     return {
         "injected": len(injections),
+        "armed": armed,  # fewer than injected: the job reached its last step first
         "kinds": dict(Counter(a for a, _, _ in injections)),
         "processes_lost": len(injections) + sum(a in SECOND for a, _, _ in injections),
         "incidents": len(outcomes),
@@ -194,7 +200,8 @@ def _record(s: dict[str, object], seed: int) -> None:
             BEGIN,
             f"- **Chaos, {datetime.now(UTC):%Y-%m-%d}** (`python -m bench.chaos {injected} {seed}`): one 4-rank job,"
             f" {SPARES} warm spares, {injected} failures ({s['kinds']}; {s['processes_lost']} processes"
-            f" lost), one at a time: {s['incidents']} incidents, {s['replanned']} re-planned,"
+            f" lost; {s['armed']} armed before the job's last step), one at a time: {s['incidents']}"
+            f" incidents, {s['replanned']} re-planned,"
             f" {live} live ({100 * live / max(1, injected):.1f}%), dispositions {s['dispositions']},"
             f" {s['steps_recomputed']} steps recomputed, final state bitwise equal to the run never failed:"
             f" {'yes' if s['bitwise_equal'] else 'NO'}; {s['seconds']} s. Target: >= 99% live, 0 lost or"
@@ -220,9 +227,10 @@ async def main() -> int:
         async with env, control_worker(env.client):
             reference = await run(env.client, spec(d / "ref", "chaos-ref", failures, 0), [])
             t0 = time.monotonic()
-            result = await run(env.client, spec(d / "run", "chaos", failures, SPARES), injections)
+            armed: list[int] = []
+            result = await run(env.client, spec(d / "run", "chaos", failures, SPARES), injections, armed)
             seconds = time.monotonic() - t0
-    s = summary(injections, reference, result, seconds)
+    s = summary(injections, reference, result, seconds, len(armed))
     print(s)
     _record(s, seed)
     ok = s["bitwise_equal"] and s["incidents"] == failures and s["live"] == failures
