@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import Worker
 
 from activities.job import JobActivities
@@ -31,30 +33,41 @@ def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
     """Signal-with-start: the first report of a failure starts its incident, later ones fold into it."""
 
     async def report(workflow_id: str, rep: FailureReport) -> None:
-        handle = await client.start_workflow(
-            "MigrationWorkflow",
-            rep,
-            id=workflow_id,
-            task_queue=CONTROL_TASK_QUEUE,
-            start_signal="report",
-            start_signal_args=[rep],
-        )
-        # The run that got it may be somebody else's, started at the id first: one that sends the job's
-        # activities elsewhere, or is another job's, would swallow the report. An answer that says so
-        # moves the incident (`Squatted`); no answer (the control worker is away) proves nothing.
-        try:
-            status = await handle.query("status", result_type=IncidentStatus, rpc_timeout=QUERY_TIMEOUT)
-        except Exception as e:
-            log.info("incident %s: no status answer to check it by (%s)", workflow_id, e)
-            return
-        job_id, queue = rep.evidence.job_id, rep.job_task_queue
-        if status.job_id and (status.job_id, status.job_task_queue) != (job_id, queue):
-            raise Squatted(
-                f"the run at {workflow_id} is an incident of job {status.job_id!r} with its activities on"
-                f" {status.job_task_queue!r}, not of job {job_id!r} on {queue!r}"
-            )
+        with _span(client, f"ReportIncident:{workflow_id}"):
+            await _report(client, workflow_id, rep)
 
     return report
+
+
+def _span(client: Client, name: str) -> contextlib.AbstractContextManager[object]:
+    """One span over a report and its check when the client traces, so both sit in the incident's trace."""
+    tracing = [i for i in client.config()["interceptors"] if isinstance(i, TracingInterceptor)]
+    return tracing[0].tracer.start_as_current_span(name) if tracing else contextlib.nullcontext()
+
+
+async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
+    handle = await client.start_workflow(
+        "MigrationWorkflow",
+        rep,
+        id=workflow_id,
+        task_queue=CONTROL_TASK_QUEUE,
+        start_signal="report",
+        start_signal_args=[rep],
+    )
+    # The run that got it may be somebody else's, started at the id first: one that sends the job's
+    # activities elsewhere, or is another job's, would swallow the report. An answer that says so
+    # moves the incident (`Squatted`); no answer (the control worker is away) proves nothing.
+    try:
+        status = await handle.query("status", result_type=IncidentStatus, rpc_timeout=QUERY_TIMEOUT)
+    except Exception as e:
+        log.info("incident %s: no status answer to check it by (%s)", workflow_id, e)
+        return
+    job_id, queue = rep.evidence.job_id, rep.job_task_queue
+    if status.job_id and (status.job_id, status.job_task_queue) != (job_id, queue):
+        raise Squatted(
+            f"the run at {workflow_id} is an incident of job {status.job_id!r} with its activities on"
+            f" {status.job_task_queue!r}, not of job {job_id!r} on {queue!r}"
+        )
 
 
 async def run_job(spec: JobSpec, client: Client) -> JobResult:

@@ -246,10 +246,15 @@ async def finish(
     """Serve the job queue, wait for the outcome, save the history if asked."""
     async with Worker(env.client, task_queue=queue, activities=job.activities()):
         outcome: MigrationOutcome = await handle.result()
+    await save_history(handle, name)
+    return outcome
+
+
+async def save_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
+    """With TORCHPASS_SAVE_HISTORIES=1, save a finished run's history for the replay test."""
     if os.environ.get("TORCHPASS_SAVE_HISTORIES") == "1":
         HISTORIES.mkdir(exist_ok=True)
         (HISTORIES / f"{name}.json").write_text((await handle.fetch_history()).to_json())
-    return outcome
 
 
 async def incident(

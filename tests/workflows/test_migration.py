@@ -27,6 +27,7 @@ from tests.workflows.fake_job import (
     incident,
     proof_of,
     report,
+    save_history,
     signal_with_start,
 )
 from torchpass.contract_models import ContractTerms
@@ -263,6 +264,7 @@ async def test_an_incident_whose_job_is_gone_ends_on_the_record_within_a_minute(
         handle = await signal_with_start(env, report(job_id))  # and no worker on the job's queue
         outcome: MigrationOutcome = await asyncio.wait_for(handle.result(), 60)
         described = await handle.describe()
+        await save_history(handle, name)
     assert outcome.disposition is Disposition.FAILED and not outcome.success
     assert outcome.error and "confirm_failure failed" in outcome.error
     assert described.close_time and described.start_time

@@ -64,6 +64,7 @@ async def test_an_incident_is_one_trace_from_report_to_job_activities(
     names = {s.name for s in finished}
     assert {
         "SignalWithStartWorkflow:MigrationWorkflow",  # the job side's report
+        "QueryWorkflow:status",  # and its check of the run that got it
         "RunWorkflow:MigrationWorkflow",
         "HandleSignal:report",
         "RunActivity:classify_failure",  # on the control worker
