@@ -28,6 +28,7 @@ from torchpass.steps import (
     FallbackResult,
     FreezeResult,
     IncidentRef,
+    LocalRecord,
     RejoinResult,
     ReserveResult,
     TransferResult,
@@ -83,34 +84,57 @@ class JobActivities:
         self._c = coordinator
         self._a = steps
 
+    def _step(self, incident_id: str) -> None:
+        """A workflow step reached the job: refused for an incident the job carried out itself while the
+        control plane was away (the workflow then files the job's record instead)."""
+        workflow_id = incident_id.split("/", 1)[0]
+        if not self._c.incidents.answered(workflow_id):
+            raise ApplicationError(
+                f"job {self._c.job_id} handled incident {workflow_id} itself; file its record",
+                type=ErrorType.HANDLED_LOCALLY.value,
+                non_retryable=True,
+            )
+
     @activity.defn(name=JobActivity.CONFIRM_FAILURE)
     async def confirm_failure(self, inp: ConfirmInput) -> ConfirmResult:
+        self._step(inp.incident.incident_id)
         return await _guard(self._a.confirm(inp.incident.incident_id, inp.evidence))
 
     @activity.defn(name=JobActivity.RESERVE_SPARE)
     async def reserve_spare(self, inp: IncidentRef) -> ReserveResult:
+        self._step(inp.incident_id)
         return await _guard(self._a.reserve(inp.incident_id))
 
     @activity.defn(name=JobActivity.RELEASE_SPARE)
     async def release_spare(self, inp: IncidentRef) -> None:
+        self._step(inp.incident_id)
         await _guard(self._a.release(inp.incident_id))
 
     @activity.defn(name=JobActivity.FREEZE_RANKS)
     async def freeze_ranks(self, inp: IncidentRef) -> FreezeResult:
+        self._step(inp.incident_id)
         return await _guard(self._a.freeze(inp.incident_id))
 
     @activity.defn(name=JobActivity.TRANSFER_STATE)
     async def transfer_state(self, inp: IncidentRef) -> TransferResult:
+        self._step(inp.incident_id)
         sent = _BytesSent()
         return await _guard(self._a.transfer(inp.incident_id, tick=sent), sent.details)
 
     @activity.defn(name=JobActivity.REJOIN)
     async def rejoin(self, inp: IncidentRef) -> RejoinResult:
+        self._step(inp.incident_id)
         return await _guard(self._a.rejoin(inp.incident_id))
 
     @activity.defn(name=JobActivity.RESTART_FROM_CHECKPOINT)
     async def restart_from_checkpoint(self, inp: FallbackInput) -> FallbackResult:
+        self._step(inp.incident.incident_id)
         return await _guard(self._a.restart_from_checkpoint(inp.incident.incident_id, inp.reason))
+
+    @activity.defn(name=JobActivity.RECORDED_OUTCOME)
+    async def recorded_outcome(self, inp: IncidentRef) -> LocalRecord:
+        """The record of an incident the job handled itself; waits (heart-beating) while it still runs."""
+        return await _guard(self._c.incidents.record_of(inp.incident_id.split("/", 1)[0]))
 
     @activity.defn(name=JobActivity.COMPLETE_INCIDENT)
     async def complete_incident(self, inp: CompleteInput) -> None:

@@ -42,6 +42,7 @@ from torchpass.signing import is_signed
 
 WATCH_EVERY = timedelta(seconds=0.1)
 SHUTDOWN_GRACE = timedelta(seconds=10)
+FILE_WAIT = timedelta(seconds=30)
 _ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR)
 
 
@@ -72,7 +73,7 @@ class Coordinator:
         self.progress = StepTracker()
         self.spares: SparePool = LocalSparePool(self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence)
         self.transport: StateTransport = DirectTransport(self.changes)
-        self.incidents = IncidentTracker(self.job_id, lambda: self._generation, reporter, spec.contract)
+        self.incidents = IncidentTracker.of_job(spec, lambda: self._generation, reporter)
         self._detector = Detector(self.job_id, self.roster, timedelta(seconds=spec.hang_timeout))
         self._injector = Injector(self.job_id, self.world_size, self.roster, self._launcher)
 
@@ -134,6 +135,7 @@ class Coordinator:
         ):
             await asyncio.sleep(0.05)
         await asyncio.to_thread(self._launcher.shutdown, timedelta(seconds=5))
+        await self.incidents.filed(FILE_WAIT)  # the job handled some itself: let their workflows file them
         self.incidents.cancel()
         self._server.close()
         self._store.close()
@@ -148,6 +150,7 @@ class Coordinator:
             steps_recomputed=len(self.progress.recomputed),
             incidents=tuple(self.incidents.outcomes),
             reports_undelivered=self.incidents.undelivered,
+            incidents_unfiled=sum(inc.record is not None for inc in self.incidents.handled.values()),
             error=self.error,
         )
         (self.spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))

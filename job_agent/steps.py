@@ -303,6 +303,8 @@ class IncidentSteps:
 
     async def complete(self, incident_id: str, outcome: MigrationOutcome) -> None:
         job = self.job
+        if job.incidents.file(incident_id.split("/", 1)[0], outcome):
+            return  # the job handled it itself (`job_agent.local`): its workflow has now filed it
         if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
             return  # a retried completion: already recorded
         if outcome.disposition is Disposition.NOT_A_FAILURE and not self._is_current(incident_id):

@@ -28,6 +28,7 @@ from torchpass.models import (
     Evidence,
     FailureKind,
 )
+from torchpass.steps import ConfirmResult
 
 K = FailureKind
 
@@ -103,6 +104,25 @@ def primary_kind(evidence: Iterable[Evidence]) -> FailureKind:
     if not kinds:
         raise ValueError("no evidence")
     return min(kinds, key=_RANK.__getitem__)
+
+
+def classify_input(
+    evidence: tuple[Evidence, ...], confirm: ConfirmResult | None, spare_lost: bool = False
+) -> ClassifyInput:
+    """What the classifier sees of an incident: its evidence and what the job measured at confirm (the
+    lost slots, the shards, whether spares were there; `spare_lost`: the reservation then found none)."""
+    if confirm is None:
+        return ClassifyInput(evidence=evidence, world_size=0, redundancy=0)
+    ready = confirm.spares_ready
+    enough = ready is None or ready + confirm.spares_warming >= len(confirm.lost_slots)
+    return ClassifyInput(
+        evidence=evidence,
+        lost_slots=confirm.lost_slots,
+        world_size=confirm.world_size,
+        redundancy=confirm.redundancy,
+        shard_of=confirm.shard_of,
+        spare_available=enough and not spare_lost,
+    )
 
 
 def classify(inp: ClassifyInput) -> Classification:

@@ -27,6 +27,9 @@ class ErrorType(StrEnum):
     NO_CHECKPOINT = "NoCheckpoint"
     TIMEOUT = "Timeout"
     INVALID_INPUT = "InvalidInput"
+    # The job carried the incident out itself while the control plane was away: the workflow files its
+    # record (`recorded_outcome`) instead of running the steps again.
+    HANDLED_LOCALLY = "HandledLocally"
     # Credit delivery to billing.
     BILLING_UNAVAILABLE = "BillingUnavailable"
     BILLING_REJECTED = "BillingRejected"
@@ -59,6 +62,7 @@ INCIDENT_ERRORS: tuple[ErrorType, ...] = (
     ErrorType.NO_CHECKPOINT,
     ErrorType.TIMEOUT,
     ErrorType.INVALID_INPUT,
+    ErrorType.HANDLED_LOCALLY,
 )
 """The types an incident's job-side and control-side steps raise."""
 

@@ -65,6 +65,7 @@ class JobActivity:
     REJOIN = "rejoin"
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     COMPLETE_INCIDENT = "complete_incident"
+    RECORDED_OUTCOME = "recorded_outcome"  # the record of an incident the job handled itself
     DESCRIBE_JOB = "describe_job"
 
 

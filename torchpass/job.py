@@ -44,6 +44,13 @@ class JobSpec(Model):
     seed: int = 0
     threads: int = Field(default=1, ge=1)
     startup_timeout: float = Field(default=120.0, gt=0)
+    control_plane_wait: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="seconds an incident waits for its workflow's first step; past it (Temporal or the "
+        "control worker away) the job carries the recovery out itself and files the record later",
+    )
     contract: ContractRef | None = Field(default=None, description="YOCO contract its outcomes go to")
 
     @field_validator("script")
@@ -77,6 +84,11 @@ class JobResult(Model):
     )
     incidents: tuple[MigrationOutcome, ...] = ()
     reports_undelivered: int = Field(default=0, description="failure reports Temporal never received")
+    incidents_unfiled: int = Field(
+        default=0,
+        description="incidents the job handled itself whose workflow never filed them before it ended "
+        "(their records stay in the job's local/ directory)",
+    )
     error: str | None = None
 
     @property

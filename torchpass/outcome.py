@@ -56,6 +56,11 @@ class MigrationOutcome(Model):
     recovery_from_last_progress_seconds: float | None = Field(
         default=None, description="a hang: last progress -> training again (the hang timeout included)"
     )
+    handled_locally: bool = Field(
+        default=False,
+        description="the job carried the steps out itself (no workflow step reached it in time); the "
+        "workflow filed its record later, re-checked and classified on the control worker",
+    )
 
     @field_validator("phases")
     @classmethod

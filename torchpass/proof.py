@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from torchpass.steps import TransferProof
+from torchpass.models import Disposition
+from torchpass.outcome import Ending
+from torchpass.steps import LocalRecord, TransferProof
 
 
 def _short(digest: str) -> str:
@@ -51,3 +53,26 @@ def resume_problems(resumed_steps: Mapping[int, int], resume_step: int) -> list[
         for slot, step in sorted(resumed_steps.items())
         if step != resume_step
     ]
+
+
+def filed_ending(rec: LocalRecord) -> Ending:
+    """How an incident the job handled itself ended, as its record shows, checked as a workflow checks a
+    migration it ran: a live migration needs its freeze, its transfer proof and its rejoin, all holding.
+    A record that does not hold is a failure on the record (with why), never a success."""
+    if rec.disposition is Disposition.MIGRATED:
+        if rec.proof is None or rec.rejoin is None or rec.frozen is None:
+            problems = ["a migration recorded without its freeze, transfer proof and rejoin"]
+        else:
+            problems = transfer_problems(rec.proof, rec.frozen.target_step)
+            problems += resume_problems(rec.rejoin.resumed_steps, rec.rejoin.resumed_step)
+        if not problems:
+            return Ending(Disposition.MIGRATED, proof=rec.proof, rejoin=rec.rejoin)
+        why = "the job's record of its own recovery does not hold: " + "; ".join(problems)
+        return Ending(Disposition.FAILED, error=why)
+    if rec.disposition is Disposition.FALLBACK_RESTART:
+        if rec.fallback is None:
+            return Ending(Disposition.FAILED, error="a fallback recorded without the restart's figures")
+        return Ending(Disposition.FALLBACK_RESTART, fallback=rec.fallback, error=rec.error)
+    if rec.disposition is Disposition.FAILED:
+        return Ending(Disposition.FAILED, error=rec.error or "the job's own recovery failed")
+    return Ending(rec.disposition, error=rec.error)

@@ -8,9 +8,9 @@ after the first release have defaults, so results recorded in older workflow his
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime, Field, NonNegativeInt
+from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator
 
-from torchpass.models import Evidence, Model
+from torchpass.models import Disposition, Evidence, Model, Phase, PhaseTiming
 
 
 class IncidentRef(Model):
@@ -141,3 +141,32 @@ class FallbackResult(Model):
 class FallbackInput(Model):
     incident: IncidentRef
     reason: str
+
+
+MAX_RECORD_EVIDENCE = 256  # as many reports as an incident workflow keeps
+
+
+class LocalRecord(Model):
+    """An incident the job carried out itself because no workflow step reached it in time (the control
+    plane was away): every step's own result, kept in the job's state directory and filed later by the
+    incident's workflow (`recorded_outcome`), which classifies it and re-checks its proof itself."""
+
+    workflow_id: str = Field(min_length=1, max_length=1000)
+    evidence: tuple[Evidence, ...] = Field(min_length=1, max_length=MAX_RECORD_EVIDENCE)
+    started_at: AwareDatetime = Field(description="when the job began the steps itself")
+    confirm: ConfirmResult | None = None
+    frozen: FreezeResult | None = None
+    disposition: Disposition
+    proof: TransferProof | None = None
+    rejoin: RejoinResult | None = None
+    fallback: FallbackResult | None = None
+    error: str | None = Field(default=None, max_length=4000)
+    phases: tuple[PhaseTiming, ...] = Field(default=(), max_length=16)
+
+    @field_validator("phases")
+    @classmethod
+    def _steps_timed_once(cls, phases: tuple[PhaseTiming, ...]) -> tuple[PhaseTiming, ...]:
+        names = [p.phase for p in phases]
+        if len(names) != len(set(names)) or {Phase.DETECT, Phase.CLASSIFY, Phase.RECORD} & set(names):
+            raise ValueError(f"each job step timed once, and only job steps: {names}")
+        return phases

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 from activities.job import JobActivities
 from job_agent.coordinator import Coordinator
 from job_agent.incident import Squatted
+from job_agent.local import LocalRecovery
 from job_agent.steps import IncidentSteps
 from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
 from torchpass.job import JobResult, JobSpec
@@ -72,7 +73,9 @@ async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
 
 async def run_job(spec: JobSpec, client: Client) -> JobResult:
     coordinator = Coordinator(spec, reporter(client))
-    acts = JobActivities(coordinator, IncidentSteps(coordinator))
+    steps = IncidentSteps(coordinator)
+    LocalRecovery(steps)  # the job goes on by itself when no workflow step comes
+    acts = JobActivities(coordinator, steps)
     worker = Worker(client, task_queue=job_task_queue(spec.job_id), activities=list(_activity_methods(acts)))
     async with worker:
         result = await coordinator.run()

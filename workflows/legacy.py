@@ -8,7 +8,8 @@ classification now has one owner, the `classify_failure` activity.
 from __future__ import annotations
 
 from torchpass.classify import CATEGORY_OF, NO_SPARE_REASON, ROW_TITLE, primary_kind, unable_to_recover
-from torchpass.models import QUALIFYING_CATEGORIES, Classification, Evidence, FailureKind
+from torchpass.models import QUALIFYING_CATEGORIES, Classification, ClassifyInput, Evidence, FailureKind
+from torchpass.steps import ConfirmResult
 
 
 def judged_by_kind(evidence: tuple[Evidence, ...], error: str) -> Classification:
@@ -26,3 +27,13 @@ def no_spare() -> Classification:
 
 def kind_of(evidence: list[Evidence] | tuple[Evidence, ...]) -> FailureKind:
     return primary_kind(evidence)
+
+
+def classify_input(evidence: tuple[Evidence, ...], confirm: ConfirmResult | None) -> ClassifyInput:
+    """What the classifier saw before the patch: no shards, no spare availability."""
+    return ClassifyInput(
+        evidence=evidence,
+        lost_slots=confirm.lost_slots if confirm else (),
+        world_size=confirm.world_size if confirm else 0,
+        redundancy=confirm.redundancy if confirm else 0,
+    )

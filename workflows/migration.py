@@ -21,7 +21,7 @@ from temporalio.common import RawValue, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.classify import unclassified
+    from torchpass.classify import classify_input, unclassified
     from torchpass.decisions import RecoveryAction, plan_recovery
     from torchpass.errors import ErrorType
     from torchpass.ids import (
@@ -36,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from torchpass.models import (
         Classification,
-        ClassifyInput,
         Disposition,
         Evidence,
         FailureKind,
@@ -53,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
         build_outcome,
     )
     from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
-    from torchpass.proof import resume_problems, transfer_problems
+    from torchpass.proof import filed_ending, resume_problems, transfer_problems
     from torchpass.steps import (
         ConfirmInput,
         ConfirmResult,
@@ -61,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         FallbackResult,
         FreezeResult,
         IncidentRef,
+        LocalRecord,
         RejoinResult,
         ReserveResult,
         TransferResult,
@@ -78,6 +78,8 @@ _QUALIFYING = SearchAttributeKey.for_keyword(SA_QUALIFYING)
 RETRY_POLICY = retry_policy(MIGRATION_RETRY)
 # Histories recorded before this patch replay the legacy path (`workflows.legacy`).
 MEASURED = "measured-outcome"
+# Incidents the job handled itself while the control plane was away are filed, not run again.
+LOCAL = "local-recovery"
 
 # A flapping detector must not grow the history without bound; a real incident has a handful of reports.
 MAX_EVIDENCE = 256
@@ -159,7 +161,10 @@ class MigrationWorkflow:
                 _OUTCOME.value_set("running"),
             ]
         )
-        confirm, confirm_error = await self._confirm(ref)
+        confirm, confirm_error, error_type = await self._confirm(ref)
+        if error_type == ErrorType.HANDLED_LOCALLY and workflow.patched(LOCAL):
+            # The control plane was away when it struck: the job carried the steps out itself.
+            return await self._file(ref)
         evidence = tuple(self._evidence)  # what the classification (and so the outcome's kind) is based on
         classification = await self._classify(evidence, confirm)
         if confirm is None:
@@ -191,30 +196,48 @@ class MigrationWorkflow:
             return legacy.kind_of(evidence)
         return c.kind or evidence[0].kind
 
-    async def _confirm(self, ref: IncidentRef) -> tuple[ConfirmResult | None, str | None]:
+    async def _confirm(self, ref: IncidentRef) -> tuple[ConfirmResult | None, str | None, str | None]:
         inp = ConfirmInput(incident=ref, evidence=tuple(self._evidence))
         try:
-            return await self._call(Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, inp, ConfirmResult), None
+            confirm = await self._call(Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, inp, ConfirmResult)
         except _Failed as e:
-            return None, str(e)
+            return None, str(e), e.error_type
+        return confirm, None, None
+
+    async def _file(self, ref: IncidentRef) -> MigrationOutcome:
+        """File what the job did itself: its record, classified here and its proof checked here, then
+        recorded once like any outcome. No record to be had is a failure on the record, with why."""
+        why = ""
+        try:
+            raw = await self._call(Phase.RECORD, JobActivity.RECORDED_OUTCOME, ref, RawValue)
+            rec: LocalRecord | None = decode(raw, LocalRecord, "recorded_outcome result")
+            if rec is not None and rec.workflow_id != workflow.info().workflow_id:
+                raise ApplicationError(f"a record of {rec.workflow_id}, not of this incident")
+        except (_Failed, ApplicationError) as e:
+            rec, why = None, f"the job handled this incident itself, but gave no record of it: {e}"
+        mine = tuple(ev for ev in rec.evidence if ev.job_id == self._job_id) if rec else ()
+        evidence = mine or tuple(self._evidence)
+        confirm = rec.confirm if rec else None
+        classification = await self._classify(evidence, confirm)
+        ending = filed_ending(rec) if rec else Ending(Disposition.FAILED, error=why)
+        classified = self._phases.get(Phase.CLASSIFY)
+        phases = (*(rec.phases if rec else ()), *([classified] if classified else []))
+        started = rec.started_at if rec else workflow.info().workflow_start_time
+        kind = self._kind(evidence, classification)
+        outcome = build_outcome(
+            ref.incident_id, evidence, kind, classification, confirm, ending, started, phases
+        )
+        return await self._complete(ref, outcome.model_copy(update={"handled_locally": True}))
 
     async def _classify(
         self, evidence: tuple[Evidence, ...], confirm: ConfirmResult | None, spare_lost: bool = False
     ) -> Classification:
-        fields: dict[str, Any] = {
-            "evidence": evidence,
-            "lost_slots": confirm.lost_slots if confirm else (),
-            "world_size": confirm.world_size if confirm else 0,
-            "redundancy": confirm.redundancy if confirm else 0,
-        }
-        if self._measured and confirm is not None:
-            fields["shard_of"] = confirm.shard_of
+        if self._measured:
             # Spare availability is evidence too: measured when the job confirmed, or learnt when the
             # reservation found none.
-            ready = confirm.spares_ready
-            enough = ready is None or ready + confirm.spares_warming >= len(confirm.lost_slots)
-            fields["spare_available"] = enough and not spare_lost
-        inp = ClassifyInput.model_validate(fields)
+            inp = classify_input(evidence, confirm, spare_lost)
+        else:
+            inp = legacy.classify_input(evidence, confirm)
         try:
             c = await self._call(
                 Phase.CLASSIFY, ControlActivity.CLASSIFY_FAILURE, inp, Classification, CONTROL_TASK_QUEUE

@@ -25,7 +25,7 @@ from job_agent.jobs import request
 from job_agent.spares import MAX_FAILED_STARTS
 from job_agent.wire import Role
 from tests.unit.fake_ranks import KILLED, digest_of
-from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, quiet, until
+from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, until
 from torchpass.errors import ErrorType
 from torchpass.ids import incident_workflow_id
 from torchpass.job import JobResult, JobState
@@ -33,24 +33,6 @@ from torchpass.models import Category, Disposition, EventSource, Evidence, Failu
 from torchpass.outcome import MigrationOutcome
 from torchpass.signing import sign
 from torchpass.steps import TransferResult
-
-
-@pytest.fixture(scope="session")
-async def allowance(tmp_path_factory: pytest.TempPathFactory) -> Counts:
-    """What a coordinator that ran and shut down still holds while referenced (its TCPStore's own), measured
-    after a first run made the process's one-time set-ups (the loop's executor, torch's). The larger of two
-    runs: a descriptor an earlier test left for the collector, closed during one, would understate it."""
-    async with Job(tmp_path_factory.mktemp("warm-up"), None) as job:
-        await job.finished()
-    del job
-    runs = []
-    for k in range(2):
-        before = await quiet()
-        async with Job(tmp_path_factory.mktemp(f"baseline{k}"), None) as job:
-            await job.finished()
-        runs.append(tuple(max(0, a - b) for a, b in zip(await quiet(), before, strict=True)))
-        del job
-    return tuple(max(r) for r in zip(*runs, strict=True))
 
 
 def _assert_migrated_live(job: Job, m: Migration, outcome: MigrationOutcome, lost: int, target: int) -> None:

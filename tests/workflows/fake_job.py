@@ -29,10 +29,13 @@ from torchpass.models import (
     Classification,
     ClassifyInput,
     ContractRef,
+    Disposition,
     EventSource,
     Evidence,
     FailureKind,
     FailureReport,
+    Phase,
+    PhaseTiming,
 )
 from torchpass.outcome import CompleteInput, MigrationOutcome
 from torchpass.steps import (
@@ -42,6 +45,7 @@ from torchpass.steps import (
     FallbackResult,
     FreezeResult,
     IncidentRef,
+    LocalRecord,
     ReceiverProof,
     RejoinResult,
     ReserveResult,
@@ -72,6 +76,9 @@ class FakeJob:
             "fallback",
             "complete",
             "gone",
+            "local",  # the job handled it itself (the control plane was away): it refuses the steps
+            "local_forged",  # ... and its record claims a live migration whose proof does not hold
+            "local_no_record",  # ... and gives no record of it
         }
         assert not unknown, unknown
         self.fail = fail
@@ -89,19 +96,11 @@ class FakeJob:
             self._enter("confirm")
             if self.fail.get("confirm"):
                 raise ApplicationError("coordinator unreachable")
-            slots = tuple(sorted({s for e in inp.evidence for s in e.slots}))
-            return ConfirmResult(
-                confirmed=not self.fail.get("not_confirmed"),
-                lost_slots=slots,
-                fenced_slots=slots,
-                world_size=4,
-                redundancy=4,
-                shard_of=dict.fromkeys(range(4), "dp-model"),
-                spares_ready=0 if self.fail.get("no_spare_at_confirm") else 1,
-                generation=0,
-                covered=True,
-                work_seconds=0.01,
-            )
+            if self._local():
+                raise ApplicationError(
+                    "handled by the job", type=ErrorType.HANDLED_LOCALLY, non_retryable=True
+                )
+            return self._confirmed(inp.evidence)
 
         @activity.defn(name=JobActivity.RESERVE_SPARE)
         async def reserve(inp: IncidentRef) -> ReserveResult:
@@ -168,7 +167,55 @@ class FakeJob:
                 raise ApplicationError("record store unreachable")
             self.completed.append(inp.outcome)
 
-        return [confirm, reserve, release, freeze, transfer, rejoin, restart, complete]
+        @activity.defn(name=JobActivity.RECORDED_OUTCOME)
+        async def recorded(inp: IncidentRef) -> LocalRecord:
+            self._enter("recorded")
+            if self.fail.get("local_no_record"):
+                raise ApplicationError("no record", type=ErrorType.UNKNOWN_INCIDENT, non_retryable=True)
+            return self._record(activity.info().workflow_id or "", inp.job_id)
+
+        return [confirm, reserve, release, freeze, transfer, rejoin, restart, complete, recorded]
+
+    def _local(self) -> bool:
+        return any(self.fail.get(k) for k in ("local", "local_forged", "local_no_record"))
+
+    def _confirmed(self, evidence: Sequence[Evidence]) -> ConfirmResult:
+        slots = tuple(sorted({s for e in evidence for s in e.slots}))
+        return ConfirmResult(
+            confirmed=not self.fail.get("not_confirmed"),
+            lost_slots=slots,
+            fenced_slots=slots,
+            world_size=4,
+            redundancy=4,
+            shard_of=dict.fromkeys(range(4), "dp-model"),
+            spares_ready=0 if self.fail.get("no_spare_at_confirm") else 1,
+            generation=0,
+            covered=True,
+            work_seconds=0.01,
+        )
+
+    def _record(self, workflow_id: str, job_id: str) -> LocalRecord:
+        """What a job that recovered by itself (detected at T0, began 5 s later, trained again at 7 s)
+        keeps: a live migration of rank 2, measured as the other fakes measure one."""
+        ev = report(job_id).evidence
+        rejoin = RejoinResult(
+            generation=1,
+            resumed_step=10,
+            resumed_at=T0 + timedelta(seconds=7),
+            resumed_steps=dict.fromkeys(range(4), 10),
+            step_before=9,
+        )
+        return LocalRecord(
+            workflow_id=workflow_id,
+            evidence=(ev,),
+            started_at=T0 + timedelta(seconds=5),
+            confirm=self._confirmed((ev,)),
+            frozen=FreezeResult(completed_steps={0: 9, 1: 9, 3: 9}, target_step=9, step_before=9),
+            disposition=Disposition.MIGRATED,
+            proof=proof_of(installed_digest="e" if self.fail.get("local_forged") else "d"),
+            rejoin=rejoin,
+            phases=(PhaseTiming(phase=Phase.TRANSFER, seconds=0.5),),
+        )
 
 
 def proof_of(installed_digest: str = "d", installed_step: int = 9) -> TransferProof:

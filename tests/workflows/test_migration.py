@@ -71,6 +71,48 @@ async def test_a_confirmed_failure_is_migrated_live(env: WorkflowEnvironment, na
     assert attrs.get(SearchAttributeKey.for_keyword(SA_QUALIFYING)) == "true"
 
 
+async def test_an_incident_the_job_handled_itself_is_filed_from_its_record(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    """The control plane was away when the rank died, so the job carried the steps out itself: it refuses
+    the workflow the steps (`HandledLocally`) and the workflow files the job's record instead, classified
+    here and its proof checked here, with the job's own timings; nothing is run a second time."""
+    job = FakeJob(local=True)
+    outcome, _ = await incident(env, job, name)
+    assert outcome.disposition is Disposition.MIGRATED and outcome.success and outcome.handled_locally
+    assert outcome.proof == proof_of() and outcome.steps_recomputed == 0 and outcome.lost_slots == (2,)
+    assert outcome.classification.qualifying and outcome.classification.category is Category.INTERRUPTION
+    assert outcome.recovered_at == T0 + timedelta(seconds=7) and outcome.recovery_seconds == 7.0
+    timed = {p.phase: p.seconds for p in outcome.phases}
+    assert list(timed) == [Phase.DETECT, Phase.TRANSFER, Phase.CLASSIFY, Phase.RECORD]
+    assert timed[Phase.DETECT] == 5.0 and timed[Phase.TRANSFER] == 0.5  # the job's clock: detect -> began
+    assert job.calls == Counter({"confirm": 1, "recorded": 1, "complete": 1})
+    assert [o.handled_locally for o in job.completed] == [True]
+
+
+async def test_a_local_record_whose_proof_does_not_hold_is_a_failure_not_a_success(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    """A record of a live migration whose receiver installed other bytes than the donor's: the workflow
+    checks it as it checks a migration it ran, and records a failure with why, never a success."""
+    job = FakeJob(local_forged=True)
+    outcome, _ = await incident(env, job, name)
+    assert outcome.disposition is Disposition.FAILED and not outcome.success and outcome.handled_locally
+    assert outcome.error and "does not hold" in outcome.error and outcome.proof is None
+    assert job.calls["restart"] == 0 and job.calls["complete"] == 1
+
+
+async def test_a_job_that_handled_an_incident_but_gives_no_record_is_a_failure_on_the_record(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    job = FakeJob(local_no_record=True)
+    outcome, _ = await incident(env, job, name)
+    assert outcome.disposition is Disposition.FAILED and outcome.handled_locally
+    assert outcome.classification.qualifying  # torchpass's own failure never disqualifies the customer's
+    assert outcome.error and "gave no record" in outcome.error
+    assert job.calls["recorded"] == 1 and job.calls["restart"] == 0 and job.calls["complete"] == 1
+
+
 async def test_no_spare_disqualifies_and_falls_back_to_a_checkpoint_restart(
     env: WorkflowEnvironment, name: str
 ) -> None:

@@ -22,6 +22,12 @@ def register(sub: Any) -> None:
     r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
     r.add_argument("--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)")
     r.add_argument("--keep-checkpoints-after", action="store_true", help="keep them once the job finished")
+    r.add_argument(
+        "--control-plane-wait",
+        type=float,
+        default=5.0,
+        help="seconds an incident waits for Temporal before the job recovers by itself (filed later)",
+    )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     r.add_argument("--customer", help="customer of the YOCO contract the job's incidents count toward")
@@ -111,6 +117,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "keep_checkpoints_after": args.keep_checkpoints_after,
         "seed": args.seed,
         "threads": args.threads,
+        "control_plane_wait": args.control_plane_wait,
     }
     if args.job_id:
         spec_fields["job_id"] = args.job_id
@@ -138,7 +145,15 @@ def _summary(result: dict[str, Any]) -> str:
         lines.append(
             f"  incident {o['incident_id']}: {o['kind']} -> {o['disposition']}, "
             f"recovered in {o['recovery_seconds'] or 0:.2f} s, {o['steps_recomputed']} steps recomputed"
+            + (" (by the job itself: the control plane was away)" if o.get("handled_locally") else "")
         )
+    if result.get("incidents_unfiled"):
+        lines.append(
+            f"torchpass: {result['incidents_unfiled']} incident(s) the job handled itself were never filed "
+            "(Temporal did not come back in time); their records are in the job's local/ directory"
+        )
+    if result.get("reports_undelivered"):
+        lines.append(f"torchpass: {result['reports_undelivered']} failure report(s) never reached Temporal")
     if result["error"]:
         lines.append(f"torchpass: {result['error']}")
     return "\n".join(lines)

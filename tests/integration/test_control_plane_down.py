@@ -1,0 +1,117 @@
+"""The job never waits on the control plane: the real Temporal server (persistent, as `torchpass server
+--db-file` runs it) is killed, a real rank is killed while it is down, and the job recovers live by itself;
+when the server is back, the incident's workflow files the job's record, once.
+
+On the previous main the survivors stayed frozen for minutes while `status` said "training", and the
+incident was booked, once the frozen ranks timed out, as a disqualified "no spare" failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from job_agent import wire
+from job_agent.jobs import request
+from tests.integration.conftest import spec, start_job
+from torchpass.ids import SA_JOB_ID
+from torchpass.job import JobResult
+from torchpass.models import Disposition
+from torchpass.outcome import MigrationOutcome
+from workers.control import control_worker
+from workers.server import dev_server_command
+
+
+class _Server:
+    """`temporal server start-dev` on one port and one SQLite file, killed and started again at will."""
+
+    def __init__(self, db: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.db = db
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        cmd = [*dev_server_command(port=self.port, db_file=self.db), "--headless"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client = await asyncio.wait_for(Client.connect(self.address), 5)
+                await client.count_workflows(rpc_timeout=timedelta(seconds=5))
+                return
+            except Exception:
+                assert time.monotonic() < deadline and self.proc.poll() is None, "the server did not start"
+                await asyncio.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def _server(db: Path) -> AsyncIterator[_Server]:
+    server = _Server(db)
+    await server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+async def _status(job_dir: Path, job_id: str) -> wire.Status:
+    reply = await asyncio.to_thread(request, job_dir, job_id, wire.StatusRequest())
+    assert isinstance(reply, wire.Status), reply
+    return reply
+
+
+async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once_it_is_back(
+    tmp_path: Path, reference: JobResult
+) -> None:
+    async with _server(tmp_path / "temporal.db") as server:
+        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        async with control_worker(client):
+            job = spec(tmp_path, "control-plane-down", control_plane_wait=3.0)
+            task = await start_job(client, job)
+            server.kill()  # the whole control plane is away from here on
+            inject = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=30)
+            assert isinstance(await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok)
+            deadline = time.monotonic() + 90
+            while (status := await _status(tmp_path, job.job_id)).incidents < 1:
+                assert time.monotonic() < deadline and not task.done(), status
+                await asyncio.sleep(0.2)
+            # Recovered live with the server still down: a new world, every rank training in it.
+            assert status.generation == 1 and status.state in ("training", "finished"), status
+            await server.start()
+            result = await asyncio.wait_for(task, 90)
+        assert result.ok and result.final_digest == reference.final_digest  # bitwise, as if nothing failed
+        (outcome,) = result.incidents
+        assert outcome.handled_locally and outcome.disposition is Disposition.MIGRATED and outcome.success
+        assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
+        assert outcome.classification.qualifying and not outcome.incident_id.endswith("/local")
+        assert outcome.recovery_seconds is not None and outcome.recovery_seconds < 3.0 + 20
+        assert (result.incidents_unfiled == 0 and not (job.job_dir / "local").exists()) or not any(
+            (job.job_dir / "local").iterdir()
+        )
+        # One workflow for the job, and its result is the outcome the job holds: recorded once.
+        runs = [w async for w in client.list_workflows(f"{SA_JOB_ID} = '{job.job_id}'")]
+        assert len(runs) == 1, [(w.id, w.run_id) for w in runs]
+        handle = client.get_workflow_handle(runs[0].id, result_type=MigrationOutcome)
+        filed = await asyncio.wait_for(handle.result(), 30)
+        assert filed.incident_id == outcome.incident_id == f"{runs[0].id}/{runs[0].run_id}"
+        assert filed.handled_locally and filed.proof == outcome.proof
