@@ -74,6 +74,7 @@ class IncidentSteps:
             inc = self.job.incidents.current
             if inc is not None:
                 inc.workflow_id = workflow_id
+                inc.answered = True  # its workflow drives it: the job never takes it over
                 return inc
         raise IncidentError(
             ErrorType.UNKNOWN_INCIDENT, f"job {self.job.job_id} has no incident {workflow_id}"

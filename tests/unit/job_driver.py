@@ -23,11 +23,11 @@ from job_agent.local import LocalRecovery
 from job_agent.steps import IncidentSteps
 from tests.unit.fake_ranks import FakeLauncher
 from torchpass import steps as st
-from torchpass.classify import classify
+from torchpass.classify import classify, classify_input
 from torchpass.decisions import RecoveryAction, plan_recovery
 from torchpass.errors import ErrorType
 from torchpass.job import JobResult, JobSpec, JobState
-from torchpass.models import Classification, ClassifyInput, Disposition, FailureReport
+from torchpass.models import Classification, Disposition, FailureReport
 from torchpass.outcome import Ending, MigrationOutcome, build_outcome
 from torchpass.proof import resume_problems, transfer_problems
 
@@ -184,11 +184,7 @@ class Migration:
         return outcome
 
     def _classify(self, confirm: st.ConfirmResult, spare_lost: bool = False) -> Classification:
-        ready = confirm.spares_ready
-        enough = ready is None or ready + confirm.spares_warming >= len(confirm.lost_slots)
-        fields = confirm.model_dump(include={"lost_slots", "world_size", "redundancy", "shard_of"})
-        evidence, spare = tuple(self.evidence), enough and not spare_lost
-        return classify(ClassifyInput(evidence=evidence, spare_available=spare, **fields))
+        return classify(classify_input(tuple(self.evidence), confirm, spare_lost))
 
     async def _migrate(self, confirm: st.ConfirmResult, c: Classification) -> tuple[Classification, Ending]:
         try:

@@ -7,17 +7,22 @@ the incident was then booked as a disqualified "no spare" failure.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from job_agent import coordinator
 from tests.unit.fake_ranks import digest_of
-from tests.unit.job_driver import STEPS, Counts, Job, until
+from tests.unit.job_driver import STEPS, Counts, Job, Migration, until
+from torchpass.ids import incident_workflow_id
 from torchpass.job import JobState
-from torchpass.models import Disposition, FailureKind
+from torchpass.models import Disposition, EventSource, Evidence, FailureKind, FailureReport
 from torchpass.proof import filed_ending
+from torchpass.signing import sign
+from torchpass.steps import FreezeResult
 
 
 def _records(job: Job) -> list[Path]:
@@ -87,3 +92,40 @@ async def test_a_record_never_filed_stays_in_the_state_directory_and_is_counted(
     assert r.incidents_unfiled == 1 and [o.handled_locally for o in r.incidents] == [True]
     (path,) = _records(job)
     assert r.incidents[0].incident_id.removesuffix("/local").split(":")[0] in path.name
+
+
+async def test_an_incident_adopted_from_another_sources_report_stays_its_workflows(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """A signed drain reported by another source (a node watch) is adopted by its workflow's confirm: a
+    step reached the job, so however long the workflow then takes between steps, the job never carries the
+    incident out itself as well."""
+    job = Job(tmp_path, allowance, local=True)
+    job.launcher.step_seconds = 0.3  # still training when the slow workflow freezes it
+    async with job:
+        c = job.coordinator
+        await until(lambda: all(m.step >= 2 for m in c.roster.ranks()), "the ranks to train")
+        victim = c.roster.at(1)
+        assert victim is not None
+        ev = Evidence(
+            kind=FailureKind.NODE_DRAIN,
+            source=EventSource.KUBERNETES,
+            job_id=c.job_id,
+            failure_domain=victim.node,
+            slots=(1,),
+            observed_at=datetime.now(UTC),
+        )
+        freeze = job.steps.freeze
+
+        async def slow_freeze(incident_id: str) -> FreezeResult:
+            await asyncio.sleep(3 * job.spec.control_plane_wait)  # a slow control worker
+            return await freeze(incident_id)
+
+        job.steps.freeze = slow_freeze  # type: ignore[method-assign]
+        report = FailureReport(evidence=sign(c._secret, ev), job_task_queue="q", generation=c.generation)
+        m = Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
+        outcome = await m.run()
+        assert outcome.disposition is Disposition.MIGRATED and not c.incidents.handled
+        await job.finished()
+    r = job.result
+    assert r is not None and [o.handled_locally for o in r.incidents] == [False] and not _records(job)
