@@ -35,6 +35,8 @@ class Injector:
         return _refused(f"job {self._job_id} has ranks 0-{self._world - 1}, not {slot!r}")
 
     def inject(self, req: wire.Inject) -> wire.Ok | wire.Error:
+        if req.target is InjectTarget.SPARE:
+            return self._hit_spare(req)
         if req.slot >= self._world:
             return self._no_such_rank(req.slot)
         self._armed.append(req)
@@ -49,6 +51,29 @@ class Injector:
             "target": req.target.value,
         }
         return wire.Ok(detail=detail)
+
+    def _hit_spare(self, req: wire.Inject) -> wire.Ok | wire.Error:
+        """A spare process, at once: one still starting up if any (the case that once failed the whole
+        job), else a warm one nobody holds. The pool replaces it; nothing is migrated."""
+        starting = sorted(a for a in self._roster.pending if a.startswith(f"{Role.SPARE.value}-"))
+        warm = sorted(
+            m.agent_id
+            for m in self._roster.members.values()
+            if m.role is Role.SPARE and m.alive and m.reserved_for is None
+        )
+        if not starting and not warm:
+            return _refused(f"job {self._job_id} has no spare to hit")
+        agent_id = (starting or warm)[0]
+        if req.action is InjectAction.KILL:
+            self._launcher.kill(agent_id)
+        else:
+            self._launcher.suspend(agent_id)
+            if req.action is InjectAction.PAUSE:
+                asyncio.get_running_loop().call_later(req.seconds, self._launcher.resume, agent_id)
+        state = "starting" if starting else "warm"
+        return wire.Ok(
+            detail={"action": req.action.value, "target": "spare", "agent": agent_id, "was": state}
+        )
 
     def drain(self, req: wire.Drain, state: str) -> tuple[wire.Ok | wire.Error, Evidence | None]:
         """A planned migration (node cordon or drain, security patch, rising temperature)."""

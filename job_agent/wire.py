@@ -227,6 +227,7 @@ class InjectTarget(StrEnum):
     RANK = "rank"  # the rank at `slot`
     DONOR = "donor"  # with `during="transfer"`: the replica chosen to serve the state
     RECEIVER = "receiver"  # with `during="transfer"`: the first process chosen to receive it
+    SPARE = "spare"  # at once: a spare still starting if there is one, else a warm one (`slot` unused)
 
 
 class Inject(_Frame):
@@ -244,7 +245,10 @@ class Inject(_Frame):
 
     @model_validator(mode="after")
     def _target_needs_a_transfer(self) -> Inject:
-        if self.target is not InjectTarget.RANK and self.during != "transfer":
+        if self.target is InjectTarget.SPARE:
+            if self.during != "step" or self.after_step is not None:
+                raise ValueError("a spare is hit at once: no after_step, not during a transfer")
+        elif self.target is not InjectTarget.RANK and self.during != "transfer":
             raise ValueError(f"target {self.target.value!r} exists only during a transfer")
         return self
 

@@ -415,3 +415,43 @@ async def test_the_coordinators_store_refuses_torchs_own_client(tmp_path: Path, 
             intruder = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=1))
             intruder.set("gen0/0", "an attacker's address")
         await job.finished()
+
+
+async def test_a_spare_killed_on_request_is_replaced_and_the_next_failure_is_migrated_live(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """`torchpass inject kill --spare` (chaos): the warm spare is killed at once, nothing is migrated or
+    reported, the pool starts another, and a rank killed next is migrated live onto it."""
+    job = Job(tmp_path, allowance)
+    job.launcher.step_seconds = 0.1
+    async with job:
+        c = job.coordinator
+        await until(lambda: len(c.spares.ready()) == 1, "the spare to warm up")
+        (first,) = [m.agent_id for m in c.spares.ready()]
+        hit = wire.Inject(action=wire.InjectAction.KILL, slot=0, target=wire.InjectTarget.SPARE)
+        reply = await asyncio.to_thread(request, job.spec.state_dir, job.spec.job_id, hit)
+        assert isinstance(reply, wire.Ok) and reply.detail == {
+            "action": "kill",
+            "target": "spare",
+            "agent": first,
+            "was": "warm",
+        }
+        await until(lambda: [m.agent_id for m in c.spares.ready()] not in ([], [first]), "another spare")
+        at = max(m.step for m in c.roster.ranks()) + 2
+        kill = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=at)
+        assert isinstance(
+            await asyncio.to_thread(request, job.spec.state_dir, job.spec.job_id, kill), wire.Ok
+        )
+        m = Migration(job, *(await job.report()))
+        outcome = await m.run()
+        assert outcome.success and outcome.lost_slots == (1,)
+        assert m.reserved is not None and first not in m.reserved.spare_ids
+        await job.finished()
+    _assert_finished(job, incidents=1)
+
+
+def test_a_spare_is_hit_at_once_or_not_at_all() -> None:
+    with pytest.raises(ValueError, match="at once"):
+        wire.Inject(action=wire.InjectAction.KILL, slot=0, after_step=3, target=wire.InjectTarget.SPARE)
+    with pytest.raises(ValueError, match="at once"):
+        wire.Inject(action="kill", slot=0, during="transfer", target=wire.InjectTarget.SPARE)

@@ -51,6 +51,11 @@ def register(sub: Any) -> None:
         default=None,
         help="fire when the next state transfer starts, at --rank, the donor or the first receiver",
     )
+    i.add_argument(
+        "--spare",
+        action="store_true",
+        help="hit a spare now (one still starting if any, else a warm one) instead of a rank",
+    )
     i.add_argument("--seconds", type=float, default=5.0, help="how long a pause lasts")
 
     d = sub.add_parser("drain", help="planned migration: move a healthy rank off its node (cordon/drain)")
@@ -73,6 +78,14 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
         return 0
     from job_agent import wire
 
+    if args.command == "inject" and args.spare:
+        if args.rank is not None or args.during_transfer or args.after_step is not None:
+            raise CliError("--spare hits a spare at once: not with --rank, --after-step or --during-transfer")
+        frame = wire.Inject(action=args.action, slot=0, seconds=args.seconds, target="spare")
+        reply = _request(settings.state_dir, args.job, frame)
+        was, agent = reply.detail["was"], reply.detail["agent"]
+        print(f"torchpass: {args.action} of {was} spare {agent} in job {args.job}")
+        return 0
     if args.command == "inject":
         target = args.during_transfer
         if (args.rank is None) != (target in ("donor", "receiver")):
