@@ -262,12 +262,11 @@ class IncidentTracker:
         del self.handled[workflow_id]
         for task in inc.deliveries:
             task.cancel()
-        kept = [o for o in self.outcomes if not o.incident_id.startswith(mine)]
-        self.outcomes = (
-            [*kept, outcome]
-            if len(kept) == len(self.outcomes)
-            else [outcome if o.incident_id.startswith(mine) else o for o in self.outcomes]
-        )
+        at = next((i for i, o in enumerate(self.outcomes) if o.incident_id.startswith(mine)), None)
+        if at is None:
+            self.outcomes.append(outcome)
+        else:
+            self.outcomes[at] = outcome
         if self._records is not None:
             (self._records / f"{_safe(workflow_id)}.json").unlink(missing_ok=True)
         log.info("incident %s, handled by the job itself, is filed as %s", workflow_id, outcome.incident_id)

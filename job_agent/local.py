@@ -28,7 +28,7 @@ from torchpass.classify import classify, classify_input
 from torchpass.decisions import RecoveryAction, plan_recovery
 from torchpass.errors import ErrorType
 from torchpass.models import Classification, Disposition, Phase, PhaseTiming
-from torchpass.outcome import Ending, MigrationOutcome, build_outcome
+from torchpass.outcome import Ending, MigrationOutcome, bounded_error, build_outcome
 from torchpass.policies import MIGRATION_RETRY
 from torchpass.proof import resume_problems, transfer_problems
 from torchpass.steps import MAX_RECORD_EVIDENCE, ConfirmResult, FreezeResult, LocalRecord
@@ -85,6 +85,7 @@ class _Run:
             else:
                 ending = Ending(disposition=Disposition.NOT_A_FAILURE)
         evidence = tuple(self.inc.evidence)[:MAX_RECORD_EVIDENCE]  # and what arrived while it ran
+        phases = tuple(self.phases.values())
         record = LocalRecord(
             workflow_id=wid,
             evidence=evidence,
@@ -95,11 +96,10 @@ class _Run:
             proof=ending.proof,
             rejoin=ending.rejoin,
             fallback=ending.fallback,
-            error=ending.error[:4000] if ending.error else None,
-            phases=tuple(self.phases.values()),
+            error=bounded_error(ending.error),
+            phases=phases,
         )
         kind = classification.kind or evidence[0].kind
-        phases = tuple(self.phases.values())
         outcome = build_outcome(
             f"{wid}/local", evidence, kind, classification, self.confirm, ending, self.started, phases
         ).model_copy(update={"handled_locally": True})

@@ -160,7 +160,7 @@ class LocalRecord(Model):
     proof: TransferProof | None = None
     rejoin: RejoinResult | None = None
     fallback: FallbackResult | None = None
-    error: str | None = Field(default=None, max_length=4000)
+    error: str | None = Field(default=None, max_length=4000)  # outcome.MAX_ERROR
     phases: tuple[PhaseTiming, ...] = Field(default=(), max_length=16)
 
     @field_validator("phases")
