@@ -3,7 +3,7 @@
 Kills (SIGKILL), hangs (SIGSTOP), pauses (SIGSTOP past the hang timeout, SIGCONT after), planned drains of
 healthy ranks, two ranks killed at once, spares killed (one still starting up if any), and kills with a
 second loss during their recovery (the donor, the spare receiving the
-state, or another rank killed when the state transfer starts) of random ranks of a 4-rank job with 3 warm
+state, or another rank killed when the state transfer starts, or as the group re-forms) of random ranks of a 4-rank job with 3 warm
 spares, on the embedded Temporal dev server with the real control worker. Each failure is armed once the
 job trains again with the previous one's incident on its record (`inject_each`), so every incident is one
 planned failure and a record lost or doubled shows. Prints and records in docs/benchmarks.md: failures
@@ -49,7 +49,8 @@ BEGIN, END = "<!-- chaos: written by bench/chaos.py -->", "<!-- /chaos -->"
 Plan = list[tuple[str, int, int]]
 # One incident each. "kill+donor", "kill+receiver", "kill+rank": a rank killed at the step, then a second
 # process killed when that recovery's state transfer starts (the donor, the spare receiving, or another
-# rank): the recovery must re-plan around it. "pause": SIGSTOP past the hang timeout, SIGCONT after.
+# rank): the recovery must re-plan around it. "kill+regroup": the second process, another rank, is killed
+# as the recovery's group begins to form (the state has moved): the group is abandoned and formed again. "pause": SIGSTOP past the hang timeout, SIGCONT after.
 # "drain": a planned migration of a healthy rank. "double": two ranks killed at the same step (one
 # incident, two slots). "spare": a spare killed (one still starting up if any): no incident, the pool
 # refills, and the next failure must still migrate live.
@@ -59,6 +60,7 @@ MIX = (
     ("kill+donor", 1),
     ("kill+receiver", 1),
     ("kill+rank", 1),
+    ("kill+regroup", 1),
     ("pause", 1),
     ("drain", 1),
     ("double", 1),
@@ -66,7 +68,7 @@ MIX = (
 )
 NO_INCIDENT = {"spare"}
 PAUSE_SECONDS = 4.0  # past the hang timeout (1.5 s): detected, fenced, migrated
-SECOND = {"kill+donor": "donor", "kill+receiver": "receiver", "kill+rank": "rank"}
+SECOND = {"kill+donor": "donor", "kill+receiver": "receiver", "kill+rank": "rank", "kill+regroup": "regroup"}
 
 
 def plan(failures: int, seed: int) -> Plan:
@@ -89,13 +91,14 @@ def frames(action: str, rank: int, step: int) -> list[wire.Inject]:
     if action == "double":
         out.append(wire.Inject(action=wire.InjectAction.KILL, slot=other, after_step=step))
     if action in SECOND:
+        regroup = SECOND[action] == "regroup"
         out.append(
             wire.Inject(
                 action=wire.InjectAction.KILL,
                 slot=other,
                 after_step=max(0, step - 1),  # the frozen world completed the step before
-                during="transfer",
-                target=wire.InjectTarget(SECOND[action]),
+                during="regroup" if regroup else "transfer",
+                target=wire.InjectTarget.RANK if regroup else wire.InjectTarget(SECOND[action]),
             )
         )
     return out
@@ -237,7 +240,7 @@ def _record(s: dict[str, object], seed: int) -> None:
 
 async def main() -> int:
     failures = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 20261203
+    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 20261206
     injections = plan(failures, seed)
     env = await start_dev_server()
     with tempfile.TemporaryDirectory(prefix="torchpass-chaos-") as tmp:

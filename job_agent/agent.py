@@ -28,6 +28,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from job_agent import wire
 from job_agent.link import CoordinatorLink, exit_now
@@ -218,8 +219,7 @@ class RankAgent:
             case wire.Receive(host=host, port=port, timeout=timeout, transfer=tid):
                 self._receive(host, port, timedelta(seconds=timeout), tid)
             case wire.Regroup(generation=generation, world_size=world_size):
-                self._regroup(generation, world_size)
-                return True
+                return self._regroup(generation, world_size)
             case wire.Exit(code=code, reason=reason):
                 exit_now(code, reason)
         return False
@@ -282,22 +282,38 @@ class RankAgent:
             )
         )
 
-    def _regroup(self, generation: int, world_size: int) -> None:
+    def _regroup(self, generation: int, world_size: int) -> bool:
+        """Form generation `generation`'s group; False when it never forms (a peer was lost as it formed
+        and the coordinator abandoned it): this rank stays frozen and waits for the next instruction."""
         self._drop_group()
         self.generation = generation
         self.world_size = world_size
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        # A new store prefix per generation: reusing one makes init read stale keys.
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f"{STORE_PREFIX}{generation}", self._store),
-            rank=self.slot,
-            world_size=world_size,
-            timeout=self._coll_timeout,
-        )
+        try:
+            # A new store prefix per generation: reusing one makes init read stale keys.
+            dist.init_process_group(
+                backend,
+                store=dist.PrefixStore(f"{STORE_PREFIX}{generation}", self._store),
+                rank=self.slot,
+                world_size=world_size,
+                timeout=self._coll_timeout,
+            )
+        except (dist.DistStoreError, RuntimeError) as e:
+            reason = f"generation {generation} did not form: {e}"
+        else:
+            reason = ""
+        if reason:  # outside the except block: no traceback keeps a half-made group alive
+            # The failed init took a group name from torch's counter (its keys live under `<n>/`) and
+            # only destroying a formed world resets it: reset it as that does, or this rank's next
+            # group waits under `1/` for peers writing `0/` (a fresh spare) until the store times out.
+            c10d._world.group_count = 0
+            gc.collect()
+            self._send(wire.Frozen(completed=self.completed_step, reason=reason[:4000]))
+            return False
         assert self._tracked is not None
         layout = self._tracked.layout()
         self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
+        return True
 
     def _drop_group(self) -> None:
         if not dist.is_initialized():

@@ -112,6 +112,7 @@ class Coordinator:
     def regroup(self) -> int:
         """Form the next generation of the world with every current rank; returns its number."""
         self._generation += 1
+        self._injector.on_regroup()
         self._store.drop_before(STORE_PREFIX, self._generation - 1)
         self.progress.begin_generation()
         for m in self.roster.ranks():
@@ -119,6 +120,10 @@ class Coordinator:
             m.replies.pop("joined", None)
             m.send(wire.Regroup(generation=self._generation, world_size=self.world_size))
         return self._generation
+
+    def abandon(self, generation: int) -> None:
+        """`generation`'s group will never form: the ranks blocked forming it stop waiting (the store)."""
+        self._store.abandon(STORE_PREFIX, generation)
 
     async def _shutdown(self) -> JobResult:
         # Nothing reacts to the exits that follow (a spare stopped now is not replaced).
@@ -299,7 +304,7 @@ class Coordinator:
         """Hang and stall detection and process reaping, ten times a second."""
         while True:
             await asyncio.sleep(WATCH_EVERY.total_seconds())
-            self._reap()
+            _reap(self.roster, self._launcher, self.spares, self._fail)
             inc = self.incidents.current
             if self.state is JobState.TRAINING and inc is not None and inc.recovering:
                 self._silent_in_recovery(inc)
@@ -325,25 +330,24 @@ class Coordinator:
                 self.add_evidence(ev)
             self._launcher.kill(m.agent_id)
 
-    def _reap(self) -> None:
-        """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare
-        that did is replaced."""
-        for agent_id in list(self.roster.pending):
-            code = self._launcher.poll(agent_id)
-            if code is None:
-                continue
-            del self.roster.pending[agent_id]
-            if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
-                self.spares.failed_start(agent_id, code)
-                continue
-            self._fail(
-                f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above"
-            )
-
     def _maybe_finished(self) -> None:
         ranks = self.roster.ranks()
         if len(ranks) == self.world_size and all(m.state is MemberState.DONE for m in ranks):
             self._fail(None, JobState.FINISHED)
+
+
+def _reap(roster: Roster, launcher: Launcher, spares: SparePool, fail: Callable[[str], None]) -> None:
+    """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare that
+    did is replaced."""
+    for agent_id in list(roster.pending):
+        code = launcher.poll(agent_id)
+        if code is None:
+            continue
+        del roster.pending[agent_id]
+        if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
+            spares.failed_start(agent_id, code)
+            continue
+        fail(f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above")
 
 
 def job_status(c: Coordinator) -> wire.Status:

@@ -121,6 +121,18 @@ class Injector:
                 self._fire(req, m)
                 return
 
+    def on_regroup(self) -> None:
+        """A recovery's group is about to form: fire the injections armed for it (with `after_step`, only
+        once the rank has completed that step)."""
+        for req in list(self._armed):
+            m = self._roster.at(req.slot)
+            if req.during != "regroup" or m is None:
+                continue
+            if req.after_step is not None and m.completed < req.after_step:
+                continue
+            self._armed.remove(req)
+            self._fire(req, m)
+
     def _fire(self, req: wire.Inject, m: Member) -> None:
         if req.action is InjectAction.KILL:
             self._launcher.kill(m.agent_id)

@@ -36,6 +36,7 @@ FENCE_TIMEOUT = timedelta(seconds=10)
 # A failure reported by another source (or forged) names ranks the job still sees: they must show no
 # progress for this long before they are fenced (`detection.refutes`).
 REFUTE_WAIT = timedelta(seconds=5)
+MAX_REGROUPS = 4  # tries to form the group of a recovery, each after a rank lost as it formed
 
 
 def _since(t0: float) -> float:
@@ -230,10 +231,19 @@ class IncidentSteps:
             raise IncidentError(ErrorType.OUT_OF_ORDER, "rejoin before freeze")
         resume = inc.frozen.target_step + 1
         reproof = None
-        if inc.proof is not None and any(self.job.roster.at(s) is None for s in range(self.job.world_size)):
-            # A rank was lost after the state moved: one more loss of this recovery, supplied like the rest.
-            inc.proof = reproof = await self.supplier.supply(inc, lambda n: None)
-        generation, resumed_at = await self._regroup_and_resume(resume)
+        for _ in range(MAX_REGROUPS):
+            if inc.proof is not None and any(
+                self.job.roster.at(s) is None for s in range(self.job.world_size)
+            ):
+                # A rank lost after the state moved, or as the group formed: one more loss of this
+                # recovery, supplied like the rest, and the group formed again without it.
+                inc.proof = reproof = await self.supplier.supply(inc, lambda n: None)
+            formed = await self._regroup_and_resume(resume, inc)
+            if formed is not None:
+                break
+        else:
+            raise IncidentError(ErrorType.REJOIN_FAILED, f"the group did not form in {MAX_REGROUPS} tries")
+        generation, resumed_at = formed
         step_before = inc.frozen.step_before if inc.frozen.step_before is not None else resume - 1
         resumed = dict(self.job.progress.resumed)
         problems = resume_problems(resumed, resume)
@@ -251,7 +261,12 @@ class IncidentSteps:
         )
         return inc.rejoined
 
-    async def _regroup_and_resume(self, resume: int) -> tuple[int, datetime]:
+    async def _regroup_and_resume(
+        self, resume: int, inc: Incident | None = None
+    ) -> tuple[int, datetime] | None:
+        """Form the next generation with every rank and wait for all to train at `resume`. A rank lost
+        as it forms: with `inc` (a migration), the generation is abandoned, the others freeze again and
+        None says to supply the lost slot and form the group once more; without, the step fails."""
         job = self.job
         ranks = job.roster.ranks()
         if len(ranks) != job.world_size:
@@ -262,13 +277,31 @@ class IncidentSteps:
             return m.state is MemberState.DONE or (m.state is MemberState.TRAINING and m.step >= resume)
 
         await job.changes.wait_for(
-            lambda: all(resumed(m) or not m.alive for m in ranks),
+            lambda: all(resumed(m) for m in ranks) or any(not m.alive for m in ranks),
             self.transfer_timeout,
             "every rank to train again",
         )
-        lost = [m.slot for m in ranks if not m.alive]
+        lost = [m for m in ranks if not m.alive]
+        if lost and inc is not None:
+            # The others are blocked forming a group that can never form: the store refuses its keys so
+            # they give up at once (not at the store's timeout, which once cost the whole world), and
+            # freeze again at the step they hold.
+            job.abandon(generation)
+            inc.lost.update(m.slot for m in lost)
+            survivors = [m for m in ranks if m.alive]
+            with contextlib.suppress(TimeoutError):
+                await job.changes.wait_for(
+                    lambda: all(m.state is MemberState.FROZEN or not m.alive for m in survivors),
+                    self.freeze_timeout,
+                    "ranks to freeze again",
+                )
+            for m in survivors:
+                if m.alive and m.state is not MemberState.FROZEN:
+                    self._lose(inc, m, FailureKind.HANG, f"rank {m.slot} did not freeze again")
+            return None
         if lost:
-            raise IncidentError(ErrorType.REJOIN_FAILED, f"ranks {lost} were lost while the group re-formed")
+            slots = [m.slot for m in lost]
+            raise IncidentError(ErrorType.REJOIN_FAILED, f"ranks {slots} were lost while the group re-formed")
         return generation, datetime.fromtimestamp(max(m.step_wall for m in ranks), UTC)
 
     async def restart_from_checkpoint(self, incident_id: str, reason: str) -> FallbackResult:
@@ -291,7 +324,9 @@ class IncidentSteps:
             job.startup_timeout,
             "restarted ranks",
         )
-        _, resumed_at = await self._regroup_and_resume(restored_step + 1)
+        formed = await self._regroup_and_resume(restored_step + 1)
+        assert formed is not None  # without an incident, a loss raises
+        _, resumed_at = formed
         inc.fallback = FallbackResult(
             restored_step=restored_step,
             failed_at_step=failed_at,

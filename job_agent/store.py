@@ -89,6 +89,7 @@ class StoreServer:
         self._secret = secret
         self._data: dict[str, bytes] = {}
         self._size = 0
+        self._abandoned: set[int] = set()  # generations whose group will never form
         self._lock = threading.Lock()
         self._peers: set[socket.socket] = set()
         self._listener = socket.create_server((host, 0))
@@ -136,6 +137,9 @@ class StoreServer:
             )
         try:
             with self._lock:
+                gone = {_generation(k, STORE_PREFIX) for k in req.keys} & self._abandoned
+                if gone:  # its group will never form: a rank waiting in it gives up now, not at a timeout
+                    return wire.Error(code=ErrorType.REFUSED, reason=f"generation {min(gone)} was abandoned")
                 return self._apply(req)
         except StoreFull as e:
             return wire.Error(code=ErrorType.REFUSED, reason=str(e))
@@ -191,6 +195,13 @@ class StoreServer:
             for k in old:
                 self._pop(k)
         return len(old)
+
+    def abandon(self, prefix: str, generation: int) -> None:
+        """Generation `generation`'s group will never form (a rank was lost as it formed): every request on
+        its keys is refused from now on, so the ranks blocked in forming it stop waiting at once."""
+        assert prefix == STORE_PREFIX
+        with self._lock:
+            self._abandoned = {g for g in self._abandoned if g >= generation - 8} | {generation}
 
     def close(self) -> None:
         self._closed.set()

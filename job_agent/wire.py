@@ -231,16 +231,16 @@ class InjectTarget(StrEnum):
 
 
 class Inject(_Frame):
-    """A failure to inject: when the rank at `slot` reaches `after_step` (`during="step"`), or when the
+    """A failure to inject: when the rank at `slot` reaches `after_step` (`during="step"`), when the
     next state transfer starts (`during="transfer"`: a second failure in the middle of a recovery), to
-    `target`."""
+    `target`, or as the next recovery's group begins to form (`during="regroup"`)."""
 
     t: Literal["inject"] = "inject"
     action: InjectAction
     slot: NonNegativeInt
     after_step: NonNegativeInt | None = None
     seconds: float = Field(default=5.0, gt=0, le=3600, description="how long a pause lasts")
-    during: Literal["step", "transfer"] = "step"
+    during: Literal["step", "transfer", "regroup"] = "step"
     target: InjectTarget = InjectTarget.RANK
 
     @model_validator(mode="after")

@@ -48,14 +48,16 @@ class FaultyAgent(RankAgent):
             with torch.no_grad():
                 next(module.parameters()).view(-1)[0] += 1.0
 
-    def _regroup(self, generation: int, world_size: int) -> None:
-        super()._regroup(generation, world_size)
+    def _regroup(self, generation: int, world_size: int) -> bool:
+        formed = super()._regroup(generation, world_size)
         if (
-            generation > 0
+            formed
+            and generation > 0
             and str(self.slot) == os.environ.get("FAULT_SKIP_SLOT")
             and _once("FAULT_SKIP_ONCE")
         ):
             self.completed_step += 1
+        return formed
 
 
 if __name__ == "__main__":

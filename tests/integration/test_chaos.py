@@ -2,9 +2,10 @@
 injected at random but reproducibly (`bench.chaos.plan`, seeded), one at a time: ranks SIGKILLed, stopped
 as a hang stops them, paused past the hang timeout, drained (a planned move of a healthy rank), two killed
 at the same step, spares killed (one still starting up when there is one), and killed with a second
-process (the donor, the receiving spare, another rank) killed during that recovery's transfer. Every
-failure of a rank must be migrated live, no completed step recomputed, one incident each (none lost, none
-doubled; a spare's loss makes none), and the final state bitwise equal to the same run never failed."""
+process (the donor, the receiving spare, another rank) killed during that recovery's transfer or as its
+group re-forms. Every failure of a rank must be migrated live, no completed step recomputed, one incident
+each (none lost, none doubled; a spare's loss makes none), and the final state bitwise equal to the same run
+never failed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from bench.chaos import MIX, SECOND, SPARES, incidents_of, plan, run, steps_for
 from tests.integration.conftest import run_with, spec
 
 FAILURES = 30
-SEED = 20261203
+SEED = 20261206
 
 
 # A reference run and 30 recoveries, 10 of them with a second loss: about 70 s alone on 2 cores; its own

@@ -87,3 +87,21 @@ async def test_a_process_stopped_mid_transfer_is_a_loss_of_the_recovery_not_a_ti
     await _one_incident_two_losses(result, reference)
     (o,) = result.incidents
     assert o.recovery_seconds is not None and o.recovery_seconds < 30, o.recovery_seconds
+
+
+async def test_a_rank_killed_as_the_group_re_forms_is_supplied_and_the_group_formed_again(
+    client: Client, reference: JobResult, tmp_path: Path
+) -> None:
+    """The state has moved and the group begins to form when a survivor dies: the others were blocked
+    forming a group that could never form, until the store's 60 s timeout killed every one of them (the
+    whole world lost, a checkpoint restart: the fallbacks of the 1,000-failure chaos run). Now the job
+    abandons that generation, so the others give up at once and freeze again; the lost slot gets the next
+    spare and the state, and the group forms without it, live."""
+    job = spec(tmp_path, "regroup-kill", spares=2)
+    at_regroup = wire.Inject(action=wire.InjectAction.KILL, slot=3, after_step=19, during="regroup")
+    result = await run_with(client, job, [at_regroup, ("kill", 1, 20)])
+    await _one_incident_two_losses(result, reference)
+    (o,) = result.incidents
+    assert o.proof is not None and set(o.proof.receiver_slots) == {1, 3}, o.proof
+    assert o.lost_slots == (1, 3) and o.proof.lost_during == (3,)
+    assert o.recovery_seconds is not None and o.recovery_seconds < 30, o  # not the store's 60 s

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -54,6 +56,35 @@ def test_old_generations_keys_are_dropped(server: StoreServer) -> None:
     assert server.drop_before("gen", 2) == 2
     assert not client.check(["gen0/0"]) and not client.check(["gen1/0"])
     assert client.check(["gen2/0", "gen3/0", "other"])
+    client.close()
+
+
+def test_a_rank_waiting_in_an_abandoned_generation_gives_up_at_once(server: StoreServer) -> None:
+    """A rank lost as a recovery's group forms leaves the others polling for its keys; the coordinator
+    abandons that generation and they stop now, not at the store's timeout (60 s in a job, which once
+    cost the whole world), while the next generation forms as usual."""
+    client = RendezvousStore("127.0.0.1", server.port, SECRET, timedelta(seconds=60))
+    failed: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            client.wait(["gen3/never"])
+        except dist.DistStoreError as e:
+            failed.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive() and not failed  # still waiting: nothing refused before the abandon
+    t0 = time.monotonic()
+    server.abandon("gen", 3)
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and time.monotonic() - t0 < 2
+    assert "generation 3 was abandoned" in str(failed[0])
+    with pytest.raises(dist.DistStoreError, match="abandoned"):
+        client.set("gen3/late", b"x")
+    client.set("gen4/0", b"x")
+    assert client.get("gen4/0") == b"x" and client.check(["gen4/0"])
     client.close()
 
 
