@@ -135,8 +135,9 @@ class Coordinator:
             if m.alive:
                 m.send(wire.Exit(code=0 if finished else 1, reason=reason))
         deadline = time.monotonic() + SHUTDOWN_GRACE.total_seconds()
+        # A spare still starting is told to go when it connects (`_request`), like everyone else.
         while time.monotonic() < deadline and any(
-            self._launcher.poll(a) is None for a in self.roster.members
+            self._launcher.poll(a) is None for a in [*self.roster.members, *self.roster.pending]
         ):
             await asyncio.sleep(0.05)
         await asyncio.to_thread(self._launcher.shutdown, timedelta(seconds=5))

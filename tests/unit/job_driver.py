@@ -8,6 +8,7 @@ workflow's order, and keeps what each answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import threading
@@ -40,6 +41,15 @@ Counts = tuple[int, ...]  # Python threads, OS threads, open file descriptors
 
 def counts() -> Counts:
     return threading.active_count(), len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def fd_targets() -> dict[str, str]:
+    """What each open descriptor is (a socket, a pipe, a file): the diagnosis when a test leaks one."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return out
 
 
 async def bounded(call: Awaitable[T]) -> T:
@@ -108,6 +118,7 @@ class Job:
 
     async def __aenter__(self) -> Job:
         self._before = await quiet()
+        self._fds = fd_targets()
         self.coordinator = c = Coordinator(self.spec, self._report, self.launcher)
         wait = timedelta(seconds=WAIT)
         self.steps = IncidentSteps(c, wait, wait, spare_wait=timedelta(seconds=2))
@@ -137,7 +148,9 @@ class Job:
             limit = tuple(b + a for b, a in zip(self._before, self._allowance, strict=True))
             deadline = time.monotonic() + WAIT
             while any(n > m for n, m in zip(counts(), limit, strict=True)):
-                assert time.monotonic() < deadline, f"leaked: (threads, tasks, fds) {counts()} > {limit}"
+                if time.monotonic() >= deadline:
+                    new = {fd: what for fd, what in fd_targets().items() if self._fds.get(fd) != what}
+                    raise AssertionError(f"leaked: (threads, tasks, fds) {counts()} > {limit}; new fds {new}")
                 await asyncio.sleep(0.01)
                 gc.collect()  # as `quiet` did before counting: a socket in a reference cycle waits for it
 
