@@ -11,31 +11,31 @@ reports become incident workflows). The recovery steps (`steps.IncidentSteps`) a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import shutil
-import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 
-from job_agent import wire
+from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
 from job_agent.detection import Detector, signal_name
 from job_agent.incident import Incident, IncidentTracker, Reporter
 from job_agent.injection import Injector
+from job_agent.interrupt import stopped_by_signals
 from job_agent.jobs import register_job, unregister_job
 from job_agent.launcher import Launcher, LocalLauncher, agent_env
 from job_agent.members import Member, MemberState, Roster
 from job_agent.progress import StepTracker
+from job_agent.resume import ProgressFile
 from job_agent.spares import LocalSparePool, SparePool
 from job_agent.store import STORE_PREFIX, StoreServer
 from job_agent.transfer import DirectTransport, StateTransport
 from job_agent.waiting import Changes, JobFailed
 from job_agent.wire import Role
 from torchpass.errors import ErrorType
-from torchpass.job import JobResult, JobSpec, JobState
+from torchpass.job import JobResult, JobSpec, JobState, Resumed
 from torchpass.models import Evidence
 from torchpass.outcome import MigrationOutcome
 from torchpass.signing import is_signed
@@ -70,7 +70,9 @@ class Coordinator:
         self._address, self._store_address = f"127.0.0.1:{self._server.port}", f"127.0.0.1:{self._store.port}"
         self.roster = Roster()
         self.changes = Changes()
-        self.progress = StepTracker()
+        self._progress_file = ProgressFile(spec.job_dir)
+        self.progress = StepTracker(self._progress_file.write)
+        self.resumed: Resumed | None = None
         self.spares: SparePool = LocalSparePool(self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence)
         self.transport: StateTransport = DirectTransport(self.changes)
         self.incidents = IncidentTracker.of_job(spec, lambda: self._generation, reporter)
@@ -84,13 +86,17 @@ class Coordinator:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def run(self) -> JobResult:
-        with _stopped_by_signals(self._fail):
+        with stopped_by_signals(self._fail):
             return await self._run()
 
     async def _run(self) -> JobResult:
+        self.resumed = resume.prepare(self.spec.job_dir, self.spec.fresh)
         register_job(self.spec.job_dir, self._secret, self._address, self.world_size)
-        for slot in range(self.world_size):
-            self.spawn(Role.RANK, slot)
+        if self.resumed is not None:  # the steps it completed are measured as recomputed when run again
+            self.progress.completed(self.resumed.last_completed)
+            if self.resumed.checkpoint is not None:
+                self.checkpoints.append((self.resumed.checkpoint_step, self.resumed.checkpoint))
+        self.restart_ranks(self.latest_checkpoint()[1])
         for _ in range(self.spec.spares):
             self.spawn(Role.SPARE, -1)
         self._watcher = asyncio.ensure_future(self._watch())
@@ -135,9 +141,10 @@ class Coordinator:
             if m.alive:
                 m.send(wire.Exit(code=0 if finished else 1, reason=reason))
         deadline = time.monotonic() + SHUTDOWN_GRACE.total_seconds()
-        # A spare still starting is told to go when it connects (`_request`), like everyone else.
-        while time.monotonic() < deadline and any(
-            self._launcher.poll(a) is None for a in [*self.roster.members, *self.roster.pending]
+        # A spare still starting is told to go as it connects; a migration's last step is still recorded.
+        while time.monotonic() < deadline and (
+            any(self._launcher.poll(a) is None for a in [*self.roster.members, *self.roster.pending])
+            or (finished and self.incidents.current is not None)
         ):
             await asyncio.sleep(0.05)
         await asyncio.to_thread(self._launcher.shutdown, timedelta(seconds=5))
@@ -157,13 +164,16 @@ class Coordinator:
             incidents=tuple(self.incidents.outcomes),
             reports_undelivered=self.incidents.undelivered,
             incidents_unfiled=sum(inc.record is not None for inc in self.incidents.handled.values()),
+            resumed=self.resumed,
             error=self.error,
         )
         (self.spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
         unregister_job(self.spec.job_dir)
-        if result.status is JobState.FINISHED and not self.spec.keep_checkpoints_after:
-            # Only a fallback restart reads them: a finished job's would fill the state directory.
-            shutil.rmtree(self.spec.job_dir / "checkpoints", ignore_errors=True)
+        if result.status is JobState.FINISHED:
+            self._progress_file.remove()
+            if not self.spec.keep_checkpoints_after:
+                # Only a restart reads them: a finished job's would fill the state directory.
+                shutil.rmtree(self.spec.job_dir / "checkpoints", ignore_errors=True)
         return result
 
     def _fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:
@@ -368,31 +378,3 @@ def job_status(c: Coordinator) -> wire.Status:
         incident=inc.workflow_id if inc else None,
         incidents=len(c.incidents.outcomes),
     )
-
-
-@contextlib.contextmanager
-def _stopped_by_signals(stop: Callable[[str], None]) -> Iterator[None]:
-    """Ctrl-C or SIGTERM (a scheduler ending the job) stop the job the orderly way: its ranks are told to
-    exit, its result and incidents are written and its secret removed. A second one is the default (an
-    impatient Ctrl-C still ends the process; the ranks die with it). Off the main thread, nothing."""
-    loop = asyncio.get_running_loop()
-    caught: list[signal.Signals] = []
-
-    def on_signal(sig: signal.Signals) -> None:
-        loop.remove_signal_handler(sig)
-        caught.append(sig)
-        stop(f"stopped by {sig.name} (the job did not finish; its state so far is recorded)")
-
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, on_signal, sig)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not Unix
-            continue
-        installed.append(sig)
-    try:
-        yield
-    finally:
-        for sig in installed:
-            if sig not in caught:
-                loop.remove_signal_handler(sig)

@@ -22,9 +22,7 @@ def register_job(job_dir: Path, secret: bytes, coordinator: str, world_size: int
     os.chmod(job_dir, 0o700)  # made by an older version, or by hand
     path = job_dir / "secret"
     if path.exists() or path.is_symlink():
-        owner = _registered_pid(job_dir)
-        if owner is not None and owner != os.getpid() and _alive(owner):
-            raise JobIdInUse(f"job {job_dir.name} is already running here (coordinator pid {owner})")
+        refuse_if_running(job_dir)
         path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -47,14 +45,24 @@ def unregister_job(job_dir: Path) -> None:
         (job_dir / name).unlink(missing_ok=True)
 
 
-def _registered_pid(job_dir: Path) -> int | None:
+def registered_pid(job_dir: Path) -> int | None:
+    """The pid of the coordinator registered for this job (running, or dead without unregistering)."""
     try:
         return int(json.loads((job_dir / "job.json").read_text())["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
+def refuse_if_running(job_dir: Path) -> None:
+    """`JobIdInUse` if a coordinator still running here is registered for this job."""
+    owner = registered_pid(job_dir)
+    if owner is not None and owner != os.getpid() and _alive(owner):
+        raise JobIdInUse(f"job {job_dir.name} is already running here (coordinator pid {owner})")
+
+
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # 0 and negatives name process groups, not a coordinator
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -74,12 +82,18 @@ class UnknownJob(Exception):
 
 def running_jobs(state_dir: Path) -> list[dict[str, Any]]:
     """Registry entries of jobs whose coordinator process is still alive."""
+    return [info for info in registered_jobs(state_dir) if info["alive"]]
+
+
+def registered_jobs(state_dir: Path) -> list[dict[str, Any]]:
+    """Every registry entry, `alive` saying whether its coordinator still runs: one that is not was lost
+    (killed, or its host went down) with its job unfinished; `torchpass run` with its id resumes it."""
     out = []
     for path in sorted((state_dir / "jobs").glob("*/job.json")):
         try:
             info = json.loads(path.read_text())
-            os.kill(int(info["pid"]), 0)
-        except (OSError, ValueError, KeyError):
+            info["alive"] = _alive(int(info["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
             continue
         info["dir"] = str(path.parent)
         out.append(info)

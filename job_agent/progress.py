@@ -9,9 +9,12 @@ recomputed" is checked against).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class StepTracker:
-    def __init__(self) -> None:
+    def __init__(self, on_advance: Callable[[int], None] | None = None) -> None:
+        self._on_advance = on_advance  # told each new high water (the job keeps it on disk: `resume`)
         self.high_water = -1  # the most advanced step any rank has completed
         self.settled = -1  # ... as of the start of the current generation
         self.recomputed: set[int] = set()
@@ -33,7 +36,10 @@ class StepTracker:
         self.completed(step - 1)
 
     def completed(self, step: int) -> None:
-        self.high_water = max(self.high_water, step)
+        if step > self.high_water:
+            self.high_water = step
+            if self._on_advance is not None:
+                self._on_advance(step)
 
     def recomputed_after(self, step_before: int) -> int:
         """Steps the ranks will run again: every completed step from the lowest first step of this

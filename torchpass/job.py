@@ -41,6 +41,11 @@ class JobSpec(Model):
         description="keep them once the job finished; by default a finished job's are removed (a failed "
         "job's stay, to restart it from)",
     )
+    fresh: bool = Field(
+        default=False,
+        description="start at step 0 even if an earlier run of this job id did not finish (by default it "
+        "resumes from that run's latest checkpoint)",
+    )
     seed: int = 0
     threads: int = Field(default=1, ge=1)
     startup_timeout: float = Field(default=120.0, gt=0)
@@ -73,6 +78,16 @@ class JobState(StrEnum):
     FAILED = "failed"
 
 
+class Resumed(Model):
+    """The earlier run of the same job id that this run resumed: why it ended, how far its ranks got, and
+    the checkpoint this run restarted from (`torchpass run` again after a lost coordinator or a stop)."""
+
+    previous: str = Field(max_length=600, description="why the earlier run ended")
+    last_completed: int = Field(ge=-1, description="its most advanced completed step, as its ranks reported")
+    checkpoint_step: int = Field(ge=-1, description="the restart's checkpoint step; -1: none, from step 0")
+    checkpoint: str | None = Field(default=None, max_length=4096)
+
+
 class JobResult(Model):
     job_id: str
     status: JobState = Field(description="finished, user_error or failed")
@@ -89,6 +104,7 @@ class JobResult(Model):
         description="incidents the job handled itself whose workflow never filed them before it ended "
         "(their records stay in the job's local/ directory)",
     )
+    resumed: Resumed | None = Field(default=None, description="the unfinished earlier run this one resumed")
     error: str | None = None
 
     @property

@@ -416,7 +416,8 @@ class FakeLauncher(Launcher):
         return self.fakes[agent_id].thread.native_id
 
     def shutdown(self, timeout: timedelta) -> None:
-        for fake in self.fakes.values():
+        fakes = list(self.fakes.values())  # in a thread, as the loop may still spawn (a refill)
+        for fake in fakes:
             fake.end(TERMINATED)  # one that exited keeps its code
-        for fake in self.fakes.values():
+        for fake in fakes:
             fake.thread.join(timeout.total_seconds())

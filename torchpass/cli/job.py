@@ -28,6 +28,12 @@ def register(sub: Any) -> None:
         default=5.0,
         help="seconds an incident waits for Temporal before the job recovers by itself (filed later)",
     )
+    r.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start at step 0 even if an earlier run of this --job-id did not finish (by default it resumes "
+        "from that run's latest checkpoint)",
+    )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     r.add_argument("--customer", help="customer of the YOCO contract the job's incidents count toward")
@@ -36,7 +42,7 @@ def register(sub: Any) -> None:
     r.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
     temporal_args(r)
 
-    sub.add_parser("jobs", help="list the jobs running on this host")
+    sub.add_parser("jobs", help="list this host's jobs: running, and lost (coordinator gone, unfinished)")
 
     i = sub.add_parser("inject", help="inject a failure into a running job (tests, demos, chaos)")
     i.add_argument(
@@ -69,11 +75,13 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
     if args.command == "run":
         return asyncio.run(_run(args, settings))
     if args.command == "jobs":
-        from job_agent.jobs import running_jobs
+        from job_agent.jobs import registered_jobs
 
-        for j in running_jobs(settings.state_dir):
+        for j in registered_jobs(settings.state_dir):
+            state = "running" if j["alive"] else "lost (torchpass run --job-id it again to resume)"
             print(
-                f"{j['job_id']}\tworld {j['world_size']}\tcoordinator pid {j['pid']}\tsince {j['started_at']}"
+                f"{j['job_id']}\t{state}\tworld {j['world_size']}\tcoordinator pid {j['pid']}"
+                f"\tsince {j['started_at']}"
             )
         return 0
     from job_agent import wire
@@ -128,6 +136,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,
         "keep_checkpoints_after": args.keep_checkpoints_after,
+        "fresh": args.fresh,
         "seed": args.seed,
         "threads": args.threads,
         "control_plane_wait": args.control_plane_wait,
@@ -154,6 +163,12 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
 
 def _summary(result: dict[str, Any]) -> str:
     lines = [f"torchpass: job {result['job_id']} {result['status']} after {result['steps_completed']} steps"]
+    if resumed := result.get("resumed"):
+        lines.append(
+            f"  resumed at step {resumed['checkpoint_step'] + 1}, from the earlier run's latest checkpoint "
+            f"({resumed['previous']}; its ranks had completed step {resumed['last_completed']}): "
+            f"{result['steps_recomputed']} step(s) recomputed in all, as the ranks reported them"
+        )
     for o in result["incidents"]:
         lines.append(
             f"  incident {o['incident_id']}: {o['kind']} -> {o['disposition']}, "

@@ -1,0 +1,105 @@
+"""A job that did not finish resumes where it stopped: `torchpass run` again with the same job id.
+
+A coordinator SIGKILLed (or OOM-killed, or its host rebooted) takes its ranks with it (they die of its
+death: `launcher.death_signal`) and leaves its registration behind; one stopped by a signal (a scheduler's
+preemption) or failed leaves a result that is not "finished". Either way the job's directory still holds
+its latest fallback checkpoints and the most advanced step its ranks reported completing (`progress.json`,
+rewritten as that step advances). The next run of the same job id restarts every rank from the latest
+checkpoint and counts, from the ranks' own step reports, the completed steps it runs again; its result
+says which run it resumed and why that one ended. `--fresh` discards all of it and starts at step 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from job_agent.jobs import refuse_if_running, registered_pid
+from torchpass.job import JobState, Resumed
+
+PROGRESS = "progress.json"
+_CHECKPOINT = "step-*.pt"
+
+
+class ProgressFile:
+    """The most advanced step the job's ranks reported completing, on disk: what a later run measures the
+    steps it redoes against. Atomic (a crash mid-write leaves the previous value), owner-only."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self._path = job_dir / PROGRESS
+        self._written = -1
+
+    def write(self, completed: int) -> None:
+        if completed <= self._written or not self._path.parent.is_dir():
+            return
+        tmp = self._path.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"completed": completed}))
+        os.replace(tmp, self._path)
+        self._written = completed
+
+    def remove(self) -> None:
+        self._path.unlink(missing_ok=True)
+
+
+def latest_checkpoint(job_dir: Path) -> tuple[int, Path] | None:
+    """The job's latest fallback checkpoint and its step (from its name, `step-<step>.pt`)."""
+    found = []
+    for path in (job_dir / "checkpoints").glob(_CHECKPOINT):
+        number = path.stem.removeprefix("step-")
+        if number.isdigit():
+            found.append((int(number), path))
+    return max(found, default=None)
+
+
+def prepare(job_dir: Path, fresh: bool) -> Resumed | None:
+    """Before the job registers: where it resumes, or None, its earlier runs' leftovers discarded so that
+    none is ever mistaken for this run's (a finished run's kept checkpoints included). `JobIdInUse` if
+    the job id is running here now (nothing is touched)."""
+    refuse_if_running(job_dir)
+    resumed = None if fresh else resume_point(job_dir)
+    if resumed is None:
+        start_fresh(job_dir)
+    return resumed
+
+
+def resume_point(job_dir: Path) -> Resumed | None:
+    """Where this job resumes, if its last run did not finish; None when there is nothing to resume (it
+    never ran, or it finished). Read before the job registers (which replaces a dead coordinator's entry
+    and refuses a live one's)."""
+    pid = registered_pid(job_dir)
+    if pid is not None:  # registered, not running (`prepare`), never unregistered: it died without a word
+        why = f"its coordinator (pid {pid}) was lost"
+    else:
+        try:
+            last = json.loads((job_dir / "result.json").read_text())
+            status, error = JobState(last["status"]), last.get("error")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # never ran here, or a result nobody can read: nothing to resume from
+        if status is JobState.FINISHED:
+            return None
+        why = f"it ended {status.value}" + (f": {str(error)[:500]}" if error else "")
+    try:
+        completed = int(json.loads((job_dir / PROGRESS).read_text())["completed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        completed = -1
+    checkpoint = latest_checkpoint(job_dir)
+    return Resumed(
+        previous=why,
+        last_completed=completed,
+        checkpoint_step=checkpoint[0] if checkpoint else -1,
+        checkpoint=str(checkpoint[1]) if checkpoint else None,
+    )
+
+
+def start_fresh(job_dir: Path) -> None:
+    """`--fresh`: forget every earlier run of this job id (its checkpoints, progress, result, record)."""
+    shutil.rmtree(job_dir / "checkpoints", ignore_errors=True)
+    for name in (PROGRESS, "result.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (job_dir / name).unlink()

@@ -1,0 +1,106 @@
+"""Where a job that did not finish resumes (`job_agent.resume`), read from real files in a job directory
+as a lost coordinator, a stopped job and a finished one leave them."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from job_agent.jobs import JobIdInUse, register_job, registered_jobs, unregister_job
+from job_agent.progress import StepTracker
+from job_agent.resume import PROGRESS, ProgressFile, prepare, resume_point
+from torchpass.job import JobResult, JobState
+
+DEAD = 2**22 + 7  # no such process
+
+
+def _job(tmp_path: Path, pid: int | None = DEAD) -> Path:
+    job_dir = tmp_path / "jobs" / "j"
+    register_job(job_dir, b"s" * 32, "127.0.0.1:1", 2)
+    if pid is None:
+        unregister_job(job_dir)
+    else:
+        info = json.loads((job_dir / "job.json").read_text())
+        (job_dir / "job.json").write_text(json.dumps({**info, "pid": pid}))
+    return job_dir
+
+
+def _checkpoints(job_dir: Path, *steps: int) -> None:
+    (job_dir / "checkpoints").mkdir(exist_ok=True)
+    for step in steps:
+        (job_dir / "checkpoints" / f"step-{step:08d}.pt").write_bytes(b"x")
+
+
+def test_a_lost_coordinators_job_resumes_from_its_latest_checkpoint_and_says_how_far_it_got(
+    tmp_path: Path,
+) -> None:
+    job_dir = _job(tmp_path)
+    _checkpoints(job_dir, 9, 19, 99)  # by number, not by name: 99 < 100 would sort wrongly unpadded
+    (job_dir / "checkpoints" / "step-00000100.pt").write_bytes(b"x")
+    ProgressFile(job_dir).write(117)
+    resumed = prepare(job_dir, fresh=False)
+    assert resumed is not None and f"(pid {DEAD}) was lost" in resumed.previous
+    assert (resumed.last_completed, resumed.checkpoint_step) == (117, 100)
+    assert resumed.checkpoint == str(job_dir / "checkpoints" / "step-00000100.pt")
+
+
+def test_a_stopped_job_resumes_a_finished_one_starts_again_and_leaves_nothing_to_mistake(
+    tmp_path: Path,
+) -> None:
+    job_dir = _job(tmp_path, pid=None)
+    _checkpoints(job_dir, 19)
+    stopped = JobResult(
+        job_id="j", status=JobState.FAILED, steps_completed=25, generation=0, error="stopped by SIGTERM"
+    )
+    (job_dir / "result.json").write_text(stopped.model_dump_json())
+    resumed = resume_point(job_dir)
+    assert resumed is not None and resumed.previous == "it ended failed: stopped by SIGTERM"
+    assert resumed.last_completed == -1 and resumed.checkpoint_step == 19  # no progress file: unknown
+
+    finished = stopped.model_copy(update={"status": JobState.FINISHED, "error": None})
+    (job_dir / "result.json").write_text(finished.model_dump_json())
+    ProgressFile(job_dir).write(59)
+    assert prepare(job_dir, fresh=False) is None  # a finished job's kept checkpoints are not this run's
+    assert not (job_dir / "checkpoints").exists() and not (job_dir / PROGRESS).exists()
+    assert not (job_dir / "result.json").exists()
+
+
+def test_fresh_discards_an_unfinished_run_and_a_running_job_is_never_touched(tmp_path: Path) -> None:
+    job_dir = _job(tmp_path)
+    _checkpoints(job_dir, 19)
+    assert prepare(job_dir, fresh=True) is None and not (job_dir / "checkpoints").exists()
+
+    running = _job(tmp_path, pid=os.getppid())  # alive, and not this process
+    _checkpoints(running, 39)
+    with pytest.raises(JobIdInUse):
+        prepare(running, fresh=True)
+    assert (running / "checkpoints" / "step-00000039.pt").exists()
+
+
+def test_a_job_never_run_or_with_an_unreadable_result_has_nothing_to_resume(tmp_path: Path) -> None:
+    assert prepare(tmp_path / "jobs" / "new", fresh=False) is None
+    job_dir = _job(tmp_path, pid=None)
+    (job_dir / "result.json").write_text("{not json")
+    assert resume_point(job_dir) is None
+
+
+def test_the_progress_file_follows_the_ranks_high_water_atomically_and_owner_only(tmp_path: Path) -> None:
+    job_dir = _job(tmp_path)
+    tracker = StepTracker(ProgressFile(job_dir).write)
+    tracker.entered(0, 5, -1)
+    tracker.entered(1, 3, -1)  # behind the high water: nothing written
+    assert json.loads((job_dir / PROGRESS).read_text()) == {"completed": 4}
+    assert stat.S_IMODE((job_dir / PROGRESS).stat().st_mode) == 0o600
+    assert not list(job_dir.glob("*.tmp"))
+
+
+def test_a_lost_job_stays_listed_and_says_so(tmp_path: Path) -> None:
+    _job(tmp_path)
+    (job,) = registered_jobs(tmp_path)
+    assert job["job_id"] == "j" and job["alive"] is False
+    (tmp_path / "jobs" / "j" / "job.json").write_text(json.dumps({"pid": 0}))  # a group, not a process
+    assert registered_jobs(tmp_path)[0]["alive"] is False
