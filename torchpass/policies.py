@@ -62,6 +62,10 @@ HEARTBEAT = 5.0
 # or so instead of waiting out every step's schedule-to-close (19 minutes once). Not retried: no retry can
 # bring a dead coordinator back.
 JOB_PICKUP = 20.0
+# A control worker caches each workflow it runs and gets its next task on its own (sticky) queue; the
+# server hands the task to any worker only once it waited this long. Temporal's 10 s default was the cost
+# of a control worker killed mid-incident; a busy worker that misses it costs a replay, nothing more.
+STICKY_PICKUP = timedelta(seconds=2)
 ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
     JobActivity.CONFIRM_FAILURE: _t(15, 60, HEARTBEAT, JOB_PICKUP),
     ControlActivity.CLASSIFY_FAILURE: _t(10, 60),

@@ -15,6 +15,7 @@ from activities.control import ControlActivities
 from activities.ledger import LedgerActivities
 from activities.validation import validation_activities
 from torchpass.ids import CONTROL_TASK_QUEUE
+from torchpass.policies import STICKY_PICKUP
 from workers.settings import Settings
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.migration import MigrationWorkflow
@@ -32,6 +33,7 @@ def control_worker(
     return Worker(
         client,
         task_queue=task_queue,
+        sticky_queue_schedule_to_start_timeout=STICKY_PICKUP,
         workflows=[MigrationWorkflow, *CONTRACT_WORKFLOWS, *VALIDATION_WORKFLOWS],
         activities=[
             acts.classify_failure,

@@ -12,18 +12,20 @@ import asyncio
 import contextlib
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 
 from job_agent import wire
 from job_agent.jobs import request
 from tests.integration.conftest import spec, start_job
-from torchpass.ids import SA_JOB_ID
+from torchpass.ids import SA_JOB_ID, JobActivity
 from torchpass.job import JobResult
 from torchpass.models import Disposition
 from torchpass.outcome import MigrationOutcome
@@ -114,3 +116,60 @@ async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once
             filed = await asyncio.wait_for(handle.result(), 30)
             assert filed.incident_id == outcome.incident_id == f"{runs[0].id}/{runs[0].run_id}"
             assert filed.handled_locally and filed.proof == outcome.proof
+
+
+async def _scheduled(client: Client, workflow_id: str, activity: str, deadline: float) -> None:
+    """Wait until the workflow's history has `activity` scheduled (its worker ran the tasks before)."""
+    handle = client.get_workflow_handle(workflow_id)
+    while True:
+        with contextlib.suppress(RPCError):  # not started yet: the report is on its way
+            async for event in handle.fetch_history_events():
+                if event.activity_task_scheduled_event_attributes.activity_type.name == activity:
+                    return
+        assert time.monotonic() < deadline, f"{workflow_id} never scheduled {activity}"
+        await asyncio.sleep(0.01)
+
+
+def _worker(address: str) -> subprocess.Popen[str]:
+    """`torchpass worker`, the real control worker, as its own process (SIGKILLed at will)."""
+    cmd = [sys.executable, "-m", "torchpass.cli", "worker", "--address", address]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migration_stays_live(
+    tmp_path: Path, reference: JobResult
+) -> None:
+    """The only control worker SIGKILLed while it runs an incident's workflow, another started: the
+    workflow goes on on the new worker from its history and the rank is migrated live through Temporal
+    (the job waits for it: `--control-plane-wait` 60 s). On the previous main the incident waited out the
+    steps' timeouts (21-22 s once)."""
+    async with _server(tmp_path / "temporal.db") as server:
+        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        first, second = _worker(server.address), None
+        try:
+            job = spec(tmp_path, "worker-lost", control_plane_wait=60.0)
+            task = await start_job(client, job)
+            inject = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=30)
+            assert isinstance(await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok)
+            deadline = time.monotonic() + 60
+            while (status := await _status(tmp_path, job.job_id)).incident is None:
+                assert time.monotonic() < deadline and not task.done(), status
+                await asyncio.sleep(0.01)
+            await _scheduled(client, status.incident, JobActivity.TRANSFER_STATE, deadline)
+            first.kill()  # mid-transfer: the workflow's next task is this worker's (its sticky queue)
+            killed_at = datetime.now(UTC)
+            second = _worker(server.address)
+            result = await asyncio.wait_for(task, 120)
+        finally:
+            for w in (first, second):
+                if w is not None and w.poll() is None:
+                    w.kill()
+                if w is not None:
+                    w.communicate()
+        assert result.ok and result.final_digest == reference.final_digest
+        (outcome,) = result.incidents
+        assert outcome.disposition is Disposition.MIGRATED and outcome.success and not outcome.handled_locally
+        assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
+        assert outcome.recovery_seconds is not None
+        # The kill cost the sticky queue's pickup bound (STICKY_PICKUP, 2 s), not Temporal's 10 s default.
+        assert outcome.recovered_at is not None and (outcome.recovered_at - killed_at).total_seconds() < 8
