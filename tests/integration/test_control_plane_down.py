@@ -173,3 +173,35 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
         assert outcome.recovery_seconds is not None
         # The kill cost the sticky queue's pickup bound (STICKY_PICKUP, 2 s), not Temporal's 10 s default.
         assert outcome.recovered_at is not None and (outcome.recovered_at - killed_at).total_seconds() < 8
+
+
+async def test_the_server_restarted_mid_transfer_costs_seconds_and_the_migration_stays_live(
+    tmp_path: Path, reference: JobResult
+) -> None:
+    """The real Temporal server (persistent) killed once an incident's transfer is scheduled and started
+    again at once: the job's and the control worker's calls reconnect, the step's result reaches the
+    workflow (or the step is retried, idempotent, after its 5 s heartbeat timeout) and the rank is migrated
+    live through Temporal (the job waits for it: `--control-plane-wait` 60 s)."""
+    async with _server(tmp_path / "temporal.db") as server:
+        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        async with control_worker(client):
+            job = spec(tmp_path, "server-restarted", control_plane_wait=60.0)
+            task = await start_job(client, job)
+            inject = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=30)
+            assert isinstance(await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok)
+            deadline = time.monotonic() + 60
+            while (status := await _status(tmp_path, job.job_id)).incident is None:
+                assert time.monotonic() < deadline and not task.done(), status
+                await asyncio.sleep(0.01)
+            await _scheduled(client, status.incident, JobActivity.TRANSFER_STATE, deadline)
+            server.kill()
+            killed_at = datetime.now(UTC)
+            await server.start()
+            back_at = datetime.now(UTC)
+            result = await asyncio.wait_for(task, 120)
+        assert result.ok and result.final_digest == reference.final_digest
+        (outcome,) = result.incidents
+        assert outcome.disposition is Disposition.MIGRATED and outcome.success and not outcome.handled_locally
+        assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
+        # Seconds once the server is back (0.1 s measured), not the steps' timeouts (21-22 s once).
+        assert outcome.recovered_at is not None and (outcome.recovered_at - back_at).total_seconds() < 8
