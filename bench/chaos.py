@@ -37,6 +37,7 @@ from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from workers.control import control_worker
 from workers.job import run_job
+from workers.temporal import exit_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "train_dp.py"
@@ -260,4 +261,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    exit_process(lambda: asyncio.run(main()))

@@ -30,6 +30,7 @@ from torchpass.job import JobResult, JobSpec
 from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
 from workers.job import run_job
+from workers.temporal import exit_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "train_bench.py"
@@ -237,4 +238,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    exit_process(lambda: asyncio.run(main()))

@@ -8,8 +8,12 @@ flag (every user of the host could read it in `ps`): it comes from TORCHPASS_TEM
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ipaddress
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
@@ -96,3 +100,24 @@ async def connect(settings: TemporalSettings, interceptors: Sequence[Interceptor
 
 def _read(path: Path | None) -> bytes | None:
     return None if path is None else path.read_bytes()
+
+
+def exit_process(main: Callable[[], int | None]) -> None:
+    """Run a command's `main` and end the process with its exit code, without finalizing the interpreter.
+
+    The Temporal SDK's core threads can call into Python while the interpreter finalizes
+    (temporalio/sdk-python#300): a short-lived client then aborts at exit with `Fatal Python error:
+    PyGILState_Release` and exit code 134 after its work is done (2 of 30 `torchpass incidents list` runs
+    here). So the exit handlers run and the output is flushed, and the process ends there.
+    """
+    try:
+        code = main()
+    except SystemExit as e:  # argparse's --help and usage errors, a command's own sys.exit
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = 1 if isinstance(e.code, str) else e.code
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) or a closed stream
+            stream.flush()
+    os._exit(code or 0)

@@ -195,7 +195,6 @@ async def test_the_server_restarted_mid_transfer_costs_seconds_and_the_migration
                 await asyncio.sleep(0.01)
             await _scheduled(client, status.incident, JobActivity.TRANSFER_STATE, deadline)
             server.kill()
-            killed_at = datetime.now(UTC)
             await server.start()
             back_at = datetime.now(UTC)
             result = await asyncio.wait_for(task, 120)

@@ -213,3 +213,22 @@ def test_server_on_a_taken_port_fails_fast(procs: Procs) -> None:
     out, err = procs.output(p)
     assert code != 0, out + err
     assert "address already in use" in out + err
+
+
+async def test_short_lived_client_commands_always_exit_cleanly(
+    server: tuple[Client, int], procs: Procs
+) -> None:
+    """`torchpass incidents list` run as a user runs it, 32 times (4 at a time): every run exits 0.
+
+    The Temporal SDK's core threads can call into the interpreter as it finalizes; before the commands
+    ended without finalizing (`workers.temporal.exit_process`), 2 of 30 runs aborted after printing their
+    table (`Fatal Python error: PyGILState_Release`, exit code 134).
+    """
+    client, _ = server
+    address = client.service_client.config.target_host
+    for _ in range(8):
+        batch = [procs.start("incidents", "list", "--address", address) for _ in range(4)]
+        for p in batch:
+            code = await asyncio.to_thread(p.wait, 60)
+            out, err = procs.output(p)
+            assert code == 0 and out.startswith("INCIDENT"), (code, out, err)

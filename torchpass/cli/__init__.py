@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def entry() -> None:
+    """The `torchpass` command (and `python -m torchpass.cli`)."""
+    from workers.temporal import exit_process
+
+    exit_process(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -62,4 +69,4 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1,7 +1,5 @@
 """`python -m torchpass.cli`: the same as the `torchpass` command."""
 
-import sys
+from torchpass.cli import entry
 
-from torchpass.cli import main
-
-sys.exit(main())
+entry()

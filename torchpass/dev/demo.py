@@ -36,6 +36,7 @@ from workers import contract_client as cc
 from workers.control import control_worker
 from workers.job import run_job
 from workers.settings import Settings
+from workers.temporal import exit_process
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dp.py"
 STEPS = 160
@@ -187,6 +188,11 @@ async def main() -> int:
     return 0 if ok else 1
 
 
+def _run() -> int:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a `--keep` demo
+        return asyncio.run(main())
+    return 0
+
+
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(asyncio.run(main()))
+    exit_process(_run)
