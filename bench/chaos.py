@@ -33,8 +33,13 @@ from temporalio.client import Client
 from job_agent import wire
 from job_agent.jobs import UnknownJob, request, running_jobs
 from job_agent.protocol import ProtocolError
+from torchpass.contract import add_months
+from torchpass.contract_models import ContractPurpose, ContractTerms, LedgerRow
+from torchpass.credit import Money
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
+from torchpass.models import ContractRef
+from workers import contract_client as cc
 from workers.control import control_worker
 from workers.job import run_job
 from workers.temporal import exit_process
@@ -117,9 +122,12 @@ def steps_for(failures: int) -> int:
     return 10 + 3 * failures * SPACING + 10
 
 
-def spec(state_dir: Path, job_id: str, failures: int, spares: int) -> JobSpec:
+def spec(
+    state_dir: Path, job_id: str, failures: int, spares: int, contract: ContractRef | None = None
+) -> JobSpec:
     args = ("--steps", str(steps_for(failures)), "--width", "128", "--depth", "2")
     return JobSpec(
+        contract=contract,
         job_id=job_id,
         script=SCRIPT,
         args=args,
@@ -191,10 +199,54 @@ async def _calm(job: JobSpec, recorded: int, step: int = 0) -> wire.Status:
         await asyncio.sleep(0.05)
 
 
+async def open_contract(client: Client, job_id: str) -> ContractRef:
+    """A development contract (a local host has no scheduler to validate) with `job_id` opted in: the run's
+    outcomes reach a real ledger through the workflows' own checks, so that a record lost or doubled on the
+    way shows there too."""
+    ref = ContractRef(customer_id="chaos", contract_id=f"chaos-{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}")
+    start = datetime.now(UTC).date().replace(day=1)
+    terms = ContractTerms(
+        customer_id=ref.customer_id,
+        contract_id=ref.contract_id,
+        start=start,
+        renewal_date=add_months(start, 12),
+        annual_fee=Money(amount="1000.00", currency="USD"),
+        purpose=ContractPurpose.DEVELOPMENT,
+    )
+    await cc.create_contract(client, terms)
+    await cc.opt_in(client, ref.customer_id, ref.contract_id, job_id)
+    return ref
+
+
+async def ledger_rows(
+    client: Client, ref: ContractRef, job: JobResult, timeout: float = 120
+) -> list[LedgerRow]:
+    """The contract ledger's rows for the job once its incidents' outcomes are checked and recorded (their
+    signals and checks are asynchronous), or as they stand at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows: list[LedgerRow] = []
+        offset: int | None = 0
+        while offset is not None:
+            page = await cc.get_ledger(client, ref.customer_id, ref.contract_id, offset, 1000)
+            rows += [r for r in page.rows if r.job_id == job.job_id]
+            offset = page.next_offset
+        standing = await cc.get_standing(client, ref.customer_id, ref.contract_id)
+        if (len(rows) >= len(job.incidents) and standing.unverified == 0) or time.monotonic() > deadline:
+            return rows
+        await asyncio.sleep(0.5)
+
+
 def summary(
-    injections: Plan, reference: JobResult, result: JobResult, seconds: float, armed: int
+    injections: Plan,
+    reference: JobResult,
+    result: JobResult,
+    seconds: float,
+    armed: int,
+    ledger: list[LedgerRow] | None = None,
 ) -> dict[str, object]:
     outcomes = result.incidents
+    recorded = [r.incident_id for r in ledger or ()]
     return {
         "injected": len(injections),
         "armed": armed,  # fewer than injected: the job reached its last step first
@@ -207,6 +259,9 @@ def summary(
         "replanned": sum(bool(o.proof and o.proof.replans) for o in outcomes),
         "dispositions": dict(Counter(o.disposition.value for o in outcomes)),
         "steps_recomputed": result.steps_recomputed,
+        # Each incident once in the contract's ledger, and nothing else of this job there.
+        "ledger": len(recorded),
+        "ledger_matches": sorted(recorded) == sorted(o.incident_id for o in outcomes),
         "bitwise_equal": bool(reference.final_digest) and result.final_digest == reference.final_digest,
         "job_ok": result.ok,
         "seconds": round(seconds, 1),
@@ -225,9 +280,11 @@ def _record(s: dict[str, object], seed: int) -> None:
             f" incidents of {expected} expected (a spare's loss makes none), {s['replanned']} re-planned,"
             f" {s['handled_locally']} handled by the job itself,"
             f" {live} live ({100 * live / max(1, expected):.1f}%), dispositions {s['dispositions']},"
-            f" {s['steps_recomputed']} steps recomputed, final state bitwise equal to the run never failed:"
+            f" {s['steps_recomputed']} steps recomputed, {s['ledger']} ledger rows"
+            f" ({'each incident once' if s['ledger_matches'] else 'NOT the incidents'}),"
+            " final state bitwise equal to the run never failed:"
             f" {'yes' if s['bitwise_equal'] else 'NO'}; {s['seconds']} s. Target: >= 99% live, 0 lost or"
-            " doubled records (incidents == expected).",
+            " doubled records (incidents == expected == ledger rows).",
             END,
         ]
     )
@@ -250,13 +307,16 @@ async def main() -> int:
             reference = await run(env.client, spec(d / "ref", "chaos-ref", failures, 0), [])
             t0 = time.monotonic()
             armed: list[int] = []
-            result = await run(env.client, spec(d / "run", "chaos", failures, SPARES), injections, armed)
+            contract = await open_contract(env.client, "chaos")
+            job = spec(d / "run", "chaos", failures, SPARES, contract)
+            result = await run(env.client, job, injections, armed)
             seconds = time.monotonic() - t0
-    s = summary(injections, reference, result, seconds, len(armed))
+            ledger = await ledger_rows(env.client, contract, result)
+    s = summary(injections, reference, result, seconds, len(armed), ledger)
     print(s)
     _record(s, seed)
     expected = incidents_of(injections)
-    ok = s["bitwise_equal"] and s["incidents"] == expected and s["live"] == expected
+    ok = s["bitwise_equal"] and s["incidents"] == expected == s["live"] and s["ledger_matches"]
     return 0 if ok else 1
 
 

@@ -229,7 +229,11 @@ class RankAgent:
     def _serve(self, receivers: int, timeout: timedelta, tid: int) -> None:
         assert self._tracked is not None
         server = StateServer(self._secret, self.settings.advertise_host)
-        self._send(wire.Serving(port=server.port, step=self.completed_step, transfer=tid))
+        self._send(
+            wire.Serving(
+                host=self.settings.advertise_host, port=server.port, step=self.completed_step, transfer=tid
+            )
+        )
         t0 = time.perf_counter()
         snap = self._tracked.snapshot(self.completed_step)
         last = [t0]

@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
 import socket
 import time
-from collections.abc import Callable
 from datetime import timedelta
 
 from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
-from job_agent.detection import Detector, signal_name
+from job_agent.detection import Detector
+from job_agent.ending import job_result, put_away
 from job_agent.incident import Incident, IncidentTracker, Reporter
 from job_agent.injection import Injector
 from job_agent.interrupt import stopped_by_signals
-from job_agent.jobs import register_job, unregister_job
-from job_agent.launcher import Launcher, LocalLauncher, agent_env
+from job_agent.jobs import register_job
+from job_agent.launcher import Launcher, LocalLauncher, agent_env, reap_pending
 from job_agent.members import Member, MemberState, Roster
+from job_agent.nodes import NodeLauncher, admit_node, wait_for_nodes
 from job_agent.progress import StepTracker
 from job_agent.resume import ProgressFile
 from job_agent.spares import LocalSparePool, SparePool
@@ -60,14 +60,20 @@ class Coordinator:
         self.checkpoints: list[tuple[int, str]] = []
         self._generation = -1
         self._secret = secrets.token_bytes(32)
-        self._launcher = launcher or LocalLauncher(str(spec.script), spec.args)
+        self.nodes = NodeLauncher(self.job_id, spec.nodes) if spec.nodes else None
+        self._launcher = launcher or self.nodes or LocalLauncher(str(spec.script), spec.args)
         self._spawned = 0
         self._done = asyncio.get_running_loop().create_future()
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._store = StoreServer(self._secret)  # authenticated: torch's TCPStore serves anyone
-        self._server = ControlServer(self._secret, asyncio.get_running_loop(), self._on_frame, self._on_close)
-        self._address, self._store_address = f"127.0.0.1:{self._server.port}", f"127.0.0.1:{self._store.port}"
+        # Authenticated: torch's TCPStore serves anyone. Both listen on the job's address, never a wildcard.
+        self._store = StoreServer(self._secret, spec.host)
+        loop = asyncio.get_running_loop()
+        self._server = ControlServer(self._secret, loop, self._on_frame, self._on_close, spec.host)
+        self._address, self._store_address = (
+            f"{spec.host}:{self._server.port}",
+            f"{spec.host}:{self._store.port}",
+        )
         self.roster = Roster()
         self.changes = Changes()
         self._progress_file = ProgressFile(spec.job_dir)
@@ -96,11 +102,9 @@ class Coordinator:
             self.progress.completed(self.resumed.last_completed)
             if self.resumed.checkpoint is not None:
                 self.checkpoints.append((self.resumed.checkpoint_step, self.resumed.checkpoint))
-        self.restart_ranks(self.latest_checkpoint()[1])
-        for _ in range(self.spec.spares):
-            self.spawn(Role.SPARE, -1)
         self._watcher = asyncio.ensure_future(self._watch())
         try:
+            await self._start_processes()
             await self.changes.wait_for(
                 lambda: len(self.roster.ranks(MemberState.READY)) == self.world_size,
                 self.startup_timeout,
@@ -114,6 +118,15 @@ class Coordinator:
         except JobFailed as e:
             self._fail(str(e))
         return await self._shutdown()
+
+    async def _start_processes(self) -> None:
+        """The ranks and the warm spares: on this host, or on the job's nodes once they have joined."""
+        spares = self.spec.spares
+        if self.nodes is not None:  # theirs: the warm spares the nodes announced
+            spares = await wait_for_nodes(self.nodes, self.changes, self.spec, self._address)
+        self.restart_ranks(self.latest_checkpoint()[1])
+        for _ in range(spares):
+            self.spawn(Role.SPARE, -1)
 
     def regroup(self) -> int:
         """Form the next generation of the world with every current rank; returns its number."""
@@ -152,28 +165,8 @@ class Coordinator:
         self.incidents.cancel()
         self._server.close()
         self._store.close()
-        ranks = self.roster.ranks()
-        digests = {m.digest for m in ranks if m.digest}
-        result = JobResult(
-            job_id=self.job_id,
-            status=self.state if self.state in (JobState.FINISHED, JobState.USER_ERROR) else JobState.FAILED,
-            steps_completed=max((m.completed for m in ranks), default=-1) + 1,
-            final_digest=digests.pop() if len(digests) == 1 else None,
-            generation=self._generation,
-            steps_recomputed=len(self.progress.recomputed),
-            incidents=tuple(self.incidents.outcomes),
-            reports_undelivered=self.incidents.undelivered,
-            incidents_unfiled=sum(inc.record is not None for inc in self.incidents.handled.values()),
-            resumed=self.resumed,
-            error=self.error,
-        )
-        (self.spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
-        unregister_job(self.spec.job_dir)
-        if result.status is JobState.FINISHED:
-            self._progress_file.remove()
-            if not self.spec.keep_checkpoints_after:
-                # Only a restart reads them: a finished job's would fill the state directory.
-                shutil.rmtree(self.spec.job_dir / "checkpoints", ignore_errors=True)
+        result = job_result(self)
+        put_away(self.spec, result, self._progress_file)
         return result
 
     def _fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:
@@ -229,6 +222,8 @@ class Coordinator:
         member = self.roster.of(conn)
         if isinstance(frame, wire.BadFrame):
             send(conn, frame.error())  # the sender's problem: it hears why, the coordinator carries on
+        elif self.nodes is not None and self.nodes.heard(conn, frame):
+            pass  # a node agent's: the launcher's business
         elif member is None:
             send(conn, self._request(conn, frame))
         else:
@@ -245,6 +240,8 @@ class Coordinator:
                 send(conn, wire.Welcome())
                 return wire.Exit(code=0 if self.state is JobState.FINISHED else 1, reason="the job has ended")
             return wire.Welcome()
+        if isinstance(frame, wire.NodeHello):
+            return admit_node(self.nodes, self.job_id, conn, frame)
         if isinstance(frame, wire.Inject):
             return self._injector.inject(frame)
         if isinstance(frame, wire.Drain):
@@ -280,11 +277,13 @@ class Coordinator:
                     f"its traceback is above):\n{tb.rstrip()}",
                     state=JobState.USER_ERROR,
                 )
-            case wire.Hello() | wire.Inject() | wire.Drain() | wire.StatusRequest():
+            case wire.Hello() | wire.NodeHello() | wire.Inject() | wire.Drain() | wire.StatusRequest():
                 why = f"a member does not send {frame.t!r}"
                 m.send(wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=why))
 
     def _on_close(self, conn: socket.socket, reason: str, ts: float) -> None:
+        if self.nodes is not None and self.nodes.closed(conn, self.changes.notify):
+            return  # a node agent's: its processes' own connections close too, each detected as lost
         m = self.roster.closed(conn)
         if m is None or not m.alive or (m.state is MemberState.DONE and self.state is JobState.FINISHED):
             return
@@ -315,7 +314,7 @@ class Coordinator:
         """Hang and stall detection and process reaping, ten times a second."""
         while True:
             await asyncio.sleep(WATCH_EVERY.total_seconds())
-            _reap(self.roster, self._launcher, self.spares, self._fail)
+            reap_pending(self.roster, self._launcher, self.spares, self._fail)
             inc = self.incidents.current
             if self.state is JobState.TRAINING and inc is not None and inc.recovering:
                 self._silent_in_recovery(inc)
@@ -347,25 +346,11 @@ class Coordinator:
             self._fail(None, JobState.FINISHED)
 
 
-def _reap(roster: Roster, launcher: Launcher, spares: SparePool, fail: Callable[[str], None]) -> None:
-    """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare that
-    did is replaced."""
-    for agent_id in list(roster.pending):
-        code = launcher.poll(agent_id)
-        if code is None:
-            continue
-        del roster.pending[agent_id]
-        if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
-            spares.failed_start(agent_id, code)
-            continue
-        fail(f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above")
-
-
 def job_status(c: Coordinator) -> wire.Status:
     """The job's state, its ranks' steps, its warm spares and its incidents (`torchpass status`)."""
     inc = c.incidents.current
     ranks = tuple(
-        wire.RankStatus(slot=m.slot, agent=m.agent_id, state=m.state.value, step=m.step)
+        wire.RankStatus(slot=m.slot, agent=m.agent_id, state=m.state.value, step=m.step, node=m.node)
         for m in c.roster.ranks()
     )
     return wire.Status(

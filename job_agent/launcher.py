@@ -11,9 +11,13 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
+from job_agent.detection import signal_name
+from job_agent.members import Roster
+from job_agent.spares import SparePool
+from job_agent.wire import Role
 from torchpass.job import JobSpec
 
 
@@ -34,6 +38,7 @@ def agent_env(
         "TORCHPASS_SLOT": str(slot),
         "TORCHPASS_WORLD_SIZE": str(spec.nproc),
         "TORCHPASS_COORDINATOR": coordinator,
+        "TORCHPASS_ADVERTISE_HOST": spec.host,  # a node agent gives its own
         "TORCHPASS_STORE": store,
         "TORCHPASS_SECRET_FILE": str(spec.job_dir / "secret"),
         "TORCHPASS_CHECKPOINT_DIR": str(spec.job_dir / "checkpoints"),
@@ -144,6 +149,10 @@ class LocalLauncher(Launcher):
         proc = self._procs.get(agent_id)
         return None if proc is None else proc.pid
 
+    def wait(self, agent_id: str) -> int:
+        """Block until the process ends; its exit code (negative: the signal that ended it)."""
+        return self._procs[agent_id].wait()
+
     def shutdown(self, timeout: timedelta) -> None:
         with self._lock:  # no process starts after this: every one is in the list below
             self._closed = True
@@ -158,3 +167,17 @@ class LocalLauncher(Launcher):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def reap_pending(roster: Roster, launcher: Launcher, spares: SparePool, fail: Callable[[str], None]) -> None:
+    """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare that
+    did is replaced."""
+    for agent_id in list(roster.pending):
+        code = launcher.poll(agent_id)
+        if code is None:
+            continue
+        del roster.pending[agent_id]
+        if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
+            spares.failed_start(agent_id, code)
+            continue
+        fail(f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above")

@@ -126,6 +126,10 @@ class Roster:
     def at(self, slot: int) -> Member | None:
         return next((m for m in self.ranks() if m.slot == slot), None)
 
+    def home(self, slot: int) -> str | None:
+        """The node of the last process that held `slot`, alive or lost: where its replacement belongs."""
+        return next((m.node for m in reversed(self.members.values()) if m.slot == slot), None)
+
     def record_layout(self, m: Member, layout: wire.ShardLayout | None) -> None:
         if layout is not None:
             m.layout = layout

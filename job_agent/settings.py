@@ -22,7 +22,7 @@ class AgentSettings(BaseSettings):
     coordinator: str = Field(description="host:port of the coordinator's control channel")
     store: str = Field(description="host:port of the rendezvous TCPStore hosted by the coordinator")
     secret_file: Path
-    advertise_host: str = "127.0.0.1"
+    advertise_host: str = Field(description="the address its node advertises: its state server listens there")
     restore: Path | None = Field(default=None, description="checkpoint to restart from")
     checkpoint_dir: Path | None = None
     checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints; 0: never")

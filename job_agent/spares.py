@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from job_agent.members import Member, MemberState, Roster
 from job_agent.wire import Role
@@ -32,8 +32,9 @@ class SparePool(abc.ABC):
         """What `incident` holds: spares reserved for it, including those that already took a slot."""
 
     @abc.abstractmethod
-    def reserve(self, incident: str, n: int) -> list[Member]:
-        """Up to `n` live spares, held for `incident` (those it already holds first)."""
+    def reserve(self, incident: str, n: int, near: Collection[str] = ()) -> list[Member]:
+        """Up to `n` live spares, held for `incident` (those it already holds first, then those on the
+        nodes `near`: a lost rank's own node)."""
 
     @abc.abstractmethod
     def release(self, incident: str) -> None:
@@ -59,11 +60,18 @@ class SparePool(abc.ABC):
 class LocalSparePool(SparePool):
     """Warm spare processes on this host, launched like the ranks (`spawn`) and fenced with `kill`."""
 
-    def __init__(self, roster: Roster, spawn: Callable[[], str], kill: Callable[[Member], None]) -> None:
+    def __init__(self, roster: Roster, spawn: Callable[[], object], kill: Callable[[Member], None]) -> None:
         self._roster = roster
-        self._spawn = spawn
+        self._start = spawn
         self._kill = kill
         self._failed_starts = 0  # in a row, since the last spare that came up warm
+
+    def _spawn(self) -> None:
+        """One more spare, where one can start: none can while every node agent is gone."""
+        try:
+            self._start()
+        except RuntimeError as e:
+            log.warning("no spare started: %s", e)
 
     def _spares(self) -> list[Member]:
         return [m for m in self._roster.members.values() if m.role is Role.SPARE and m.alive]
@@ -78,9 +86,10 @@ class LocalSparePool(SparePool):
     def held(self, incident: str) -> list[Member]:
         return [m for m in self._roster.members.values() if m.reserved_for == incident]
 
-    def reserve(self, incident: str, n: int) -> list[Member]:
+    def reserve(self, incident: str, n: int, near: Collection[str] = ()) -> list[Member]:
         held = [m for m in self.held(incident) if m.alive]  # one lost on the way is replaced
-        for m in self.ready()[: max(0, n - len(held))]:
+        ready = sorted(self.ready(), key=lambda m: m.node not in near)  # stable: the pool's order otherwise
+        for m in ready[: max(0, n - len(held))]:
             m.reserved_for = incident
             held.append(m)
         return held

@@ -48,7 +48,8 @@ class Supplier:
             )
         if held() + len(job.spares.ready()) < need:
             raise IncidentError(ErrorType.NO_SPARE, f"{need} spare(s) needed, {len(job.spares.ready())} warm")
-        return [m for m in job.spares.reserve(inc.workflow_id, need) if m.alive]
+        near = {n for s in inc.lost if (n := job.roster.home(s)) is not None}
+        return [m for m in job.spares.reserve(inc.workflow_id, need, near) if m.alive]
 
     async def supply(self, inc: Incident, tick: Tick) -> TransferProof:
         """Every slot that needs the state gets it from a replica at the frozen step. A donor, receiver or
@@ -152,7 +153,8 @@ class Supplier:
         taken = {m.slot: m for m in held if m.role is Role.RANK and m.slot in inc.lost}
         free = sorted((m for m in held if m.role is Role.SPARE), key=lambda m: m.agent_id)
         for slot in sorted(inc.lost - taken.keys()):
-            m = taken[slot] = free.pop(0)
+            home = self.job.roster.home(slot)  # a spare on the lost rank's own node first
+            m = taken[slot] = free.pop(next((i for i, f in enumerate(free) if f.node == home), 0))
             m.slot, m.role = slot, Role.RANK
             m.send(Assign(slot=slot))
         return taken

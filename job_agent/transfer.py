@@ -49,12 +49,11 @@ def _failed(message: str) -> IncidentError:
 
 
 class DirectTransport(StateTransport):
-    """The donor serves on an ephemeral port of its host; each receiver connects and streams the state
-    tensor by tensor straight into its own memory (`job_agent.transport`)."""
+    """The donor serves on an ephemeral port of the address its node advertises; each receiver connects
+    there and streams the state tensor by tensor straight into its own memory (`job_agent.transport`)."""
 
-    def __init__(self, changes: Changes, host_of: Callable[[Member], str] = lambda m: "127.0.0.1") -> None:
+    def __init__(self, changes: Changes) -> None:
         self._changes = changes
-        self._host_of = host_of
         self._transfers = 0  # numbers each transfer: an answer to an earlier one is never taken for it
 
     async def move(
@@ -90,7 +89,7 @@ class DirectTransport(StateTransport):
         for r in receivers:
             r.send(
                 wire.Receive(
-                    host=self._host_of(donor),
+                    host=serving.host,
                     port=serving.port,
                     timeout=timeout.total_seconds(),
                     transfer=tid,

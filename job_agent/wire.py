@@ -9,6 +9,8 @@ reads a frame as a dict, and a malformed or unknown frame never reaches a handle
 - coordinator -> rank or spare: Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Exit
 - operator (`torchpass inject|drain|status`) -> coordinator: Inject, Drain, StatusRequest; answered with
   Ok, Status or Error
+- node agent (`torchpass node`) -> coordinator: NodeHello, Heartbeat, Exited; coordinator -> node agent:
+  Welcome, Reject, Spawn, Signal, Exit
 - donor <-> receiver (state transfer): StateHeader, StateEnd, StateAck
 
 The rendezvous store's requests and answers are in `job_agent.store`.
@@ -20,8 +22,6 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeInt,
     TypeAdapter,
@@ -29,14 +29,11 @@ from pydantic import (
     model_validator,
 )
 
+from job_agent.frames import ID as _ID
+from job_agent.frames import TEXT as _TEXT
+from job_agent.frames import Exited, NodeHello, Signal, Spawn
+from job_agent.frames import FrameModel as _Frame
 from torchpass.errors import ErrorType
-
-_TEXT = 4000
-_ID = 200
-
-
-class _Frame(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Role(StrEnum):
@@ -125,9 +122,10 @@ class DeviceError(_Frame):
 
 
 class Serving(_Frame):
-    """The donor listens for receivers at `port` and serves its state after step `step`."""
+    """The donor listens for receivers at `host`:`port` and serves its state after step `step`."""
 
     t: Literal["serving"] = "serving"
+    host: str = Field(min_length=1, max_length=_ID, description="the address its node advertises")
     port: int = Field(gt=0, lt=65536)
     step: int = Field(ge=-1)
     transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
@@ -269,6 +267,7 @@ class RankStatus(_Frame):
     agent: str
     state: str
     step: int
+    node: str = Field(default="", max_length=_ID, description="where it runs (its failure domain)")
 
 
 class Status(_Frame):
@@ -343,6 +342,10 @@ Frame = Annotated[
     | Serve
     | Receive
     | Exit
+    | NodeHello
+    | Spawn
+    | Signal
+    | Exited
     | Inject
     | Drain
     | StatusRequest

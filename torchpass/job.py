@@ -57,6 +57,27 @@ class JobSpec(Model):
         "control worker away) the job carries the recovery out itself and files the record later",
     )
     contract: ContractRef | None = Field(default=None, description="YOCO contract its outcomes go to")
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        max_length=253,
+        description="the address the coordinator listens on (control channel, rendezvous store) and gives "
+        "its ranks and node agents: one every node can reach, never a wildcard",
+    )
+    nodes: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="node agents (`torchpass node`) the job waits for and runs its ranks and spares on; "
+        "0: they run on this host, started by the coordinator itself",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _reachable(cls, host: str) -> str:
+        if host in ("0.0.0.0", "::", "*", "") or any(c.isspace() or c in "/[]" for c in host):
+            raise ValueError(f"{host!r}: give the one address the ranks and nodes reach the coordinator at")
+        return host
 
     @field_validator("script")
     @classmethod

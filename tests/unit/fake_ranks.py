@@ -258,7 +258,7 @@ class FakeRank:
         with self._l.lock:
             port = 40000 + len(self._l.offers)
             self._l.offers[port] = self.completed
-        self._send(wire.Serving(port=port, step=self.completed, transfer=tid))
+        self._send(wire.Serving(host="127.0.0.1", port=port, step=self.completed, transfer=tid))
         self._send(wire.TransferProgress(bytes=STATE_BYTES * receivers))
         digest = digest_of(self.completed)
         self._send(

@@ -1,4 +1,4 @@
-"""`torchpass`: server, worker, run, inject, drain, jobs, incidents, contract, cost.
+"""`torchpass`: server, worker, run, node, inject, drain, jobs, incidents, contract, cost.
 
 Each command lives in its own module of this package; they share `torchpass.cli.common` and never import
 this one. Heavy imports (torch, the workers) happen inside the command that needs them, so `torchpass
@@ -13,7 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
-from torchpass.cli import contract, cost, incidents, job, serve
+from torchpass.cli import contract, cost, incidents, job, node, serve
 from torchpass.cli.common import EXIT_USAGE, CliError, fields, load_settings, temporal_args
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     serve.register(sub)
     job.register(sub)
+    node.register(sub)
     contract.register(sub, temporal_args)
     c = cost.register(sub)
     c.add_argument("--customer", help="customer of --contract")
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "server":
         return serve.server(args)
+    if args.command == "node":
+        return node.run(args)
     settings = load_settings(args)
     if args.command == "worker":
         return asyncio.run(serve.worker(settings))

@@ -15,7 +15,19 @@ COMMANDS = ("run", "jobs", "inject", "drain")
 def register(sub: Any) -> None:
     r = sub.add_parser("run", help="launch a training script under the agent, like torchrun")
     r.add_argument("--nproc", type=int, default=2, help="ranks (data-parallel replicas)")
-    r.add_argument("--spares", type=int, default=1, help="warm spare processes")
+    r.add_argument("--spares", type=int, default=1, help="warm spare processes (one host)")
+    r.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address the coordinator listens on and its ranks and nodes reach it at",
+    )
+    r.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="run the ranks on N node agents (`torchpass node` on each host, which it prints); "
+        "their warm spares are theirs (--spares of each node)",
+    )
     r.add_argument("--job-id", default=None)
     r.add_argument("--hang-timeout", type=float, default=2.0, help="seconds without heartbeat or progress")
     r.add_argument("--collective-timeout", type=float, default=60.0, help="seconds one collective may take")
@@ -130,6 +142,8 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "args": tuple(script_args),
         "nproc": args.nproc,
         "spares": args.spares,
+        "host": args.host,
+        "nodes": args.nodes,
         "state_dir": settings.state_dir,
         "hang_timeout": args.hang_timeout,
         "collective_timeout": args.collective_timeout,

@@ -1,0 +1,58 @@
+"""How a job ends: its result, from what its ranks and incidents reported, and its files put away."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Protocol
+
+from job_agent.incident import IncidentTracker
+from job_agent.jobs import unregister_job
+from job_agent.members import Roster
+from job_agent.progress import StepTracker
+from job_agent.resume import ProgressFile
+from torchpass.job import JobResult, JobSpec, JobState, Resumed
+
+
+class Ended(Protocol):
+    """What a job's result is read from (its coordinator)."""
+
+    spec: JobSpec
+    state: JobState
+    roster: Roster
+    progress: StepTracker
+    incidents: IncidentTracker
+    resumed: Resumed | None
+    error: str | None
+
+    @property
+    def generation(self) -> int: ...
+
+
+def job_result(job: Ended) -> JobResult:
+    ranks, incidents = job.roster.ranks(), job.incidents
+    digests = {m.digest for m in ranks if m.digest}
+    return JobResult(
+        job_id=job.spec.job_id,
+        status=job.state if job.state in (JobState.FINISHED, JobState.USER_ERROR) else JobState.FAILED,
+        steps_completed=max((m.completed for m in ranks), default=-1) + 1,
+        final_digest=digests.pop() if len(digests) == 1 else None,
+        generation=job.generation,
+        steps_recomputed=len(job.progress.recomputed),
+        incidents=tuple(incidents.outcomes),
+        reports_undelivered=incidents.undelivered,
+        incidents_unfiled=sum(inc.record is not None for inc in incidents.handled.values()),
+        resumed=job.resumed,
+        error=job.error,
+    )
+
+
+def put_away(spec: JobSpec, result: JobResult, progress_file: ProgressFile) -> None:
+    """`result.json` written, the job unregistered (its secret removed); a finished job's progress and
+    (unless kept) checkpoints removed."""
+    (spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    unregister_job(spec.job_dir)
+    if result.status is JobState.FINISHED:
+        progress_file.remove()
+        if not spec.keep_checkpoints_after:
+            # Only a restart reads them: a finished job's would fill the state directory.
+            shutil.rmtree(spec.job_dir / "checkpoints", ignore_errors=True)

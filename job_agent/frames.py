@@ -1,0 +1,67 @@
+"""The base of every frame of the control channel, and the frames between a node agent and its job's
+coordinator. `job_agent.wire` holds them all in one union: nothing else decodes a frame."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+
+TEXT = 4000
+ID = 200
+
+
+class FrameModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class NodeHello(FrameModel):
+    """A node agent joins its job: it runs up to `slots` ranks and `spares` warm spares (no slots: a spare
+    node), and its processes advertise `host` to their peers."""
+
+    t: Literal["node_hello"] = "node_hello"
+    job_id: str = Field(pattern=NAME)
+    node: str = Field(pattern=NAME)
+    host: str = Field(min_length=1, max_length=ID)
+    slots: int = Field(ge=0, le=1024)
+    spares: int = Field(ge=0, le=64)
+    pid: NonNegativeInt
+
+
+class Spawn(FrameModel):
+    """Start one rank or spare of the node's own command, with these agent settings (TORCHPASS_* only)."""
+
+    t: Literal["spawn"] = "spawn"
+    agent_id: str = Field(min_length=1, max_length=ID)
+    env: dict[str, str] = Field(max_length=64)
+
+    @model_validator(mode="after")
+    def _agent_settings_only(self) -> Spawn:
+        for k, v in self.env.items():
+            if not k.startswith("TORCHPASS_") or len(k) > ID or len(v) > TEXT:
+                raise ValueError(f"not an agent setting: {k[:ID]!r}")
+        return self
+
+
+class SignalAction(StrEnum):
+    KILL = "kill"
+    STOP = "stop"
+    CONT = "cont"
+
+
+class Signal(FrameModel):
+    t: Literal["signal"] = "signal"
+    agent_id: str = Field(min_length=1, max_length=ID)
+    action: SignalAction
+
+
+class Exited(FrameModel):
+    """A process the node started has ended with `code` (negative: the signal that ended it)."""
+
+    t: Literal["exited"] = "exited"
+    agent_id: str = Field(min_length=1, max_length=ID)
+    code: int

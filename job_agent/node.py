@@ -1,0 +1,205 @@
+"""`torchpass node`: the node agent, one per host of a multi-node job.
+
+It joins the job's coordinator over the authenticated control channel, then starts the ranks and warm
+spares the coordinator places on this node, each running the node's own command (the script and
+arguments its operator gave it, never a command sent over the network), and tells the coordinator when
+each one ends. It fences (kills) and stops or continues them when told. Its processes advertise the
+node's address to their peers (their state servers listen there), read the job's secret from the node's
+own copy of it, and die with the agent (a parent-death signal): a node agent that is gone has no process
+left running.
+
+The agent leaves, stopping its processes, when the coordinator says the job has ended or when its
+connection to the coordinator is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from job_agent import protocol, wire
+from job_agent.frames import SignalAction
+from job_agent.launcher import LocalLauncher
+from job_agent.link import EXIT_COORDINATOR_LOST
+from torchpass.errors import ErrorType
+
+log = logging.getLogger("torchpass.node")
+CONNECT_TIMEOUT = timedelta(seconds=30)
+HEARTBEAT = timedelta(seconds=0.5)
+STOP_GRACE = timedelta(seconds=5)
+EXIT_REFUSED = 3
+
+
+class NodeRefused(Exception):
+    """The coordinator did not admit this node (another job's, a name already taken, ...)."""
+
+
+class NodeSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    node: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    coordinator: str = Field(min_length=3, max_length=300, description="host:port the coordinator printed")
+    host: str = Field(min_length=1, max_length=200, description="this node's address, reachable by peers")
+    secret_file: Path
+    slots: int = Field(default=0, ge=0, le=1024, description="ranks this node runs; 0: a spare node")
+    spares: int = Field(default=0, ge=0, le=64, description="warm spares this node keeps")
+    script: Path
+    args: tuple[str, ...] = ()
+
+    def coordinator_addr(self) -> tuple[str, int]:
+        host, _, port = self.coordinator.rpartition(":")
+        return host, int(port)
+
+
+class NodeAgent:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
+        self._launcher = LocalLauncher(str(settings.script), settings.args)
+        self._devices: dict[str, int] = {}  # agent -> its local device index (LOCAL_RANK)
+        self._collective_interface = collective_interface(settings.host, os.environ)
+        self._send_lock = threading.Lock()
+        self._done = threading.Event()
+        host, port = settings.coordinator_addr()
+        self._sock = protocol.connect(host, port, self._secret, CONNECT_TIMEOUT)
+        s = settings
+        hello = wire.NodeHello(
+            job_id=s.job_id, node=s.node, host=s.host, slots=s.slots, spares=s.spares, pid=os.getpid()
+        )
+        protocol.send_frame(self._sock, hello)
+        reply = protocol.recv_frame(self._sock)
+        if not isinstance(reply, wire.Welcome):
+            self._sock.close()
+            reason = reply.reason if isinstance(reply, wire.Reject | wire.Error) else reply.t
+            raise NodeRefused(reason)
+
+    def run(self) -> int:
+        """Serve the coordinator until the job ends (0) or the coordinator is lost; from the main thread,
+        so that the processes' parent-death signal follows the agent itself."""
+        threading.Thread(target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True).start()
+        try:
+            while True:
+                frame = protocol.recv_frame(self._sock)
+                if isinstance(frame, wire.Exit):
+                    return 0
+                self._on_frame(frame)
+        except (OSError, ConnectionError, protocol.ProtocolError) as e:
+            log.error(
+                "node %s: lost the job's coordinator (%s); stopping its processes", self.settings.node, e
+            )
+            return EXIT_COORDINATOR_LOST
+        finally:
+            self._done.set()
+            self._launcher.shutdown(STOP_GRACE)
+            self._sock.close()
+
+    def _on_frame(self, frame: wire.Frame) -> None:
+        match frame:
+            case wire.Spawn(agent_id=agent_id, env=env):
+                self._spawn(agent_id, env)
+            case wire.Signal(agent_id=agent_id, action=action):
+                act = {
+                    SignalAction.KILL: self._launcher.kill,
+                    SignalAction.STOP: self._launcher.suspend,
+                    SignalAction.CONT: self._launcher.resume,
+                }[action]
+                act(agent_id)
+            case _:
+                self._send(
+                    wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"a node does not take {frame.t!r}")
+                )
+
+    def _spawn(self, agent_id: str, env: dict[str, str]) -> None:
+        if agent_id in self._devices:
+            return  # said twice: the process is already there
+        used = {d for a, d in self._devices.items() if self._launcher.poll(a) is None}
+        device = next(i for i in range(len(used) + 1) if i not in used)
+        self._devices[agent_id] = device
+        mine = {
+            "TORCHPASS_SECRET_FILE": str(self.settings.secret_file),
+            "TORCHPASS_ADVERTISE_HOST": self.settings.host,
+            "LOCAL_RANK": str(device),
+            **self._collective_interface,
+        }
+        try:
+            self._launcher.spawn(agent_id, {**env, **mine})
+        except (OSError, RuntimeError) as e:
+            log.error("node %s: could not start %s: %s", self.settings.node, agent_id, e)
+            self._send(wire.Exited(agent_id=agent_id, code=127))
+            return
+        threading.Thread(
+            target=self._reap, args=(agent_id,), name=f"torchpass-wait-{agent_id}", daemon=True
+        ).start()
+
+    def _reap(self, agent_id: str) -> None:
+        code = self._launcher.wait(agent_id)
+        self._send(wire.Exited(agent_id=agent_id, code=code))
+
+    def _heartbeats(self) -> None:
+        while not self._done.wait(HEARTBEAT.total_seconds()):
+            self._send(wire.Heartbeat())
+
+    def _send(self, frame: wire.Frame) -> None:
+        try:
+            with self._send_lock:
+                protocol.send_frame(self._sock, frame)
+        except OSError:
+            pass  # the reader sees the loss and ends the agent
+
+
+def collective_interface(host: str, environ: os._Environ[str] | dict[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for the interface holding `host`, unless already set.
+
+    Left to itself, gloo binds the address the host name resolves to, often loopback: its peers on other
+    hosts then never connect. The node's processes talk collectives where the node said it is reached."""
+    name = _interface_holding(host)
+    if name is None:
+        return {}
+    return {k: name for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in environ}
+
+
+def _interface_holding(host: str) -> str | None:
+    try:
+        wanted = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                # SIOCGIFADDR: the interface's IPv4 address, at bytes 20-24 of the answer.
+                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                if ipaddress.ip_address(got[20:24]) == wanted:
+                    return name
+    return None
+
+
+def run_node(settings: NodeSettings) -> int:
+    try:
+        agent = NodeAgent(settings)
+    except NodeRefused as e:
+        print(f"torchpass node: the coordinator refused node {settings.node}: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (OSError, ConnectionError, protocol.ProtocolError) as e:
+        # A wrong secret ends the handshake: the coordinator hangs up on a peer that cannot prove it.
+        print(
+            f"torchpass node: node {settings.node} could not join the coordinator at {settings.coordinator} "
+            f"(refused, or unreachable; is the secret file this job's?): {e}",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    print(
+        f"torchpass node {settings.node}: joined job {settings.job_id} at {settings.coordinator}", flush=True
+    )
+    return agent.run()

@@ -1,0 +1,228 @@
+"""A job's node agents as its coordinator sees them: a launcher whose processes run on other hosts.
+
+A node agent (`torchpass node`, `job_agent.node`) joins its job over the control channel with a
+`NodeHello`: its name, the address its processes advertise to their peers, how many ranks (slots) and
+warm spares it runs. Nodes that bring slots get the next ones in the order they join (node 0 slots
+0..P-1, and so on); a node with none is a spare node. The coordinator places every process it starts on a
+node and tells that node to start it (`Spawn`); the node answers each exit (`Exited`) and carries out
+fencing and injected stops (`Signal`). A process's failure domain is its node.
+
+Where a process goes: a rank to the node that holds its slot while that node is there, else to a spare
+node, else to the node running the fewest of the job's processes; a spare to the node furthest below the
+warm spares it announced. A node's processes are started under a parent-death signal, so a node agent
+whose connection closed has lost them all: each counts as killed.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from job_agent import wire
+from job_agent.channel import send
+from job_agent.frames import SignalAction
+from job_agent.launcher import Launcher
+from job_agent.waiting import Changes, JobFailed
+from job_agent.wire import Role
+from torchpass.errors import ErrorType
+from torchpass.job import JobSpec
+
+_KILLED = -int(signal.SIGKILL)
+
+
+@dataclass
+class Node:
+    name: str
+    host: str
+    slots: int
+    spares: int
+    first_slot: int
+    conn: socket.socket
+    alive: bool = True
+    last_heard: float = field(default_factory=time.monotonic)
+    placed: dict[str, Role] = field(default_factory=dict)  # agent -> the role it was started in
+
+
+class NodeLauncher(Launcher):
+    """Processes on the job's node agents. Touched on the coordinator's loop, and by `shutdown` from a
+    thread: a lock keeps the two apart."""
+
+    def __init__(self, job_id: str, expected: int) -> None:
+        self.job_id = job_id
+        self.expected = expected
+        self.nodes: dict[str, Node] = {}
+        self._by_conn: dict[socket.socket, Node] = {}
+        self._node_of: dict[str, Node] = {}  # agent -> its node
+        self._exits: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # --- nodes joining and leaving --------------------------------------------------------------------
+
+    def join(self, conn: socket.socket, hello: wire.NodeHello) -> str | None:
+        """Admit a node agent; the reason it is refused, or None."""
+        with self._lock:
+            if hello.job_id != self.job_id:
+                return f"node {hello.node} is started for job {hello.job_id}, this is job {self.job_id}"
+            if hello.node in self.nodes:
+                return f"a node named {hello.node} already joined this job"
+            if self._closed:
+                return "the job has ended"
+            if hello.slots and len(self.nodes) >= self.expected:
+                return f"the job's {self.expected} nodes have joined and hold every slot: join with no slots"
+            first = sum(n.slots for n in self.nodes.values())
+            node = Node(hello.node, hello.host, hello.slots, hello.spares, first, conn)
+            self.nodes[node.name] = node
+            self._by_conn[conn] = node
+            return None
+
+    def heard(self, conn: socket.socket, frame: wire.Frame) -> bool:
+        """Whether `conn` is a node agent's: then its frame is taken (and answered) here."""
+        node = self._by_conn.get(conn)
+        if node is None:
+            return False
+        node.last_heard = time.monotonic()
+        if isinstance(frame, wire.Exited):
+            if self._node_of.get(frame.agent_id) is node:  # a node speaks only of its own processes
+                self._exits.setdefault(frame.agent_id, frame.code)
+        elif not isinstance(frame, wire.Heartbeat):
+            send(
+                conn,
+                wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"a node agent does not send {frame.t!r}"),
+            )
+        return True
+
+    def closed(self, conn: socket.socket, notify: Callable[[], None]) -> bool:
+        """Whether `conn` was a node agent's. Its closing means the node and every process it ran are gone."""
+        with self._lock:
+            node = self._by_conn.pop(conn, None)
+            if node is None:
+                return False
+            node.alive = False
+            for agent in node.placed:
+                self._exits.setdefault(agent, _KILLED)
+        notify()
+        return True
+
+    def joined(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.alive]
+
+    def ready_for(self, world_size: int) -> bool:
+        """Every expected node joined and together they hold every slot."""
+        live = self.joined()
+        return len(live) >= self.expected and sum(n.slots for n in live) >= world_size
+
+    def warm_spares(self) -> int:
+        """The warm spares the joined nodes run between them."""
+        return sum(n.spares for n in self.joined())
+
+    # --- Launcher --------------------------------------------------------------------------------------
+
+    def spawn(self, agent_id: str, env: Mapping[str, str]) -> str:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
+            role = Role(env["TORCHPASS_ROLE"])
+            node = self._place(role, int(env["TORCHPASS_SLOT"]))
+            node.placed[agent_id] = role
+            self._node_of[agent_id] = node
+        send(node.conn, wire.Spawn(agent_id=agent_id, env=dict(env)))
+        return node.name
+
+    def _place(self, role: Role, slot: int) -> Node:
+        live = self.joined()
+        if not live:
+            raise RuntimeError("no node agent is connected to start a process on")
+
+        def running(n: Node) -> int:
+            return sum(1 for a in n.placed if a not in self._exits)
+
+        if role is Role.RANK:
+            home = [n for n in live if n.first_slot <= slot < n.first_slot + n.slots]
+            spare_nodes = [n for n in live if n.slots == 0]
+            return (home or spare_nodes or sorted(live, key=running))[0]
+
+        def deficit(n: Node) -> int:
+            spares = sum(1 for a, r in n.placed.items() if r is Role.SPARE and a not in self._exits)
+            return n.spares - spares
+
+        return max(live, key=lambda n: (deficit(n), -running(n)))
+
+    def _signal(self, agent_id: str, action: SignalAction) -> None:
+        node = self._node_of.get(agent_id)
+        if node is not None and node.alive:
+            send(node.conn, wire.Signal(agent_id=agent_id, action=action))
+
+    def kill(self, agent_id: str) -> None:
+        self._signal(agent_id, SignalAction.KILL)
+
+    def suspend(self, agent_id: str) -> None:
+        self._signal(agent_id, SignalAction.STOP)
+
+    def resume(self, agent_id: str) -> None:
+        self._signal(agent_id, SignalAction.CONT)
+
+    def poll(self, agent_id: str) -> int | None:
+        return self._exits.get(agent_id)
+
+    def pid(self, agent_id: str) -> int | None:
+        return None  # a process on another host: its node knows it
+
+    def node_of(self, agent_id: str) -> str | None:
+        node = self._node_of.get(agent_id)
+        return None if node is None else node.name
+
+    def shutdown(self, timeout: timedelta) -> None:
+        """Every node stops its processes (terminate, then kill past its grace) and leaves."""
+        with self._lock:
+            self._closed = True
+            nodes = self.joined()
+        for n in nodes:
+            send(n.conn, wire.Exit(code=0, reason="the job has ended"))
+        deadline = time.monotonic() + timeout.total_seconds() + 5
+        while time.monotonic() < deadline and any(n.alive for n in nodes):
+            time.sleep(0.05)
+
+
+def admit_node(
+    nodes: NodeLauncher | None, job_id: str, conn: socket.socket, hello: wire.NodeHello
+) -> wire.Frame:
+    """The answer to a node agent's hello: welcome, or refused with why."""
+    if nodes is None:
+        return wire.Reject(reason=f"job {job_id} runs on one host: it takes no node agents")
+    refused = nodes.join(conn, hello)
+    return wire.Welcome() if refused is None else wire.Reject(reason=refused)
+
+
+async def wait_for_nodes(nodes: NodeLauncher, changes: Changes, spec: JobSpec, address: str) -> int:
+    """Say what to run on each host, then wait until the job's nodes have joined holding every slot: the
+    warm spares they keep between them. JobFailed, saying what came, past the start-up timeout."""
+    print(node_command(spec, address), flush=True)
+    timeout = timedelta(seconds=spec.startup_timeout)
+    try:
+        await changes.wait_for(lambda: nodes.ready_for(spec.nproc), timeout, "the nodes to join")
+    except TimeoutError:
+        joined = nodes.joined()
+        raise JobFailed(
+            f"{len(joined)} of {spec.nodes} nodes joined within the start-up timeout, holding "
+            f"{sum(n.slots for n in joined)} of the {spec.nproc} slots"
+        ) from None
+    return nodes.warm_spares()
+
+
+def node_command(spec: JobSpec, address: str) -> str:
+    """What to run on each host of a multi-node job."""
+    per_node = spec.nproc // spec.nodes if spec.nproc % spec.nodes == 0 else "P"
+    argv = " ".join([str(spec.script), *spec.args])
+    return (
+        f"torchpass: job {spec.job_id} waits for {spec.nodes} node(s); on each host run\n"
+        f"  torchpass node --job {spec.job_id} --coordinator {address} --secret-file SECRET --host ADDRESS "
+        f"--slots {per_node} --spares K {argv}\n"
+        f"(SECRET: a copy of {spec.job_dir / 'secret'} readable by that host's user alone; ADDRESS: the "
+        "host's own, reachable from every other; --slots 0: a spare node)"
+    )

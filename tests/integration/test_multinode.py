@@ -1,0 +1,158 @@
+"""Multi-node jobs: the coordinator on one host, a node agent (`torchpass node`) on each other host running
+its ranks and warm spares, every listener on its host's own address.
+
+Hosts are network namespaces on a bridge, each with its own address, made and removed by
+`tests/integration/hosts.py` (or, where namespaces cannot be made, one loopback address each; the test
+prints which). Everything else is real: the node agents are `torchpass node` processes, the ranks real
+torch.distributed processes (gloo over the hosts' addresses), the kills real SIGKILLs, the incidents
+MigrationWorkflows on the real dev server. A migrated run must end bitwise equal to the same job never
+failed, with no completed step recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from job_agent import wire
+from job_agent.jobs import request
+from job_agent.node import EXIT_REFUSED
+from tests.integration.conftest import SCRIPT, run_with, spec, start_job
+from tests.integration.hosts import Fabric, Host, fabric
+from torchpass.job import JobResult, JobSpec
+from torchpass.models import Disposition
+
+STEPS = 150
+ARGS = ("--steps", str(STEPS), "--width", "128", "--depth", "2")
+
+
+@pytest.fixture
+def hosts() -> Iterator[Fabric]:
+    with fabric(2) as f:
+        print(f"multi-node test hosts: {f.mode} ({', '.join(h.address for h in f.hosts)})")
+        yield f
+
+
+@pytest.fixture(scope="module")
+async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactory) -> JobResult:
+    """The job on one host, never failed: the state a multi-node run must match bit for bit."""
+    job = spec(tmp_path_factory.mktemp("ref"), "mn-reference", spares=0, args=ARGS)
+    result = await run_with(client, job)
+    assert result.ok and result.final_digest
+    return result
+
+
+def node_argv(job: JobSpec, coordinator: str, host: Host, slots: int, spares: int, **kw: str) -> list[str]:
+    argv = [sys.executable, "-m", "torchpass.cli", "node", "--job", kw.get("job_id", job.job_id)]
+    argv += ["--coordinator", coordinator, "--secret-file", kw.get("secret", str(job.job_dir / "secret"))]
+    argv += ["--host", host.address, "--name", kw.get("name", host.name)]
+    return [*argv, "--slots", str(slots), "--spares", str(spares), str(SCRIPT), *ARGS]
+
+
+async def coordinator_of(job: JobSpec) -> str:
+    """The address the job's coordinator registered (the one it printed for its nodes)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return str(json.loads((job.job_dir / "job.json").read_text())["coordinator"])
+        except (OSError, ValueError, KeyError):
+            assert time.monotonic() < deadline, "the coordinator never registered"
+            await asyncio.sleep(0.05)
+
+
+async def status(job: JobSpec) -> wire.Status:
+    reply = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.StatusRequest())
+    assert isinstance(reply, wire.Status), reply
+    return reply
+
+
+def log_of(tmp_path: Path, name: str) -> str:
+    return (tmp_path / f"{name}.log").read_text(errors="replace")
+
+
+async def test_a_rank_killed_on_a_node_is_replaced_by_the_spare_on_its_own_node(
+    client: Client, tmp_path: Path, hosts: Fabric, long_reference: JobResult
+) -> None:
+    job = spec(tmp_path, "mn-kill", args=ARGS, nodes=2, host=hosts.coordinator)
+    task = await start_job(client, job)
+    address = await coordinator_of(job)
+    assert address.rpartition(":")[0] == hosts.coordinator  # it listens on the job's address, not loopback
+    for h in hosts.hosts:
+        hosts.start(h, node_argv(job, address, h, slots=2, spares=1), str(tmp_path / f"{h.name}.log"))
+    kill = wire.Inject(action=wire.InjectAction.KILL, slot=3, after_step=20)
+    before: wire.Status | None = None
+    while before is None or len(before.ranks) < 4 or before.state != "training":
+        assert not task.done(), (await task).error
+        before = await status(job)
+    # Each node holds two consecutive slots (the first to join 0 and 1).
+    placed = {r.slot: r.node for r in before.ranks}
+    assert placed[0] == placed[1] != placed[2] == placed[3], placed
+    assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)
+    after = await status(job)
+    while after.incidents < 1 or after.state != "training" or len(after.ranks) < 4:
+        assert not task.done(), (await task).error
+        await asyncio.sleep(0.02)
+        after = await status(job)
+    result = await asyncio.wait_for(task, 150)
+
+    moved = {r.slot: r for r in after.ranks}
+    assert moved[3].agent != {r.slot: r.agent for r in before.ranks}[3]  # a new process holds slot 3...
+    assert moved[3].node == placed[3], after  # ...the spare of the node that lost it
+    assert result.ok, (result.error, log_of(tmp_path, placed[3]))
+    (outcome,) = result.incidents
+    assert outcome.disposition is Disposition.MIGRATED and outcome.success, outcome
+    assert outcome.lost_slots == (3,) and outcome.failure_domain == placed[3], outcome
+    assert outcome.steps_recomputed == 0 == result.steps_recomputed
+    assert result.final_digest == long_reference.final_digest
+
+
+async def test_nodes_that_do_not_belong_are_refused_and_the_job_runs_on(
+    client: Client, tmp_path: Path, hosts: Fabric, long_reference: JobResult
+) -> None:
+    """A node agent with the wrong secret, one started for another job, a second node under a name
+    already taken and a node with slots joining once the job has all its nodes: each is refused with
+    why (exit code 3), and the job trains on its two nodes to the same bits."""
+    job = spec(tmp_path, "mn-refuse", args=ARGS, nodes=2, host=hosts.coordinator)
+    task = await start_job(client, job)
+    address = await coordinator_of(job)
+    wrong = tmp_path / "wrong-secret"
+    wrong.write_text("00" * 32)
+    a, b = hosts.hosts
+
+    def attempt(log: str, host: Host, **kw: str) -> subprocess.Popen[bytes]:
+        return hosts.start(host, node_argv(job, address, host, 2, 0, **kw), str(tmp_path / f"{log}.log"))
+
+    strangers = {
+        "wrong-secret": attempt("wrong-secret", a, secret=str(wrong), name="intruder"),
+        "other-job": attempt("other-job", a, job_id="some-other-job", name="other"),
+    }
+    for name, p in strangers.items():
+        assert await asyncio.to_thread(p.wait, 60) == EXIT_REFUSED, log_of(tmp_path, name)
+    assert "refused" in log_of(tmp_path, "wrong-secret") and "some-other-job" in log_of(tmp_path, "other-job")
+    first = hosts.start(a, node_argv(job, address, a, 2, 1), str(tmp_path / "node0.log"))
+    deadline = time.monotonic() + 30
+    while "joined job" not in log_of(tmp_path, "node0"):
+        assert time.monotonic() < deadline and first.poll() is None, log_of(tmp_path, "node0")
+        await asyncio.sleep(0.05)
+    twice = attempt("twice", b, name="node0")
+    assert await asyncio.to_thread(twice.wait, 60) == EXIT_REFUSED
+    assert "already joined" in log_of(tmp_path, "twice")
+    hosts.start(b, node_argv(job, address, b, 2, 1), str(tmp_path / "node1.log"))
+    while (await status(job)).state != "training":
+        assert not task.done(), (await task).error
+        await asyncio.sleep(0.05)
+    late = attempt("late", b, name="late")
+    assert await asyncio.to_thread(late.wait, 60) == EXIT_REFUSED
+    assert "hold every slot" in log_of(tmp_path, "late")
+
+    result = await asyncio.wait_for(task, 150)
+    assert result.ok and not result.incidents, result.error
+    assert result.final_digest == long_reference.final_digest

@@ -1,0 +1,45 @@
+"""`torchpass node`: the node agent of a multi-node job, one per host (`job_agent.node`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    n = sub.add_parser(
+        "node",
+        help="join a multi-node job's coordinator and run this host's ranks and warm spares",
+        description="Started on each host of a job run with `torchpass run --nodes N`: it joins the job's "
+        "coordinator, runs the ranks and spares placed on this host (its own SCRIPT and arguments) and "
+        "stops them when the job ends.",
+    )
+    n.add_argument("--job", required=True, help="the job id `torchpass run` printed")
+    n.add_argument("--coordinator", required=True, help="host:port `torchpass run` printed")
+    n.add_argument("--secret-file", type=Path, required=True, help="this host's copy of the job's secret")
+    n.add_argument("--host", required=True, help="this host's address, reachable from every other node")
+    n.add_argument("--name", default=None, help="the node's name, unique in the job (default: hostname)")
+    n.add_argument("--slots", type=int, default=0, help="ranks this node runs (0: a spare node)")
+    n.add_argument("--spares", type=int, default=0, help="warm spares this node keeps")
+    n.add_argument("script", type=Path)
+    n.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from job_agent.node import NodeSettings, run_node
+
+    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    fields: dict[str, Any] = {
+        "job_id": args.job,
+        "coordinator": args.coordinator,
+        "host": args.host,
+        "secret_file": args.secret_file,
+        "slots": args.slots,
+        "spares": args.spares,
+        "script": args.script,
+        "args": tuple(script_args),
+    }
+    if args.name:
+        fields["node"] = args.name
+    return run_node(NodeSettings(**fields))
