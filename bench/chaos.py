@@ -33,9 +33,7 @@ from temporalio.client import Client
 from job_agent import wire
 from job_agent.jobs import UnknownJob, request, running_jobs
 from job_agent.protocol import ProtocolError
-from torchpass.contract import add_months
-from torchpass.contract_models import ContractPurpose, ContractTerms, LedgerRow
-from torchpass.credit import Money
+from torchpass.contract_models import LedgerRow
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import ContractRef
@@ -204,17 +202,7 @@ async def open_contract(client: Client, job_id: str) -> ContractRef:
     outcomes reach a real ledger through the workflows' own checks, so that a record lost or doubled on the
     way shows there too."""
     ref = ContractRef(customer_id="chaos", contract_id=f"chaos-{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}")
-    start = datetime.now(UTC).date().replace(day=1)
-    terms = ContractTerms(
-        customer_id=ref.customer_id,
-        contract_id=ref.contract_id,
-        start=start,
-        renewal_date=add_months(start, 12),
-        annual_fee=Money(amount="1000.00", currency="USD"),
-        purpose=ContractPurpose.DEVELOPMENT,
-    )
-    await cc.create_contract(client, terms)
-    await cc.opt_in(client, ref.customer_id, ref.contract_id, job_id)
+    await cc.open_development_contract(client, ref, job_id, "1000.00")
     return ref
 
 

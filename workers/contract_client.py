@@ -8,15 +8,17 @@ refuses raises `ContractRejected` with its `error_type` (a `Contract*` `torchpas
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from torchpass.contract import add_months
 from torchpass.contract_models import (
     ContractInput,
+    ContractPurpose,
     ContractTerms,
     Evaluation,
     ExpandInput,
@@ -27,7 +29,9 @@ from torchpass.contract_models import (
     RenewInput,
     Standing,
 )
+from torchpass.credit import Money
 from torchpass.ids import CONTROL_TASK_QUEUE, contract_workflow_id, validation_workflow_id
+from torchpass.models import ContractRef
 from torchpass.outcome import MigrationOutcome
 from torchpass.validation import ValidateInput, ValidationReport
 
@@ -92,6 +96,22 @@ async def create_contract(
         )
     except WorkflowAlreadyStartedError as e:
         raise ContractExists(f"contract {terms.contract_id} of {terms.customer_id} exists") from e
+
+
+async def open_development_contract(client: Client, ref: ContractRef, job_id: str, fee: str) -> None:
+    """A development contract (it accepts a waived scheduler check, and never credits billing) starting
+    this month, `fee` USD a year, with `job_id` opted in: what the demo and the chaos benchmark run under."""
+    start = datetime.now(UTC).date().replace(day=1)
+    terms = ContractTerms(
+        customer_id=ref.customer_id,
+        contract_id=ref.contract_id,
+        start=start,
+        renewal_date=add_months(start, 12),
+        annual_fee=Money(amount=fee, currency="USD"),
+        purpose=ContractPurpose.DEVELOPMENT,
+    )
+    await create_contract(client, terms)
+    await opt_in(client, ref.customer_id, ref.contract_id, job_id)
 
 
 async def opt_in(client: Client, customer_id: str, contract_id: str, job_id: str) -> JobCoverage:

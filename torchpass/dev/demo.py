@@ -17,7 +17,6 @@ import socket
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -25,9 +24,7 @@ from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.jobs import request, wait_until_ready
-from torchpass.contract import add_months
-from torchpass.contract_models import DEVELOPMENT_BANNER, ContractPurpose, ContractTerms, Standing
-from torchpass.credit import Money
+from torchpass.contract_models import DEVELOPMENT_BANNER, Standing
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import ContractRef
@@ -66,18 +63,8 @@ def _spec(state_dir: Path, job_id: str, spares: int, contract: ContractRef | Non
 
 
 async def _open_contract(client: Client) -> None:
-    start = datetime.now(UTC).date().replace(day=1)
-    terms = ContractTerms(
-        customer_id=CONTRACT.customer_id,
-        contract_id=CONTRACT.contract_id,
-        start=start,
-        renewal_date=add_months(start, 12),
-        annual_fee=Money(amount="120000.00", currency="USD"),
-        # The demo's host has no scheduler, so its check is waived: only a development contract accepts that.
-        purpose=ContractPurpose.DEVELOPMENT,
-    )
-    await cc.create_contract(client, terms)
-    await cc.opt_in(client, CONTRACT.customer_id, CONTRACT.contract_id, JOB)
+    # The demo's host has no scheduler, so its check is waived: only a development contract accepts that.
+    await cc.open_development_contract(client, CONTRACT, JOB, "120000.00")
     print(f"demo: contract {CONTRACT.contract_id} created, job {JOB} opted in", flush=True)
     print(f"demo: {DEVELOPMENT_BANNER}", flush=True)
 
