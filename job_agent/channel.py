@@ -38,7 +38,7 @@ class ControlServer:
         loop: asyncio.AbstractEventLoop,
         on_frame: FrameHandler,
         on_close: CloseHandler,
-        host: str = "127.0.0.1",
+        host: str,
     ) -> None:
         self._secret = secret
         self._loop = loop

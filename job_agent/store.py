@@ -85,7 +85,7 @@ class StoreFull(Exception):
 class StoreServer:
     """Serves one job's store to authenticated peers; listens on `host` (an ephemeral port)."""
 
-    def __init__(self, secret: bytes, host: str = "127.0.0.1") -> None:
+    def __init__(self, secret: bytes, host: str) -> None:
         self._secret = secret
         self._data: dict[str, bytes] = {}
         self._size = 0

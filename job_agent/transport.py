@@ -75,7 +75,7 @@ def _tune(sock: socket.socket) -> None:
 class StateServer:
     """The donor's side: listens on an ephemeral port and serves one snapshot to N receivers."""
 
-    def __init__(self, secret: bytes, host: str = "127.0.0.1") -> None:
+    def __init__(self, secret: bytes, host: str) -> None:
         self._secret = secret
         self._listener = socket.create_server((host, 0))
         _tune(self._listener)

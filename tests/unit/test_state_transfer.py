@@ -40,7 +40,7 @@ def _fresh(seed: int, width: int = 32) -> TrackedState:
 def _serve(
     state: TrackedState, step: int, receivers: int = 1, secret: bytes = SECRET
 ) -> tuple[StateServer, dict]:
-    server = StateServer(SECRET)
+    server = StateServer(SECRET, "127.0.0.1")
     out: dict = {}
 
     def run() -> None:

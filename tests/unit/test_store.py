@@ -23,7 +23,7 @@ WAIT = timedelta(seconds=5)
 
 @pytest.fixture
 def server() -> Iterator[StoreServer]:
-    s = StoreServer(SECRET)
+    s = StoreServer(SECRET, "127.0.0.1")
     yield s
     s.close()
 
