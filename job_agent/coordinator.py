@@ -241,7 +241,7 @@ class Coordinator:
                 return wire.Exit(code=0 if self.state is JobState.FINISHED else 1, reason="the job has ended")
             return wire.Welcome()
         if isinstance(frame, wire.NodeHello):
-            return admit_node(self.nodes, self.job_id, conn, frame)
+            return admit_node(self.nodes, self.job_id, conn, frame, lambda: self.spawn(Role.SPARE, -1))
         if isinstance(frame, wire.Inject):
             return self._injector.inject(frame)
         if isinstance(frame, wire.Drain):

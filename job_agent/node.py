@@ -116,6 +116,8 @@ class NodeAgent:
                     SignalAction.CONT: self._launcher.resume,
                 }[action]
                 act(agent_id)
+            case wire.Ok():
+                pass  # joined a running job: its first spares' Spawns came before this
             case _:
                 self._send(
                     wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"a node does not take {frame.t!r}")

@@ -61,6 +61,7 @@ class NodeLauncher(Launcher):
         self._exits: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.started = False  # the job's processes were started: a node joining now brings its spares
 
     # --- nodes joining and leaving --------------------------------------------------------------------
 
@@ -73,7 +74,7 @@ class NodeLauncher(Launcher):
                 return f"a node named {hello.node} already joined this job"
             if self._closed:
                 return "the job has ended"
-            if hello.slots and len(self.nodes) >= self.expected:
+            if hello.slots and sum(1 for n in self.nodes.values() if n.slots) >= self.expected:
                 return f"the job's {self.expected} nodes have joined and hold every slot: join with no slots"
             first = sum(n.slots for n in self.nodes.values())
             node = Node(hello.node, hello.host, hello.slots, hello.spares, first, conn)
@@ -113,8 +114,9 @@ class NodeLauncher(Launcher):
         return [n for n in self.nodes.values() if n.alive]
 
     def ready_for(self, world_size: int) -> bool:
-        """Every expected node joined and together they hold every slot."""
-        live = self.joined()
+        """Every expected node (one with slots: spare nodes come as they please) joined, and together they
+        hold every slot."""
+        live = [n for n in self.joined() if n.slots]
         return len(live) >= self.expected and sum(n.slots for n in live) >= world_size
 
     def warm_spares(self) -> int:
@@ -190,13 +192,23 @@ class NodeLauncher(Launcher):
 
 
 def admit_node(
-    nodes: NodeLauncher | None, job_id: str, conn: socket.socket, hello: wire.NodeHello
+    nodes: NodeLauncher | None,
+    job_id: str,
+    conn: socket.socket,
+    hello: wire.NodeHello,
+    start_spare: Callable[[], object],
 ) -> wire.Frame:
-    """The answer to a node agent's hello: welcome, or refused with why."""
+    """The answer to a node agent's hello: welcome, or refused with why. A node joining a job already
+    running (a spare node, a replacement) gets the warm spares it announced at once."""
     if nodes is None:
         return wire.Reject(reason=f"job {job_id} runs on one host: it takes no node agents")
     refused = nodes.join(conn, hello)
-    return wire.Welcome() if refused is None else wire.Reject(reason=refused)
+    if refused is not None:
+        return wire.Reject(reason=refused)
+    send(conn, wire.Welcome())  # before its first Spawn
+    for _ in range(hello.spares if nodes.started else 0):
+        start_spare()
+    return wire.Ok()
 
 
 async def wait_for_nodes(nodes: NodeLauncher, changes: Changes, spec: JobSpec, address: str) -> int:
@@ -212,6 +224,7 @@ async def wait_for_nodes(nodes: NodeLauncher, changes: Changes, spec: JobSpec, a
             f"{len(joined)} of {spec.nodes} nodes joined within the start-up timeout, holding "
             f"{sum(n.slots for n in joined)} of the {spec.nproc} slots"
         ) from None
+    nodes.started = True
     return nodes.warm_spares()
 
 

@@ -156,3 +156,92 @@ async def test_nodes_that_do_not_belong_are_refused_and_the_job_runs_on(
     result = await asyncio.wait_for(task, 150)
     assert result.ok and not result.incidents, result.error
     assert result.final_digest == long_reference.final_digest
+
+
+@pytest.fixture
+def three_hosts() -> Iterator[Fabric]:
+    with fabric(3) as f:
+        print(f"multi-node test hosts: {f.mode} ({', '.join(h.address for h in f.hosts)})")
+        yield f
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["node-of-ranks-2-3", "node-of-rank-0"])
+async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_slots(
+    client: Client, tmp_path: Path, three_hosts: Fabric, long_reference: JobResult, lost: int
+) -> None:
+    """Two nodes of two ranks and a spare node with two warm spares. One training node's agent is
+    SIGKILLed, its ranks die with it (their parent-death signal): every report of that loss folds into one
+    incident whose lost slots are both of the node's, the spare node takes them, the state comes from the
+    other node's replicas, and the run ends bitwise equal. Losing the node of rank 0 is no different."""
+    hosts = three_hosts
+    job = spec(tmp_path, f"mn-node-{lost}", args=ARGS, nodes=2, host=hosts.coordinator)
+    task = await start_job(client, job)
+    address = await coordinator_of(job)
+    a, b, spare = hosts.hosts
+    agents = {}
+    # The spare node first (it holds no slot), then node0 (slots 0 and 1) and node1 (slots 2 and 3).
+    for h, held, spares in ((spare, 0, 2), (a, 2, 0), (b, 2, 0)):
+        log = str(tmp_path / f"{h.name}.log")
+        agents[h.name] = hosts.start(h, node_argv(job, address, h, held, spares), log)
+        deadline = time.monotonic() + 30
+        while "joined job" not in log_of(tmp_path, h.name):
+            assert time.monotonic() < deadline, log_of(tmp_path, h.name)
+            await asyncio.sleep(0.05)
+    before = await status(job)
+    # Lost once the world trains (a rank lost while the first group forms is another case).
+    while (
+        before.state != "training" or before.spares < 2 or min((r.step for r in before.ranks), default=0) < 3
+    ):
+        assert not task.done(), (await task).error
+        await asyncio.sleep(0.05)
+        before = await status(job)
+    victim = f"node{lost}"
+    slots = tuple(r.slot for r in before.ranks if r.node == victim)
+    assert len(slots) == 2, before
+    hosts.stop(agents[victim])  # SIGKILL to the agent's whole session: the node is gone
+    after = before
+    while after.incidents < 1 or after.state != "training" or len(after.ranks) < 4:
+        assert not task.done(), (await task).error
+        await asyncio.sleep(0.05)
+        after = await status(job)
+    result = await asyncio.wait_for(task, 150)
+
+    assert {r.slot: r.node for r in after.ranks if r.slot in slots} == dict.fromkeys(slots, "node2"), after
+    assert result.ok, result.error
+    (outcome,) = result.incidents  # one incident for the node, however many reports it made
+    assert outcome.disposition is Disposition.MIGRATED and outcome.success, outcome
+    assert outcome.lost_slots == slots and outcome.failure_domain == victim, outcome
+    assert outcome.evidence_count >= 2, outcome
+    assert outcome.steps_recomputed == 0 == result.steps_recomputed
+    assert result.final_digest == long_reference.final_digest
+
+
+async def test_a_node_lost_with_no_spare_anywhere_is_disqualified_and_restarts_from_the_checkpoint(
+    client: Client, tmp_path: Path, hosts: Fabric, long_reference: JobResult
+) -> None:
+    """Two nodes of two ranks, no warm spare anywhere: a node lost whole is the brief's "spare resources
+    not available" (disqualified, recorded), and the job falls back to a checkpoint restart on the node
+    left, which ends bitwise equal with the recomputed steps counted."""
+    job = spec(tmp_path, "mn-no-spare", args=ARGS, nodes=2, host=hosts.coordinator, spares=0)
+    task = await start_job(client, job)
+    address = await coordinator_of(job)
+    agents = {}
+    for h in hosts.hosts:
+        agents[h.name] = hosts.start(h, node_argv(job, address, h, 2, 0), str(tmp_path / f"{h.name}.log"))
+    before = await status(job)
+    while before.state != "training" or len(before.ranks) < 4 or min(r.step for r in before.ranks) < 30:
+        assert not task.done(), (await task).error
+        await asyncio.sleep(0.05)
+        before = await status(job)
+    victim = before.ranks[3].node
+    hosts.stop(agents[victim])
+    result = await asyncio.wait_for(task, 150)
+
+    assert result.ok, result.error
+    (outcome,) = result.incidents
+    assert outcome.disposition is Disposition.FALLBACK_RESTART and not outcome.success, outcome
+    assert not outcome.classification.qualifying, outcome.classification
+    assert outcome.failure_domain == victim and len(outcome.lost_slots) == 2, outcome
+    assert outcome.fallback is not None and outcome.fallback.restored_step >= 19, outcome.fallback
+    assert result.steps_recomputed == outcome.steps_recomputed > 0
+    assert result.final_digest == long_reference.final_digest
