@@ -1,0 +1,138 @@
+"""The coordinator's side of a multi-node job (`job_agent.nodes.NodeLauncher`) and the node frames, over
+real sockets: which node is admitted, where each process goes, what a node's loss or its word means."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from job_agent import protocol, wire
+from job_agent.nodes import NodeLauncher, admit_node
+
+
+def hello(node: str, slots: int, spares: int = 0, job: str = "job-1") -> wire.NodeHello:
+    return wire.NodeHello(
+        job_id=job, node=node, host=f"198.18.0.{len(node)}", slots=slots, spares=spares, pid=1
+    )
+
+
+def env(role: str, slot: int) -> dict[str, str]:
+    return {"TORCHPASS_ROLE": role, "TORCHPASS_SLOT": str(slot)}
+
+
+class Nodes:
+    """A NodeLauncher and, for each node, the far end of its connection (what the node agent reads)."""
+
+    def __init__(self, expected: int) -> None:
+        self.launcher = NodeLauncher("job-1", expected)
+        self.conns: dict[str, tuple[socket.socket, socket.socket]] = {}
+
+    def join(self, h: wire.NodeHello) -> str | None:
+        near, far = socket.socketpair()
+        self.conns[h.node] = (near, far)
+        return self.launcher.join(near, h)
+
+    def received(self, node: str) -> wire.Frame:
+        far = self.conns[node][1]
+        far.settimeout(5)
+        return protocol.recv_frame(far)
+
+    def close(self) -> None:
+        for near, far in self.conns.values():
+            near.close()
+            far.close()
+
+
+@pytest.fixture
+def nodes() -> Iterator[Nodes]:
+    n = Nodes(expected=2)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def test_nodes_that_do_not_belong_are_refused_with_why(nodes: Nodes) -> None:
+    assert nodes.join(hello("a", 2, job="job-2")) == "node a is started for job job-2, this is job job-1"
+    assert nodes.join(hello("a", 2)) is None
+    assert "already joined" in (nodes.join(hello("a", 2)) or "")
+    assert nodes.join(hello("spare", 0, spares=2)) is None  # a spare node is not one of the two awaited
+    assert not nodes.launcher.ready_for(4)
+    assert nodes.join(hello("b", 2)) is None
+    assert nodes.launcher.ready_for(4)
+    assert "hold every slot" in (nodes.join(hello("c", 2)) or "")
+    assert nodes.join(hello("spare2", 0)) is None  # spare nodes may come at any time
+
+
+def test_a_job_on_one_host_takes_no_node_agent() -> None:
+    near, far = socket.socketpair()
+    with near, far:
+        reply = admit_node(None, "job-1", near, hello("a", 2), lambda: None)
+    assert isinstance(reply, wire.Reject) and "one host" in reply.reason
+
+
+def test_ranks_go_to_the_node_holding_their_slot_and_spares_where_they_are_missing(nodes: Nodes) -> None:
+    for h in (hello("a", 2, spares=1), hello("b", 2, spares=1), hello("s", 0, spares=2)):
+        assert nodes.join(h) is None
+    launcher = nodes.launcher
+    placed = {f"rank{s}": launcher.spawn(f"rank{s}", env("rank", s)) for s in range(4)}
+    assert placed == {"rank0": "a", "rank1": "a", "rank2": "b", "rank3": "b"}
+    spares = [launcher.spawn(f"spare-{i}", env("spare", -1)) for i in range(4)]
+    assert sorted(spares) == ["a", "b", "s", "s"]  # each node up to the spares it announced
+    first = nodes.received("a")
+    assert isinstance(first, wire.Spawn) and first.agent_id == "rank0" and first.env == env("rank", 0)
+
+
+def test_a_lost_node_has_lost_every_process_and_its_slots_go_to_a_spare_node(nodes: Nodes) -> None:
+    for h in (hello("a", 2), hello("b", 2), hello("s", 0, spares=2)):
+        assert nodes.join(h) is None
+    launcher = nodes.launcher
+    for s in range(4):
+        launcher.spawn(f"rank{s}", env("rank", s))
+    notified: list[int] = []
+    assert launcher.closed(nodes.conns["b"][0], lambda: notified.append(1))
+    assert notified == [1]
+    assert launcher.poll("rank2") == launcher.poll("rank3") == -int(signal.SIGKILL)
+    assert launcher.poll("rank0") is None
+    assert launcher.spawn("rank2-again", env("rank", 2)) == "s"  # its home is gone: the spare node
+    assert not launcher.closed(nodes.conns["a"][1], lambda: None)  # not a node's connection
+
+
+def test_a_node_speaks_only_of_its_own_processes(nodes: Nodes) -> None:
+    for h in (hello("a", 2), hello("b", 2)):
+        assert nodes.join(h) is None
+    launcher = nodes.launcher
+    launcher.spawn("rank0", env("rank", 0))
+    b = nodes.conns["b"][0]
+    assert launcher.heard(b, wire.Exited(agent_id="rank0", code=-9))
+    assert launcher.poll("rank0") is None  # b does not run rank0
+    a = nodes.conns["a"][0]
+    assert launcher.heard(a, wire.Exited(agent_id="rank0", code=-9))
+    assert launcher.poll("rank0") == -9
+    assert launcher.heard(a, wire.Step(k=3))  # not a node's frame: answered with a typed error
+    err = protocol.recv_frame(nodes.conns["a"][1])
+    while isinstance(err, wire.Spawn):
+        err = protocol.recv_frame(nodes.conns["a"][1])
+    assert isinstance(err, wire.Error) and "does not send 'step'" in err.reason
+    other, _ = socket.socketpair()
+    with other, _:
+        assert not launcher.heard(other, wire.Heartbeat())  # not a node: the coordinator's business
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"t": "spawn", "agent_id": "rank0", "env": {"LD_PRELOAD": "/tmp/x.so"}}',
+        b'{"t": "spawn", "agent_id": "rank0", "env": {"TORCHPASS_X": "' + b"v" * 5000 + b'"}}',
+        b'{"t": "node_hello", "job_id": "../etc", "node": "a", "host": "h", "slots": 1, "spares": 0,'
+        b' "pid": 1}',
+        b'{"t": "signal", "agent_id": "rank0", "action": "format-disk"}',
+    ],
+    ids=["not-an-agent-setting", "oversized-setting", "bad-job-id", "unknown-signal"],
+)
+def test_a_malformed_node_frame_never_decodes(body: bytes) -> None:
+    with pytest.raises(wire.BadFrame):
+        wire.decode(body)
