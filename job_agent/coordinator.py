@@ -123,7 +123,7 @@ class Coordinator:
         """The ranks and the warm spares: on this host, or on the job's nodes once they have joined."""
         spares = self.spec.spares
         if self.nodes is not None:  # theirs: the warm spares the nodes announced
-            spares = await wait_for_nodes(self.nodes, self.changes, self.spec, self._address)
+            spares = await wait_for_nodes(self.nodes, self.changes, self.spec)
         self.restart_ranks(self.latest_checkpoint()[1])
         for _ in range(spares):
             self.spawn(Role.SPARE, -1)
@@ -362,4 +362,5 @@ def job_status(c: Coordinator) -> wire.Status:
         spares=len(c.spares.ready()),
         incident=inc.workflow_id if inc else None,
         incidents=len(c.incidents.outcomes),
+        nodes=tuple(n.name for n in c.nodes.joined()) if c.nodes is not None else (),
     )

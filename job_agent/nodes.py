@@ -211,10 +211,9 @@ def admit_node(
     return wire.Ok()
 
 
-async def wait_for_nodes(nodes: NodeLauncher, changes: Changes, spec: JobSpec, address: str) -> int:
-    """Say what to run on each host, then wait until the job's nodes have joined holding every slot: the
-    warm spares they keep between them. JobFailed, saying what came, past the start-up timeout."""
-    print(node_command(spec, address), flush=True)
+async def wait_for_nodes(nodes: NodeLauncher, changes: Changes, spec: JobSpec) -> int:
+    """Until the job's nodes have joined holding every slot: the warm spares they keep between them.
+    JobFailed, saying what came, past the start-up timeout."""
     timeout = timedelta(seconds=spec.startup_timeout)
     try:
         await changes.wait_for(lambda: nodes.ready_for(spec.nproc), timeout, "the nodes to join")
@@ -226,16 +225,3 @@ async def wait_for_nodes(nodes: NodeLauncher, changes: Changes, spec: JobSpec, a
         ) from None
     nodes.started = True
     return nodes.warm_spares()
-
-
-def node_command(spec: JobSpec, address: str) -> str:
-    """What to run on each host of a multi-node job."""
-    per_node = spec.nproc // spec.nodes if spec.nproc % spec.nodes == 0 else "P"
-    argv = " ".join([str(spec.script), *spec.args])
-    return (
-        f"torchpass: job {spec.job_id} waits for {spec.nodes} node(s); on each host run\n"
-        f"  torchpass node --job {spec.job_id} --coordinator {address} --secret-file SECRET --host ADDRESS "
-        f"--slots {per_node} --spares K {argv}\n"
-        f"(SECRET: a copy of {spec.job_dir / 'secret'} readable by that host's user alone; ADDRESS: the "
-        "host's own, reachable from every other; --slots 0: a spare node)"
-    )

@@ -280,6 +280,7 @@ class Status(_Frame):
     spares: NonNegativeInt
     incident: str | None = None
     incidents: NonNegativeInt = Field(default=0, description="incidents recorded so far")
+    nodes: tuple[str, ...] = Field(default=(), max_length=1024, description="node agents joined (multi-node)")
 
 
 class Ok(_Frame):

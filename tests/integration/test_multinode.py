@@ -26,7 +26,7 @@ from job_agent import wire
 from job_agent.jobs import request
 from job_agent.node import EXIT_REFUSED
 from tests.integration.conftest import SCRIPT, run_with, spec, start_job
-from tests.integration.hosts import Fabric, Host, fabric
+from torchpass.dev.hosts import Fabric, Host, fabric
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import Disposition
 

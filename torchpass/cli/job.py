@@ -14,19 +14,23 @@ COMMANDS = ("run", "jobs", "inject", "drain")
 
 def register(sub: Any) -> None:
     r = sub.add_parser("run", help="launch a training script under the agent, like torchrun")
-    r.add_argument("--nproc", type=int, default=2, help="ranks (data-parallel replicas)")
+    r.add_argument("--nproc", type=int, default=None, help="ranks (data-parallel replicas; default 2)")
     r.add_argument("--spares", type=int, default=1, help="warm spare processes (one host)")
     r.add_argument(
         "--host",
         default="127.0.0.1",
         help="the address the coordinator listens on and its ranks and nodes reach it at",
     )
+    r.add_argument("--nnodes", type=int, default=0, help="nodes of --nproc-per-node ranks each")
+    r.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (with --nnodes)")
+    r.add_argument("--spares-per-node", type=int, default=1, help="warm spares on each node")
     r.add_argument(
-        "--nodes",
-        type=int,
-        default=0,
-        help="run the ranks on N node agents (`torchpass node` on each host, which it prints); "
-        "their warm spares are theirs (--spares of each node)",
+        "--spare-nodes", type=int, default=0, help="spare nodes (no ranks, a node's worth of spares)"
+    )
+    r.add_argument(
+        "--remote",
+        action="store_true",
+        help="start no node here: print the `torchpass node` command for each host and wait for them",
     )
     r.add_argument("--job-id", default=None)
     r.add_argument("--hang-timeout", type=float, default=2.0, help="seconds without heartbeat or progress")
@@ -140,10 +144,9 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
     spec_fields: dict[str, Any] = {
         "script": args.script,
         "args": tuple(script_args),
-        "nproc": args.nproc,
+        "nproc": args.nproc or 2,
         "spares": args.spares,
         "host": args.host,
-        "nodes": args.nodes,
         "state_dir": settings.state_dir,
         "hang_timeout": args.hang_timeout,
         "collective_timeout": args.collective_timeout,
@@ -157,6 +160,12 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
     }
     if args.job_id:
         spec_fields["job_id"] = args.job_id
+    if args.nnodes:
+        if not args.nproc_per_node or args.nproc not in (None, args.nnodes * args.nproc_per_node):
+            raise CliError("--nnodes takes --nproc-per-node (the world is their product; leave out --nproc)")
+        spec_fields.update(nodes=args.nnodes, nproc=args.nnodes * args.nproc_per_node)
+    elif args.remote or args.nproc_per_node:
+        raise CliError("--remote and --nproc-per-node go with --nnodes")
     if (args.customer is None) != (args.contract is None):
         raise CliError("--customer and --contract go together")
     if args.contract is not None:
@@ -166,9 +175,22 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
     from job_agent.jobs import JobIdInUse
     from workers.job import run_job
 
-    print(f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)", flush=True)
+    if spec.nodes:
+        from workers.nodes import LocalNodes, plan, print_node_command, run_on_local_nodes
+
+        where = "their hosts" if args.remote else "this host"
+        print(f"torchpass: job {spec.job_id}: {spec.nodes} nodes of {args.nproc_per_node} ranks on {where}")
+    else:
+        print(f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)", flush=True)
     try:
-        result = await run_job(spec, client)
+        if spec.nodes and not args.remote:
+            nodes = plan(spec.nodes, args.nproc_per_node, args.spares_per_node, args.spare_nodes, spec.host)
+            result = await run_on_local_nodes(spec, client, LocalNodes(spec, nodes))
+        else:
+            told = asyncio.create_task(print_node_command(spec)) if spec.nodes else None
+            result = await run_job(spec, client)
+            if told is not None:
+                told.cancel()
     except JobIdInUse as e:
         raise CliError(f"{e}; pick another --job-id") from None
     print(_summary(result.model_dump(mode="json")), flush=True)

@@ -11,9 +11,9 @@ def register(sub: Any) -> None:
     n = sub.add_parser(
         "node",
         help="join a multi-node job's coordinator and run this host's ranks and warm spares",
-        description="Started on each host of a job run with `torchpass run --nodes N`: it joins the job's "
-        "coordinator, runs the ranks and spares placed on this host (its own SCRIPT and arguments) and "
-        "stops them when the job ends.",
+        description="Started on each host of a job run with `torchpass run --nnodes N --remote`: it joins "
+        "the job's coordinator, runs the ranks and spares placed on this host (its own SCRIPT and "
+        "arguments) and stops them when the job ends.",
     )
     n.add_argument("--job", required=True, help="the job id `torchpass run` printed")
     n.add_argument("--coordinator", required=True, help="host:port `torchpass run` printed")

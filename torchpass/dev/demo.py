@@ -1,12 +1,17 @@
-"""`make demo`: a 4-rank job loses a rank to SIGKILL, later another to a hang; both are live-migrated.
+"""`make demo`: a 4-rank job on two nodes loses a rank to SIGKILL, then another to a hang, then a whole
+node; all three are live-migrated.
 
 Everything is real: the embedded Temporal dev server with its web UI, the control worker, the job's
-coordinator and worker, five torch.distributed processes (gloo on CPU) and a warm spare. The job belongs to
-a YOCO contract: it is opted in and its environment validated before the failures, and both incidents are
-recorded on the contract, whose standing is printed at the end. The final state is compared with an
-uninterrupted reference run of the same job. Exit 0 only if every injected failure was migrated live, no
-completed step was recomputed, the states are bitwise equal and the contract counted both migrations.
-`--keep` leaves the server running afterwards, for the web UI and `torchpass contract show`.
+coordinator and worker, three node agents (`torchpass node`: two of two ranks and a warm spare each, and a
+spare node with two warm spares), each on a host of its own where this machine can make network
+namespaces (else on a loopback address of its own), and torch.distributed processes (gloo on CPU). The
+killed and the hung rank are each replaced by the spare on their own node; the node lost (the one holding
+rank 0) is replaced by the spare node. The job belongs to a YOCO contract: it is opted in and its
+environment validated before the failures, and the incidents are recorded on the contract, whose standing
+is printed at the end. The final state is compared with an uninterrupted reference run of the same job on
+one host. Exit 0 only if every failure was migrated live, no completed step was recomputed, the states
+are bitwise equal and the contract counted every migration. `--keep` leaves the server running
+afterwards, for the web UI and `torchpass contract show`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from temporalio.client import Client
 from job_agent import wire
 from job_agent.jobs import request, wait_until_ready
 from torchpass.contract_models import DEVELOPMENT_BANNER, Standing
+from torchpass.dev.hosts import Fabric, fabric
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import ContractRef
@@ -32,12 +38,15 @@ from torchpass.render import format_check, format_ledger, format_outcome, format
 from workers import contract_client as cc
 from workers.control import control_worker
 from workers.job import run_job
+from workers.nodes import LocalNode, LocalNodes, run_on_local_nodes
 from workers.settings import Settings
 from workers.temporal import exit_process
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dp.py"
-STEPS = 160
-INJECT = (("kill", 1, 40), ("hang", 2, 110))
+STEPS = 220
+INJECT = (("kill", 1, 40), ("hang", 2, 100))
+NODE_LOSS = ("node0", 160)  # the node holding ranks 0 and 1, lost whole at this step
+FAILURES = len(INJECT) + 1
 CONTRACT = ContractRef(customer_id="demo-customer", contract_id="demo-contract")
 JOB = "demo-migrate"
 
@@ -48,17 +57,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spec(state_dir: Path, job_id: str, spares: int, contract: ContractRef | None = None) -> JobSpec:
-    return JobSpec(
-        contract=contract,
-        job_id=job_id,
-        script=SCRIPT,
-        args=("--steps", str(STEPS), "--width", "512", "--depth", "4"),
-        nproc=4,
-        spares=spares,
-        state_dir=state_dir,
-        hang_timeout=1.5,
-        checkpoint_every=50,
+def _spec(
+    state_dir: Path, job_id: str, spares: int, contract: ContractRef | None = None, **kw: object
+) -> JobSpec:
+    return JobSpec.model_validate(
+        dict(
+            contract=contract,
+            job_id=job_id,
+            script=SCRIPT,
+            args=("--steps", str(STEPS), "--width", "512", "--depth", "4"),
+            nproc=4,
+            spares=spares,
+            state_dir=state_dir,
+            hang_timeout=1.5,
+            checkpoint_every=50,
+            **kw,
+        )
     )
 
 
@@ -98,8 +112,8 @@ def _verdict(result: JobResult, reference: JobResult, ui: str, standing: Standin
         # Measured, not assumed: the ranks' own step reports say where each one resumed.
         live = o.step_before is not None and resumed == {o.step_before + 1}
         ok &= o.success and o.steps_recomputed == 0 and live
-    if len(result.incidents) != len(INJECT):
-        print(f"demo: expected {len(INJECT)} incidents, got {len(result.incidents)}")
+    if len(result.incidents) != FAILURES:
+        print(f"demo: expected {FAILURES} incidents, got {len(result.incidents)}")
         ok = False
     measured = [o.steps_recomputed for o in result.incidents]
     print("=== steps recomputed ===")
@@ -113,31 +127,57 @@ def _verdict(result: JobResult, reference: JobResult, ui: str, standing: Standin
     print("bitwise identical" if same else "DIFFERENT from the reference")
     print("=== YOCO contract ===")
     print(format_standing(standing))
-    counted = standing.qualifying == len(INJECT) and standing.successful == len(INJECT)
+    counted = standing.qualifying == FAILURES and standing.successful == FAILURES
     if not counted:
-        print(f"demo: the contract should count {len(INJECT)} successful qualifying migrations")
+        print(f"demo: the contract should count {FAILURES} successful qualifying migrations")
     return ok and same and counted and result.ok and reference.ok
+
+
+def _nodes(hosts: Fabric) -> list[LocalNode]:
+    a, b, s = hosts.hosts
+    prefix = {h.name: ("ip", "netns", "exec", h.netns) if h.netns else () for h in hosts.hosts}
+    return [
+        LocalNode("spare0", 0, 2, s.address, prefix[s.name]),
+        LocalNode("node0", 2, 1, a.address, prefix[a.name]),
+        LocalNode("node1", 2, 1, b.address, prefix[b.name]),
+    ]
+
+
+async def _lose_node(nodes: LocalNodes, state_dir: Path) -> None:
+    """The node holding rank 0 is lost whole once every rank has passed NODE_LOSS's step."""
+    name, step = NODE_LOSS
+    while True:
+        s = await asyncio.to_thread(request, state_dir, JOB, wire.StatusRequest())
+        if isinstance(s, wire.Status) and s.ranks and min(r.step for r in s.ranks) >= step and not s.incident:
+            break
+        await asyncio.sleep(0.05)
+    nodes.lose(name)
+    print(f"demo: node {name} lost whole at step {step} (its agent and its ranks killed)", flush=True)
 
 
 async def _migrated_run(client: Client, state_dir: Path) -> tuple[JobResult, bool]:
     await _open_contract(client)
-    spec = _spec(state_dir, JOB, spares=1, contract=CONTRACT)
-    job = asyncio.create_task(run_job(spec, client))
-    try:
-        await asyncio.to_thread(wait_until_ready, state_dir, JOB)
-        validated = await _validate(client)
-        await _inject(state_dir, JOB)
-    except BaseException:
-        job.cancel()
-        raise
-    return await job, validated
+    with fabric(3) as hosts:
+        print(f"demo: hosts of the job's nodes: {hosts.mode} ({', '.join(h.address for h in hosts.hosts)})")
+        spec = _spec(state_dir, JOB, spares=0, contract=CONTRACT, nodes=2, host=hosts.coordinator)
+        nodes = LocalNodes(spec, _nodes(hosts))
+        job = asyncio.create_task(run_on_local_nodes(spec, client, nodes))
+        try:
+            await asyncio.to_thread(wait_until_ready, state_dir, JOB)
+            validated = await _validate(client)
+            await _inject(state_dir, JOB)
+            await _lose_node(nodes, state_dir)
+        except BaseException:
+            job.cancel()
+            raise
+        return await job, validated
 
 
 async def _standing(client: Client) -> Standing:
     """The contract's standing once both outcomes arrived (their signals are asynchronous)."""
     for _ in range(50):
         st = await cc.get_standing(client, CONTRACT.customer_id, CONTRACT.contract_id)
-        if st.qualifying + sum(st.excluded.values()) >= len(INJECT):
+        if st.qualifying + sum(st.excluded.values()) >= FAILURES:
             return st
         await asyncio.sleep(0.1)
     return st

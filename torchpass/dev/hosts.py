@@ -1,4 +1,4 @@
-"""Several hosts on one machine, for the multi-node tests.
+"""Several hosts on one machine, for the demo and the multi-node tests.
 
 Where network namespaces can be made (root on Linux), each host is a namespace of its own with one
 address, and every host and the coordinator's end sit on one bridge in a namespace of the fixture's own:
