@@ -41,6 +41,10 @@ STOP_GRACE = timedelta(seconds=5)
 EXIT_REFUSED = 3
 
 
+class BadSecret(Exception):
+    """The node's copy of the job's secret is missing or unreadable."""
+
+
 class NodeRefused(Exception):
     """The coordinator did not admit this node (another job's, a name already taken, ...)."""
 
@@ -66,7 +70,10 @@ class NodeSettings(BaseModel):
 class NodeAgent:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
-        self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
+        try:
+            self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
+        except (OSError, ValueError) as e:
+            raise BadSecret(f"cannot read the job's secret from {settings.secret_file}: {e}") from None
         self._launcher = LocalLauncher(str(settings.script), settings.args)
         self._devices: dict[str, int] = {}  # agent -> its local device index (LOCAL_RANK)
         self._collective_interface = collective_interface(settings.host, os.environ)
@@ -190,6 +197,9 @@ def _interface_holding(host: str) -> str | None:
 def run_node(settings: NodeSettings) -> int:
     try:
         agent = NodeAgent(settings)
+    except BadSecret as e:
+        print(f"torchpass node: {e}", file=sys.stderr)
+        return EXIT_REFUSED
     except NodeRefused as e:
         print(f"torchpass node: the coordinator refused node {settings.node}: {e}", file=sys.stderr)
         return EXIT_REFUSED
