@@ -268,7 +268,8 @@ class Coordinator:
                 self.progress.completed(step)
             case wire.Done(step=step):
                 self.progress.completed(step)
-                self._maybe_finished()
+                if self.roster.finished(self.world_size):
+                    self._fail(None, JobState.FINISHED)
             case wire.CheckpointSaved(step=step, path=path):
                 self.checkpoints.append((step, path))
             case wire.UserError(step=step, traceback=tb):
@@ -282,8 +283,13 @@ class Coordinator:
                 m.send(wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=why))
 
     def _on_close(self, conn: socket.socket, reason: str, ts: float) -> None:
-        if self.nodes is not None and self.nodes.closed(conn, self.changes.notify):
-            return  # a node agent's: its processes' own connections close too, each detected as lost
+        if self.nodes is not None and (node := self.nodes.closed(conn, self.changes.notify)):
+            # A node lost whole: one report for the node, beside its ranks' own (all one incident).
+            if self.state is JobState.TRAINING and (
+                ev := self._detector.node_lost(node, ts, self.world_size)
+            ):
+                self.add_evidence(ev)
+            return
         m = self.roster.closed(conn)
         if m is None or not m.alive or (m.state is MemberState.DONE and self.state is JobState.FINISHED):
             return
@@ -339,11 +345,6 @@ class Coordinator:
                 m.fenced = True  # its loss is this evidence, not a second one when its socket closes
                 self.add_evidence(ev)
             self._launcher.kill(m.agent_id)
-
-    def _maybe_finished(self) -> None:
-        ranks = self.roster.ranks()
-        if len(ranks) == self.world_size and all(m.state is MemberState.DONE for m in ranks):
-            self._fail(None, JobState.FINISHED)
 
 
 def job_status(c: Coordinator) -> wire.Status:

@@ -126,6 +126,11 @@ class Roster:
     def at(self, slot: int) -> Member | None:
         return next((m for m in self.ranks() if m.slot == slot), None)
 
+    def finished(self, world_size: int) -> bool:
+        """Every slot's rank has done every step."""
+        ranks = self.ranks()
+        return len(ranks) == world_size and all(m.state is MemberState.DONE for m in ranks)
+
     def home(self, slot: int) -> str | None:
         """The node of the last process that held `slot`, alive or lost: where its replacement belongs."""
         return next((m.node for m in reversed(self.members.values()) if m.slot == slot), None)

@@ -98,17 +98,18 @@ class NodeLauncher(Launcher):
             )
         return True
 
-    def closed(self, conn: socket.socket, notify: Callable[[], None]) -> bool:
-        """Whether `conn` was a node agent's. Its closing means the node and every process it ran are gone."""
+    def closed(self, conn: socket.socket, notify: Callable[[], None]) -> str | None:
+        """The node whose agent's connection `conn` was, if any. Its closing means the node and every
+        process it ran are gone."""
         with self._lock:
             node = self._by_conn.pop(conn, None)
             if node is None:
-                return False
+                return None
             node.alive = False
             for agent in node.placed:
                 self._exits.setdefault(agent, _KILLED)
         notify()
-        return True
+        return node.name
 
     def joined(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.alive]

@@ -93,12 +93,12 @@ def test_a_lost_node_has_lost_every_process_and_its_slots_go_to_a_spare_node(nod
     for s in range(4):
         launcher.spawn(f"rank{s}", env("rank", s))
     notified: list[int] = []
-    assert launcher.closed(nodes.conns["b"][0], lambda: notified.append(1))
+    assert launcher.closed(nodes.conns["b"][0], lambda: notified.append(1)) == "b"
     assert notified == [1]
     assert launcher.poll("rank2") == launcher.poll("rank3") == -int(signal.SIGKILL)
     assert launcher.poll("rank0") is None
     assert launcher.spawn("rank2-again", env("rank", 2)) == "s"  # its home is gone: the spare node
-    assert not launcher.closed(nodes.conns["a"][1], lambda: None)  # not a node's connection
+    assert launcher.closed(nodes.conns["a"][1], lambda: None) is None  # not a node's connection
 
 
 def test_a_node_speaks_only_of_its_own_processes(nodes: Nodes) -> None:

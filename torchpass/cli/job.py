@@ -144,7 +144,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
     spec_fields: dict[str, Any] = {
         "script": args.script,
         "args": tuple(script_args),
-        "nproc": args.nproc or 2,
+        "nproc": 2 if args.nproc is None else args.nproc,
         "spares": args.spares,
         "host": args.host,
         "state_dir": settings.state_dir,
