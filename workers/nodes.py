@@ -124,6 +124,23 @@ class LocalNodes:
             await asyncio.sleep(0.05)
         raise TimeoutError(f"node {n.name} did not join job {self.spec.job_id}")
 
+    async def lose_at(self, name: str, step: int) -> None:
+        """Lose node `name` whole once every rank has passed `step` with no incident in progress."""
+        from job_agent import wire
+        from job_agent.jobs import request
+
+        while True:
+            s = await asyncio.to_thread(request, self.spec.state_dir, self.spec.job_id, wire.StatusRequest())
+            if (
+                isinstance(s, wire.Status)
+                and s.ranks
+                and min(r.step for r in s.ranks) >= step
+                and not s.incident
+            ):
+                break
+            await asyncio.sleep(0.05)
+        self.lose(name)
+
     def lose(self, name: str) -> None:
         """The node is gone at once: its agent and, with it, every one of its processes."""
         with contextlib.suppress(ProcessLookupError):

@@ -135,24 +135,11 @@ def _verdict(result: JobResult, reference: JobResult, ui: str, standing: Standin
 
 def _nodes(hosts: Fabric) -> list[LocalNode]:
     a, b, s = hosts.hosts
-    prefix = {h.name: ("ip", "netns", "exec", h.netns) if h.netns else () for h in hosts.hosts}
     return [
-        LocalNode("spare0", 0, 2, s.address, prefix[s.name]),
-        LocalNode("node0", 2, 1, a.address, prefix[a.name]),
-        LocalNode("node1", 2, 1, b.address, prefix[b.name]),
+        LocalNode("spare0", 0, 2, s.address, s.prefix),
+        LocalNode("node0", 2, 1, a.address, a.prefix),
+        LocalNode("node1", 2, 1, b.address, b.prefix),
     ]
-
-
-async def _lose_node(nodes: LocalNodes, state_dir: Path) -> None:
-    """The node holding rank 0 is lost whole once every rank has passed NODE_LOSS's step."""
-    name, step = NODE_LOSS
-    while True:
-        s = await asyncio.to_thread(request, state_dir, JOB, wire.StatusRequest())
-        if isinstance(s, wire.Status) and s.ranks and min(r.step for r in s.ranks) >= step and not s.incident:
-            break
-        await asyncio.sleep(0.05)
-    nodes.lose(name)
-    print(f"demo: node {name} lost whole at step {step} (its agent and its ranks killed)", flush=True)
 
 
 async def _migrated_run(client: Client, state_dir: Path) -> tuple[JobResult, bool]:
@@ -166,7 +153,9 @@ async def _migrated_run(client: Client, state_dir: Path) -> tuple[JobResult, boo
             await asyncio.to_thread(wait_until_ready, state_dir, JOB)
             validated = await _validate(client)
             await _inject(state_dir, JOB)
-            await _lose_node(nodes, state_dir)
+            name, step = NODE_LOSS
+            await nodes.lose_at(name, step)
+            print(f"demo: node {name} lost whole at step {step} (its agent and its ranks killed)", flush=True)
         except BaseException:
             job.cancel()
             raise

@@ -30,8 +30,13 @@ class Host:
     address: str
     netns: str | None = None
 
+    @property
+    def prefix(self) -> tuple[str, ...]:
+        """What runs a command on this host."""
+        return ("ip", "netns", "exec", self.netns) if self.netns else ()
+
     def command(self, argv: Sequence[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else list(argv)
+        return [*self.prefix, *argv]
 
 
 @dataclass
