@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import re
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
+from bench import write_block
 from job_agent import wire
 from job_agent.jobs import UnknownJob, request, running_jobs
 from job_agent.protocol import ProtocolError
@@ -47,8 +47,6 @@ SCRIPT = ROOT / "examples" / "train_dp.py"
 SPACING = 8  # steps between two failures: each hits a world the previous migration has re-formed
 WORLD = 4
 SPARES = 3  # a failure with a second loss during its recovery takes two
-BENCHMARKS = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- chaos: written by bench/chaos.py -->", "<!-- /chaos -->"
 
 Plan = list[tuple[str, int, int]]
 # One incident each. "kill+donor", "kill+receiver", "kill+rank": a rank killed at the step, then a second
@@ -259,29 +257,20 @@ def summary(
 def _record(s: dict[str, object], seed: int) -> None:
     live, injected, expected = s["live"], s["injected"], s["expected"]
     assert isinstance(live, int) and isinstance(injected, int) and isinstance(expected, int)
-    block = "\n".join(
-        [
-            BEGIN,
-            f"- **Chaos, {datetime.now(UTC):%Y-%m-%d}** (`python -m bench.chaos {injected} {seed}`): one 4-rank job,"
-            f" {SPARES} warm spares, {injected} failures ({s['kinds']}; {s['processes_lost']} processes"
-            f" lost; {s['armed']} armed before the job's last step), one at a time: {s['incidents']}"
-            f" incidents of {expected} expected (a spare's loss makes none), {s['replanned']} re-planned,"
-            f" {s['handled_locally']} handled by the job itself,"
-            f" {live} live ({100 * live / max(1, expected):.1f}%), dispositions {s['dispositions']},"
-            f" {s['steps_recomputed']} steps recomputed, {s['ledger']} ledger rows"
-            f" ({'each incident once' if s['ledger_matches'] else 'NOT the incidents'}),"
-            " final state bitwise equal to the run never failed:"
-            f" {'yes' if s['bitwise_equal'] else 'NO'}; {s['seconds']} s. Target: >= 99% live, 0 lost or"
-            " doubled records (incidents == expected == ledger rows).",
-            END,
-        ]
-    )
-    text = BENCHMARKS.read_text()
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    BENCHMARKS.write_text(text)
+    lines = [
+        f"- **Chaos, {datetime.now(UTC):%Y-%m-%d}** (`python -m bench.chaos {injected} {seed}`): one 4-rank job,"
+        f" {SPARES} warm spares, {injected} failures ({s['kinds']}; {s['processes_lost']} processes"
+        f" lost; {s['armed']} armed before the job's last step), one at a time: {s['incidents']}"
+        f" incidents of {expected} expected (a spare's loss makes none), {s['replanned']} re-planned,"
+        f" {s['handled_locally']} handled by the job itself,"
+        f" {live} live ({100 * live / max(1, expected):.1f}%), dispositions {s['dispositions']},"
+        f" {s['steps_recomputed']} steps recomputed, {s['ledger']} ledger rows"
+        f" ({'each incident once' if s['ledger_matches'] else 'NOT the incidents'}),"
+        " final state bitwise equal to the run never failed:"
+        f" {'yes' if s['bitwise_equal'] else 'NO'}; {s['seconds']} s. Target: >= 99% live, 0 lost or"
+        " doubled records (incidents == expected == ledger rows).",
+    ]
+    write_block("chaos", lines)
 
 
 async def main() -> int:

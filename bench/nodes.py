@@ -13,7 +13,6 @@ Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.nodes` (
 from __future__ import annotations
 
 import asyncio
-import re
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
+from bench import write_block
 from job_agent import wire
 from job_agent.jobs import request
 from torchpass.dev.hosts import fabric
@@ -37,8 +37,6 @@ SCRIPT = ROOT / "bench" / "train_bench.py"
 MODEL = ("--width", "1024", "--depth", "8")  # as bench.recovery: ~100 MB of model + Adam state per rank
 STEPS = 70
 KILL_AT, LOSE_AT = 10, 40
-BENCHMARKS = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- nodes: written by bench/nodes.py -->", "<!-- /nodes -->"
 
 
 async def one(client: Client, d: Path, n: int) -> JobResult:
@@ -102,29 +100,20 @@ async def main() -> int:
             for n in (2, 4):
                 results[n] = await one(env.client, Path(tmp) / str(n), n)
     seconds = time.monotonic() - t0
-    block = "\n".join(
-        [
-            BEGIN,
-            f"## Node lost whole -> all ranks training again ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.nodes`)",
-            "",
-            "N nodes of one rank each and a spare node with one warm spare, ~100 MB of model + Adam state per",
-            f"rank (8 x Linear(1024, 1024)); in each job rank 1 killed at step {KILL_AT}, then node 0 (rank 0's)",
-            f"lost whole at step {LOSE_AT}. Each figure is the incident's own: failure observed -> training again,",
-            f"and the state moved. One invocation, {seconds:.0f} s on this machine.",
-            "",
-            "| nodes | rank killed | node lost | node / rank | steps recomputed |",
-            "|---|---|---|---|---|",
-            *(_row(n, r) for n, r in results.items()),
-            END,
-        ]
-    )
-    print(block)
-    text = BENCHMARKS.read_text()
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    BENCHMARKS.write_text(text)
+    lines = [
+        f"## Node lost whole -> all ranks training again ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.nodes`)",
+        "",
+        "N nodes of one rank each and a spare node with one warm spare, ~100 MB of model + Adam state per",
+        f"rank (8 x Linear(1024, 1024)); in each job rank 1 killed at step {KILL_AT}, then node 0 (rank 0's)",
+        f"lost whole at step {LOSE_AT}. Each figure is the incident's own: failure observed -> training again,",
+        f"and the state moved. One invocation, {seconds:.0f} s on this machine.",
+        "",
+        "| nodes | rank killed | node lost | node / rank | steps recomputed |",
+        "|---|---|---|---|---|",
+        *(_row(n, r) for n, r in results.items()),
+    ]
+    print("\n".join(lines))
+    write_block("nodes", lines)
     ok = all(r.ok and len(r.incidents) == 2 and all(o.success for o in r.incidents) for r in results.values())
     return 0 if ok else 1
 
