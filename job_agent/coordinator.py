@@ -60,7 +60,8 @@ class Coordinator:
         self.checkpoints: list[tuple[int, str]] = []
         self._generation = -1
         self._secret = secrets.token_bytes(32)
-        self.nodes = NodeLauncher(self.job_id, spec.nodes) if spec.nodes else None
+        self.roster = Roster()
+        self.nodes = NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare) if spec.nodes else None
         self._launcher = launcher or self.nodes or LocalLauncher(str(spec.script), spec.args)
         self._spawned = 0
         self._done = asyncio.get_running_loop().create_future()
@@ -74,7 +75,6 @@ class Coordinator:
             f"{spec.host}:{self._server.port}",
             f"{spec.host}:{self._store.port}",
         )
-        self.roster = Roster()
         self.changes = Changes()
         self._progress_file = ProgressFile(spec.job_dir)
         self.progress = StepTracker(self._progress_file.write)

@@ -126,6 +126,11 @@ class Roster:
     def at(self, slot: int) -> Member | None:
         return next((m for m in self.ranks() if m.slot == slot), None)
 
+    def is_spare(self, agent_id: str) -> bool:
+        """Started as a spare (connected or not yet) and not given a slot since."""
+        m = self.members.get(agent_id)
+        return m.role is Role.SPARE if m is not None else agent_id.startswith(Role.SPARE.value)
+
     def finished(self, world_size: int) -> bool:
         """Every slot's rank has done every step."""
         ranks = self.ranks()

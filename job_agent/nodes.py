@@ -45,16 +45,17 @@ class Node:
     conn: socket.socket
     alive: bool = True
     last_heard: float = field(default_factory=time.monotonic)
-    placed: dict[str, Role] = field(default_factory=dict)  # agent -> the role it was started in
+    placed: set[str] = field(default_factory=set)  # the agents started on it
 
 
 class NodeLauncher(Launcher):
     """Processes on the job's node agents. Touched on the coordinator's loop, and by `shutdown` from a
     thread: a lock keeps the two apart."""
 
-    def __init__(self, job_id: str, expected: int) -> None:
+    def __init__(self, job_id: str, expected: int, is_spare: Callable[[str], bool]) -> None:
         self.job_id = job_id
         self.expected = expected
+        self._is_spare = is_spare  # a spare given a slot is a rank now: its node is a spare short
         self.nodes: dict[str, Node] = {}
         self._by_conn: dict[socket.socket, Node] = {}
         self._node_of: dict[str, Node] = {}  # agent -> its node
@@ -130,9 +131,8 @@ class NodeLauncher(Launcher):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
-            role = Role(env["TORCHPASS_ROLE"])
-            node = self._place(role, int(env["TORCHPASS_SLOT"]))
-            node.placed[agent_id] = role
+            node = self._place(Role(env["TORCHPASS_ROLE"]), int(env["TORCHPASS_SLOT"]))
+            node.placed.add(agent_id)
             self._node_of[agent_id] = node
         send(node.conn, wire.Spawn(agent_id=agent_id, env=dict(env)))
         return node.name
@@ -151,8 +151,7 @@ class NodeLauncher(Launcher):
             return (home or spare_nodes or sorted(live, key=running))[0]
 
         def deficit(n: Node) -> int:
-            spares = sum(1 for a, r in n.placed.items() if r is Role.SPARE and a not in self._exits)
-            return n.spares - spares
+            return n.spares - sum(1 for a in n.placed if self._is_spare(a) and a not in self._exits)
 
         return max(live, key=lambda n: (deficit(n), -running(n)))
 

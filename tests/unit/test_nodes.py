@@ -27,7 +27,10 @@ class Nodes:
     """A NodeLauncher and, for each node, the far end of its connection (what the node agent reads)."""
 
     def __init__(self, expected: int) -> None:
-        self.launcher = NodeLauncher("job-1", expected)
+        self.ranks: set[str] = set()  # spares given a slot
+        self.launcher = NodeLauncher(
+            "job-1", expected, lambda a: a.startswith("spare") and a not in self.ranks
+        )
         self.conns: dict[str, tuple[socket.socket, socket.socket]] = {}
 
     def join(self, h: wire.NodeHello) -> str | None:
@@ -82,6 +85,8 @@ def test_ranks_go_to_the_node_holding_their_slot_and_spares_where_they_are_missi
     assert placed == {"rank0": "a", "rank1": "a", "rank2": "b", "rank3": "b"}
     spares = [launcher.spawn(f"spare-{i}", env("spare", -1)) for i in range(4)]
     assert sorted(spares) == ["a", "b", "s", "s"]  # each node up to the spares it announced
+    nodes.ranks.add(f"spare-{spares.index('a')}")  # a's spare took a slot: a is the node a spare short
+    assert launcher.spawn("spare-4", env("spare", -1)) == "a"
     first = nodes.received("a")
     assert isinstance(first, wire.Spawn) and first.agent_id == "rank0" and first.env == env("rank", 0)
 
