@@ -44,12 +44,29 @@ def counts() -> Counts:
 
 
 def fd_targets() -> dict[str, str]:
-    """What each open descriptor is (a socket, a pipe, a file): the diagnosis when a test leaks one."""
+    """What each open descriptor is (a socket with its addresses, a pipe, a file): the diagnosis when a
+    test leaks one."""
     out = {}
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
             out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-    return out
+    sockets = _socket_ends()
+    return {fd: f"{what} {sockets.get(what[8:-1], '')}".strip() for fd, what in out.items()}
+
+
+def _socket_ends() -> dict[str, str]:
+    """inode -> 'local -> remote (state)' of this process's TCP sockets, from /proc/net/tcp."""
+    ends = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
+            f = line.split()
+            ends[f[9]] = f"{_addr(f[1])} -> {_addr(f[2])} (state {f[3]})"
+    return ends
+
+
+def _addr(hex_addr: str) -> str:
+    host, port = hex_addr.split(":")
+    return ".".join(str(b) for b in reversed(bytes.fromhex(host))) + f":{int(port, 16)}"
 
 
 async def bounded(call: Awaitable[T]) -> T:
