@@ -36,7 +36,7 @@ class LocalNode:
     name: str
     slots: int
     spares: int
-    host: str = "127.0.0.1"
+    host: str  # the address its processes advertise: every node its own
     prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", NS)
 
 
