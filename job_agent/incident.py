@@ -30,7 +30,7 @@ from pathlib import Path
 from job_agent import wire
 from torchpass.classify import CATEGORY_OF
 from torchpass.errors import ErrorType, TorchpassError
-from torchpass.ids import incident_workflow_id, job_task_queue
+from torchpass.ids import REKEY_HEX, incident_workflow_id, job_task_queue
 from torchpass.job import JobSpec
 from torchpass.models import Category, ContractRef, Evidence, FailureReport
 from torchpass.outcome import MigrationOutcome
@@ -93,6 +93,9 @@ class Incident:
     record: LocalRecord | None = None  # what the job did, once it is done (local only)
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
     deliveries: set[asyncio.Task[None]] = field(default_factory=set)
+    # The delivery of the report that names the workflow (its first evidence): the others wait for it, so
+    # the workflow is started by that report and its id is the one its start input keys (`torchpass.verify`).
+    lead: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     @property
     def recovering(self) -> bool:
@@ -166,7 +169,7 @@ class IncidentTracker:
         under a fresh id nobody can guess, and every report of it is delivered there again. Returns it."""
         old = inc.workflow_id
         base = old.rsplit(":", 1)[0] if old.rsplit(":", 1)[-1].startswith("x") else old
-        inc.workflow_id = f"{base}:x{secrets.token_hex(8)}"
+        inc.workflow_id = f"{base}:x{secrets.token_hex(REKEY_HEX // 2)}"
         inc.rekeyed += 1
         inc.answered = False  # the squatter's step was no step of this incident
         log.warning("incident %s moves to %s: %s", old, inc.workflow_id, why)
@@ -183,7 +186,9 @@ class IncidentTracker:
             generation=generation,
             contract=self._contract,
         )
-        task = self._spawn(self._deliver(inc, inc.workflow_id, report))
+        lead = inc.lead.get(inc.workflow_id)
+        task = self._spawn(self._deliver(inc, inc.workflow_id, report, after=lead))
+        inc.lead.setdefault(inc.workflow_id, task)
         inc.deliveries.add(task)
         task.add_done_callback(inc.deliveries.discard)
 
@@ -279,7 +284,11 @@ class IncidentTracker:
         while any(inc.record is not None for inc in self.handled.values()) and loop.time() < deadline:
             await asyncio.sleep(0.1)
 
-    async def _deliver(self, inc: Incident, workflow_id: str, report: FailureReport) -> None:
+    async def _deliver(
+        self, inc: Incident, workflow_id: str, report: FailureReport, after: asyncio.Task[None] | None
+    ) -> None:
+        if after is not None:  # signal-with-start: the first report delivered starts the workflow
+            await asyncio.wait({after})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._retry_for.total_seconds()
         backoff = _FIRST_BACKOFF

@@ -36,6 +36,10 @@ def incident_workflow_id(job_id: str, failure_domain: str, generation: int) -> s
     return f"torchpass-incident:{_part(job_id)}:{_part(failure_domain)}:g{generation}"
 
 
+# An incident moved off an id a squatter held goes on at that id + ":x" + this many random hex digits.
+REKEY_HEX = 16
+
+
 def contract_workflow_id(customer_id: str, contract_id: str) -> str:
     """Workflow id of a contract: one long-lived ContractWorkflow per customer contract."""
     return f"torchpass-contract:{_part(customer_id)}:{_part(contract_id)}"

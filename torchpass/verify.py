@@ -22,7 +22,7 @@ from datetime import datetime
 from pydantic import Field
 
 from torchpass.contract_models import RejectedClaim
-from torchpass.ids import incident_workflow_id
+from torchpass.ids import REKEY_HEX, incident_workflow_id
 from torchpass.models import FailureReport, Model
 from torchpass.outcome import MAX_INCIDENT_ID, MigrationOutcome
 from torchpass.validation import ValidateInput, ValidationReport
@@ -98,6 +98,16 @@ def failure_key(report: FailureReport) -> str:
     return incident_workflow_id(ev.job_id, ev.failure_domain, report.generation)
 
 
+def at_key(workflow_id: str, key: str) -> bool:
+    """Whether an incident workflow's id is its failure's key, or the fresh id the job moved it to when a
+    squatter held that one (the key, ':x' and 16 hex digits: `job_agent.incident.IncidentTracker.rekey`).
+    Both count under the key, so the squatted and the moved incident are one failure in the ledger."""
+    if workflow_id == key:
+        return True
+    head, sep, tail = workflow_id.rpartition(":x")
+    return bool(sep) and head == key and len(tail) == REKEY_HEX and all(c in "0123456789abcdef" for c in tail)
+
+
 def _refused(claim: str, why: str) -> Verdict:
     return Verdict(claim=claim[: MAX_INCIDENT_ID + 20], accepted=False, reason=why[:MAX_REASON])
 
@@ -120,7 +130,7 @@ def judge_outcome(outcome: MigrationOutcome, facts: IncidentFacts) -> Verdict:
             f"{outcome.job_id!r} on {outcome.failure_domain!r}",
         )
     key = failure_key(facts.report)
-    if split_run(claim)[0] != key:
+    if not at_key(split_run(claim)[0], key):
         return _refused(claim, f"not at its failure's incident id {key!r}")
     if outcome not in facts.signalled:
         why = "sent no outcome" if not facts.signalled else "sent another outcome"

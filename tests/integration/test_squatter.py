@@ -1,8 +1,9 @@
 """A workflow pre-created at the id of a job's next incident by anyone who can reach Temporal (a squatter):
 well-formed, but sending the job's activities to another task queue, it would hold the job's own report
 where nothing ever acts on it. The job asks the run that got its report whose incident it is, sees it is
-not its own, and moves the incident to a fresh id nobody can guess, where it is migrated live. The real
-Temporal dev server, the real control worker, real ranks and a real SIGKILL."""
+not its own, and moves the incident to a fresh id nobody can guess, where it is migrated live,
+and its outcome reaches the contract's ledger once. The real Temporal dev server, the real control
+worker, real ranks and a real SIGKILL."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from bench.chaos import ledger_rows, open_contract
 from job_agent import wire
 from job_agent.jobs import request, wait_until_ready
 from tests.integration.conftest import spec, start_job
@@ -26,7 +28,8 @@ ARGS = ("--steps", "300", "--width", "128", "--depth", "2")
 async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migrated_live(
     client: Client, tmp_path: Path
 ) -> None:
-    job = spec(tmp_path, "squatted", args=ARGS)
+    contract = await open_contract(client, "squatted")
+    job = spec(tmp_path, "squatted", args=ARGS, contract=contract)
     task = await start_job(client, job)
     try:
         status = await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, timedelta(seconds=60))
@@ -59,6 +62,9 @@ async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migra
     moved, _, _ = o.incident_id.partition("/")
     assert moved != squatted and moved.startswith(squatted + ":x"), o.incident_id
     assert o.lost_slots == (2,) and o.kind is FailureKind.PROCESS_EXIT
+    # The moved incident reaches the contract's ledger once (checked: a refused claim makes no row).
+    (row,) = await ledger_rows(client, contract, result)
+    assert row.incident_id == o.incident_id and row.duplicates == 0, row
     # The squatter holds the job's report and acts on nothing; it is left to whoever started it.
     description = await squatter.describe()
     assert description.status is WorkflowExecutionStatus.RUNNING

@@ -60,6 +60,20 @@ def test_a_genuine_outcome_is_accepted_with_its_failure() -> None:
     assert v.accepted and v.failure_key == WF and v.reason == ""
 
 
+def test_an_incident_moved_off_a_squatted_id_counts_under_its_failure() -> None:
+    """`IncidentTracker.rekey` moves an incident to its key + ':x' + 16 hex digits: counted under the key,
+    so it and anything at the squatted id are one failure. Any other suffix is not its failure's id."""
+    o, facts = genuine()
+    moved = f"{WF}:x0123456789abcdef"
+    m = o.model_copy(update={"incident_id": f"{moved}/{RUN}"})
+    v = judge_outcome(m, facts.model_copy(update={"signalled": (m,)}))
+    assert v.accepted and v.failure_key == WF
+    for suffix in (":x0123", ":xNOTHEXNOTHEXNOT", ":y0123456789abcdef", "x0123456789abcdef"):
+        f = o.model_copy(update={"incident_id": f"{WF}{suffix}/{RUN}"})
+        v = judge_outcome(f, facts.model_copy(update={"signalled": (f,)}))
+        assert not v.accepted and "not at its failure's incident id" in v.reason, suffix
+
+
 def test_every_forged_outcome_is_refused_with_why() -> None:
     o, facts = genuine()
     changed = o.model_copy(update={"success": False})
