@@ -33,6 +33,7 @@ import torch.distributed.distributed_c10d as c10d
 from job_agent import wire
 from job_agent.link import CoordinatorLink, exit_now
 from job_agent.settings import AgentSettings
+from job_agent.sever import GroupSockets
 from job_agent.state import Stateful, TrackedState
 from job_agent.store import STORE_PREFIX, RendezvousStore
 from job_agent.transport import StateServer, TransferError, receive_state
@@ -85,6 +86,8 @@ class RankAgent:
         self._link = CoordinatorLink(
             *s.coordinator_addr, self._secret, hello, timedelta(seconds=s.heartbeat_interval)
         )
+        self._group_sockets = GroupSockets()
+        self._link.on_abort = self._abort_group
 
     @property
     def rank(self) -> int:
@@ -293,6 +296,7 @@ class RankAgent:
         self.generation = generation
         self.world_size = world_size
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self._group_sockets.forming()
         try:
             # A new store prefix per generation: reusing one makes init read stale keys.
             dist.init_process_group(
@@ -306,6 +310,7 @@ class RankAgent:
             reason = f"generation {generation} did not form: {e}"
         else:
             reason = ""
+            self._group_sockets.formed()
         if reason:  # outside the except block: no traceback keeps a half-made group alive
             # The failed init took a group name from torch's counter (its keys live under `<n>/`) and
             # only destroying a formed world resets it: reset it as that does, or this rank's next
@@ -318,6 +323,15 @@ class RankAgent:
         layout = self._tracked.layout()
         self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
         return True
+
+    def _abort_group(self) -> None:
+        """From the control thread: make a collective blocked on a peer that will never answer fail now.
+        Gloo's sockets are cut (`job_agent.sever`); NCCL's communicators are aborted, which NCCL supports
+        from another thread."""
+        self._group_sockets.cut()
+        if self.device.type == "cuda" and dist.is_initialized():
+            with contextlib.suppress(Exception):  # an already broken group may refuse; the cut stands
+                c10d._abort_process_group()
 
     def _drop_group(self) -> None:
         if not dist.is_initialized():

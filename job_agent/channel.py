@@ -29,6 +29,13 @@ def send(conn: socket.socket, frame: wire.Frame) -> None:
         protocol.send_frame(conn, frame)
 
 
+def cut(conn: socket.socket | None) -> None:
+    """End a peer's connection from this side: its reader thread sees it close and reports the loss."""
+    if conn is not None:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+
+
 class ControlServer:
     """Listens on `host` (an ephemeral port); hands every frame and every close to the event loop."""
 

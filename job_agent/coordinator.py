@@ -26,7 +26,7 @@ from job_agent.interrupt import stopped_by_signals
 from job_agent.jobs import register_job
 from job_agent.launcher import Launcher, LocalLauncher, agent_env, reap_pending
 from job_agent.members import Member, MemberState, Roster
-from job_agent.nodes import NodeLauncher, admit_node, wait_for_nodes
+from job_agent.nodes import NodeLauncher, admit_node, cut_silent, wait_for_nodes
 from job_agent.progress import StepTracker
 from job_agent.resume import ProgressFile
 from job_agent.spares import LocalSparePool, SparePool
@@ -286,7 +286,7 @@ class Coordinator:
         if self.nodes is not None and (node := self.nodes.closed(conn, self.changes.notify)):
             # A node lost whole: one report for the node, beside its ranks' own (all one incident).
             if self.state is JobState.TRAINING and (
-                ev := self._detector.node_lost(node, ts, self.world_size)
+                ev := self._detector.node_lost(node.name, ts, self.world_size, node.lost_why)
             ):
                 self.add_evidence(ev)
             return
@@ -321,6 +321,8 @@ class Coordinator:
         while True:
             await asyncio.sleep(WATCH_EVERY.total_seconds())
             reap_pending(self.roster, self._launcher, self.spares, self._fail)
+            if self.nodes is not None:
+                cut_silent(self.nodes, self.roster, timedelta(seconds=self.spec.node_timeout))
             inc = self.incidents.current
             if self.state is JobState.TRAINING and inc is not None and inc.recovering:
                 self._silent_in_recovery(inc)

@@ -68,7 +68,9 @@ class Detector:
         detail = f"rank {m.slot} connection lost: {reason}"
         return self._evidence(m, FailureKind.CONNECTION_LOST, detail, observed_at=at)
 
-    def node_lost(self, node: str, observed: float, world_size: int) -> Evidence | None:
+    def node_lost(
+        self, node: str, observed: float, world_size: int, why: str = "its agent's connection closed"
+    ) -> Evidence | None:
         """A node agent's connection closed at wall time `observed`: the node failed, taking the slots it
         held (None when it held none: a spare node's loss only costs its spares)."""
         slots = tuple(s for s in range(world_size) if self._roster.home(s) == node)
@@ -80,7 +82,7 @@ class Detector:
             job_id=self._job_id,
             failure_domain=node,
             slots=slots,
-            detail=f"node {node} lost: its agent's connection closed ({len(slots)} rank(s) on it)",
+            detail=f"node {node} lost: {why} ({len(slots)} rank(s) on it)",
             observed_at=datetime.fromtimestamp(observed, UTC),
         )
 

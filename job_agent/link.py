@@ -1,7 +1,8 @@
 """A rank's connection to its coordinator: the hello, a reader thread, heartbeats, an inbox of commands.
 
 A non-zero `Exit` is obeyed at once by the reader thread, even while the main thread is blocked in a
-collective; a lost coordinator ends the process (a rank without one could never recover).
+collective, and so is an aborting `Freeze` (the group's sockets are cut); a lost coordinator ends the
+process (a rank without one could never recover).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 from job_agent import protocol, wire
@@ -32,6 +34,9 @@ class CoordinatorLink:
         self._spare = hello.role is wire.Role.SPARE
         self._heartbeat = heartbeat
         self._lock = threading.Lock()
+        # Called by the reader thread on an aborting freeze, while the main thread may be blocked in a
+        # collective of the group to abandon (`job_agent.sever`).
+        self.on_abort: Callable[[], None] | None = None
         self._sock = protocol.connect(host, port, secret, CONNECT_TIMEOUT)
         protocol.send_frame(self._sock, hello)
         reply = protocol.recv_frame(self._sock)
@@ -55,6 +60,8 @@ class CoordinatorLink:
                 frame = protocol.recv_frame(self._sock)
                 if isinstance(frame, wire.Exit) and (frame.code != 0 or self._spare):
                     exit_now(frame.code, frame.reason)
+                if isinstance(frame, wire.Freeze) and frame.abort and self.on_abort is not None:
+                    self.on_abort()
                 self.inbox.put(frame)
         except (OSError, ConnectionError, protocol.ProtocolError):
             if not self.finished.is_set():

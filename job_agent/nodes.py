@@ -15,6 +15,7 @@ whose connection closed has lost them all: each counts as killed.
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import threading
@@ -24,15 +25,17 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from job_agent import wire
-from job_agent.channel import send
+from job_agent.channel import cut, send
 from job_agent.frames import SignalAction
 from job_agent.launcher import Launcher
+from job_agent.members import Roster
 from job_agent.waiting import Changes, JobFailed
 from job_agent.wire import Role
 from torchpass.errors import ErrorType
 from torchpass.job import JobSpec
 
 _KILLED = -int(signal.SIGKILL)
+log = logging.getLogger("torchpass.coordinator")
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Node:
     alive: bool = True
     last_heard: float = field(default_factory=time.monotonic)
     placed: set[str] = field(default_factory=set)  # the agents started on it
+    lost_why: str = "its agent's connection closed"
 
 
 class NodeLauncher(Launcher):
@@ -99,7 +103,7 @@ class NodeLauncher(Launcher):
             )
         return True
 
-    def closed(self, conn: socket.socket, notify: Callable[[], None]) -> str | None:
+    def closed(self, conn: socket.socket, notify: Callable[[], None]) -> Node | None:
         """The node whose agent's connection `conn` was, if any. Its closing means the node and every
         process it ran are gone."""
         with self._lock:
@@ -110,7 +114,12 @@ class NodeLauncher(Launcher):
             for agent in node.placed:
                 self._exits.setdefault(agent, _KILLED)
         notify()
-        return node.name
+        return node
+
+    def silent(self, timeout: timedelta) -> list[Node]:
+        """Live nodes not heard from for `timeout`: hung, or cut off from the coordinator."""
+        now = time.monotonic()
+        return [n for n in self.joined() if now - n.last_heard > timeout.total_seconds()]
 
     def joined(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.alive]
@@ -189,6 +198,21 @@ class NodeLauncher(Launcher):
         deadline = time.monotonic() + timeout.total_seconds() + 5
         while time.monotonic() < deadline and any(n.alive for n in nodes):
             time.sleep(0.05)
+
+
+def cut_silent(nodes: NodeLauncher, roster: Roster, timeout: timedelta) -> None:
+    """A node agent unheard past `timeout` (a hung or cut-off host) is lost with every process on it: the
+    connections of its agent and of its processes are shut from this side, and their closing reports the
+    loss as an agent's death would (one node loss; its processes fenced, their own losses part of it).
+    When the host comes back its agent finds its connection gone and stops them: they never rejoin."""
+    for node in nodes.silent(timeout):
+        node.lost_why = f"its agent unheard for {time.monotonic() - node.last_heard:.1f} s (hung or cut off)"
+        log.error("node %s lost: %s", node.name, node.lost_why)
+        for agent in node.placed:
+            if (m := roster.members.get(agent)) is not None:
+                m.fenced = True
+                cut(m.conn)
+        cut(node.conn)
 
 
 def admit_node(

@@ -162,8 +162,11 @@ class IncidentSteps:
         inc.past_freeze = True
         survivors = [m for m in job.roster.ranks() if m.slot not in inc.lost]
         leaving = [m for m in job.roster.ranks() if m.slot in inc.leaving and not m.fenced]
+        # A lost rank may never close its connections (its node hung or cut off): the survivors abandon
+        # the group from their side, so that a collective waiting on it fails now, not at its timeout.
+        freeze = Freeze(abort=bool(inc.lost - inc.leaving))
         for m in (*survivors, *leaving):
-            m.send(Freeze())
+            m.send(freeze)
         with contextlib.suppress(TimeoutError):
             await job.changes.wait_for(
                 lambda: all(m.state is MemberState.FROZEN or not m.alive for m in (*survivors, *leaving)),

@@ -184,6 +184,11 @@ class Regroup(_Frame):
 
 class Freeze(_Frame):
     t: Literal["freeze"] = "freeze"
+    abort: bool = Field(
+        default=False,
+        description="a peer is lost and may never close its connections (a hung node): cut this rank's "
+        "side of its group now, so that a collective blocked on that peer fails at once",
+    )
 
 
 class Assign(_Frame):

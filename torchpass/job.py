@@ -72,6 +72,14 @@ class JobSpec(Model):
         "0: they run on this host, started by the coordinator itself",
     )
 
+    node_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="seconds a node agent may go unheard (it heart-beats twice a second) before its node "
+        "counts as lost, every process on it with it (a hung or cut-off host)",
+    )
+
     @field_validator("host")
     @classmethod
     def _reachable(cls, host: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.jobs import request
+from job_agent.link import EXIT_COORDINATOR_LOST
 from job_agent.node import EXIT_REFUSED
 from tests.integration.conftest import SCRIPT, run_with, spec, start_job
 from torchpass.dev.hosts import Fabric, Host, fabric
@@ -165,16 +167,31 @@ def three_hosts() -> Iterator[Fabric]:
         yield f
 
 
-@pytest.mark.parametrize("lost", [1, 0], ids=["node-of-ranks-2-3", "node-of-rank-0"])
+@pytest.mark.parametrize(
+    ("lost", "how"),
+    [(1, signal.SIGKILL), (0, signal.SIGKILL), (1, signal.SIGSTOP)],
+    ids=["node-of-ranks-2-3", "node-of-rank-0", "node-hung"],
+)
 async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_slots(
-    client: Client, tmp_path: Path, three_hosts: Fabric, long_reference: JobResult, lost: int
+    client: Client,
+    tmp_path: Path,
+    three_hosts: Fabric,
+    long_reference: JobResult,
+    lost: int,
+    how: signal.Signals,
 ) -> None:
     """Two nodes of two ranks and a spare node with two warm spares. One training node's agent is
     SIGKILLed, its ranks die with it (their parent-death signal): every report of that loss folds into one
     incident whose lost slots are both of the node's, the spare node takes them, the state comes from the
-    other node's replicas, and the run ends bitwise equal. Losing the node of rank 0 is no different."""
+    other node's replicas, and the run ends bitwise equal. Losing the node of rank 0 is no different.
+
+    A hung node (its agent and ranks SIGSTOPped: nothing on it can act or answer) is the same loss: its
+    node is unheard past the node timeout, and all of it is fenced without its help: the coordinator shuts
+    its connections, the survivors cut their side of the group (a collective waiting on a stopped peer
+    would otherwise block until its timeout). Resumed after the run, its agent finds its coordinator gone
+    and stops its processes, none of which rejoined."""
     hosts = three_hosts
-    job = spec(tmp_path, f"mn-node-{lost}", args=ARGS, nodes=2, host=hosts.coordinator)
+    job = spec(tmp_path, f"mn-node-{lost}-{how}", args=ARGS, nodes=2, host=hosts.coordinator, node_timeout=3)
     task = await start_job(client, job)
     address = await coordinator_of(job)
     a, b, spare = hosts.hosts
@@ -198,13 +215,16 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
     victim = f"node{lost}"
     slots = tuple(r.slot for r in before.ranks if r.node == victim)
     assert len(slots) == 2, before
-    hosts.stop(agents[victim])  # SIGKILL to the agent's whole session: the node is gone
+    hosts.stop(agents[victim], how)  # to the agent's whole session: the node is gone, or hung
     after = before
     while after.incidents < 1 or after.state != "training" or len(after.ranks) < 4:
         assert not task.done(), (await task).error
         await asyncio.sleep(0.05)
         after = await status(job)
     result = await asyncio.wait_for(task, 150)
+    if how == signal.SIGSTOP:
+        hosts.stop(agents[victim], signal.SIGCONT)  # the host is back: its agent leaves, ending its ranks
+        assert agents[victim].wait(30) == EXIT_COORDINATOR_LOST, log_of(tmp_path, victim)
 
     assert {r.slot: r.node for r in after.ranks if r.slot in slots} == dict.fromkeys(slots, "node2"), after
     assert result.ok, result.error
@@ -212,8 +232,9 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
     assert outcome.disposition is Disposition.MIGRATED and outcome.success, outcome
     assert outcome.lost_slots == slots and outcome.failure_domain == victim, outcome
     # The node's own loss and its ranks' exits (those not fenced first), one incident: the brief's "entire
-    # node failure".
-    assert outcome.kind is FailureKind.NODE_FAILURE, outcome
+    # node failure". A hung node's ranks may be found hung before the node is: then the incident is a hang.
+    hung = how == signal.SIGSTOP
+    assert outcome.kind is FailureKind.NODE_FAILURE or (hung and outcome.kind is FailureKind.HANG), outcome
     assert outcome.classification.category is Category.HOST_GPU_FABRIC, outcome.classification
     assert outcome.steps_recomputed == 0 == result.steps_recomputed
     assert result.final_digest == long_reference.final_digest

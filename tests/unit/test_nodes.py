@@ -98,7 +98,8 @@ def test_a_lost_node_has_lost_every_process_and_its_slots_go_to_a_spare_node(nod
     for s in range(4):
         launcher.spawn(f"rank{s}", env("rank", s))
     notified: list[int] = []
-    assert launcher.closed(nodes.conns["b"][0], lambda: notified.append(1)) == "b"
+    lost = launcher.closed(nodes.conns["b"][0], lambda: notified.append(1))
+    assert lost is not None and lost.name == "b"
     assert notified == [1]
     assert launcher.poll("rank2") == launcher.poll("rank3") == -int(signal.SIGKILL)
     assert launcher.poll("rank0") is None
