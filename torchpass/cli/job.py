@@ -35,6 +35,12 @@ def register(sub: Any) -> None:
     r.add_argument("--job-id", default=None)
     r.add_argument("--hang-timeout", type=float, default=2.0, help="seconds without heartbeat or progress")
     r.add_argument("--collective-timeout", type=float, default=60.0, help="seconds one collective may take")
+    r.add_argument(
+        "--node-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a node agent may go unheard before its node is lost",
+    )
     r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
     r.add_argument("--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)")
     r.add_argument("--keep-checkpoints-after", action="store_true", help="keep them once the job finished")
@@ -150,6 +156,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "state_dir": settings.state_dir,
         "hang_timeout": args.hang_timeout,
         "collective_timeout": args.collective_timeout,
+        "node_timeout": args.node_timeout,
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,
         "keep_checkpoints_after": args.keep_checkpoints_after,
