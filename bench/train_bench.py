@@ -46,9 +46,9 @@ def main() -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        from job_agent.agent import _bucketize  # the agent's own bucketing: the same all-reduce
+        from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize  # the agent's own: the same all-reduce
 
-        buckets = _bucketize(list(model.parameters()), 25 * 2**20)
+        buckets = bucketize(list(model.parameters()), GRAD_BUCKET_BYTES)
         for step in range(args.steps):
             starts.append(time.perf_counter())
             torch.manual_seed(step * 1000 + rank)

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -36,6 +36,7 @@ from job_agent.settings import AgentSettings
 from job_agent.sever import GroupSockets
 from job_agent.state import Stateful, TrackedState
 from job_agent.store import STORE_PREFIX, RendezvousStore
+from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize, pick_device, step_seed
 from job_agent.transport import StateServer, TransferError, receive_state
 
 _EXIT_DEVICE_ERROR = 75
@@ -52,14 +53,6 @@ class RecoveryTimeout(Exception):
     """The coordinator gave no instruction within recovery_timeout while this rank was frozen."""
 
 
-def _mix(seed: int, step: int, slot: int) -> int:
-    """splitmix64 of (seed, step, slot): per-rank, per-step randomness that never has to be moved."""
-    x = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + slot * 0x94D049BB133111EB) % 2**64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
-    return (x ^ (x >> 31)) % 2**63
-
-
 class RankAgent:
     """One per training process (rank or warm spare); talks to the job's coordinator."""
 
@@ -72,7 +65,7 @@ class RankAgent:
         torch.set_num_threads(s.threads)
         self.slot = s.slot
         self.world_size = s.world_size
-        self.device = _pick_device(s.device, s.local_rank)
+        self.device = pick_device(s.device, s.local_rank)
         self.completed_step = -1
         self.generation = -1
         self._secret = s.read_secret()
@@ -84,10 +77,18 @@ class RankAgent:
         self._store = RendezvousStore(host, port, self._secret, self._recovery_timeout)
         hello = wire.Hello(agent_id=s.agent_id, role=wire.Role(s.role), slot=s.slot, pid=os.getpid())
         self._link = CoordinatorLink(
-            *s.coordinator_addr, self._secret, hello, timedelta(seconds=s.heartbeat_interval)
+            *s.coordinator_addr,
+            self._secret,
+            hello,
+            timedelta(seconds=s.heartbeat_interval),
+            rejoin_for=timedelta(seconds=s.rejoin_for),
         )
+        self._link.rejoin_frames = self._standing
+        self._steps: int | None = None
+        self._frozen = False
+        self._done: wire.Done | None = None
         self._group_sockets = GroupSockets()
-        self._link.on_abort = self._abort_group
+        self._link.on_abort = lambda: self._group_sockets.abort(nccl=self.device.type == "cuda")
 
     @property
     def rank(self) -> int:
@@ -143,12 +144,13 @@ class RankAgent:
         """Run steps completed_step+1 .. steps-1, surviving failures of this rank's peers."""
         if self._tracked is None:
             raise RuntimeError("call agent.track(model, optimizer) before agent.run()")
+        self._steps = steps
         self._send(wire.Ready(completed=self.completed_step, steps=steps, layout=self._tracked.layout()))
         self._obey_until_regrouped()
         while (step := self.completed_step + 1) < steps:
             self._check_inbox()
             self._send(wire.Step(k=step))
-            torch.manual_seed(_mix(self.settings.seed, step, self.slot))
+            torch.manual_seed(step_seed(self.settings.seed, step, self.slot))
             failure = self._attempt(train_step, step)
             if failure is not None:
                 self._freeze(step, failure)
@@ -182,8 +184,10 @@ class RankAgent:
         # Outside the except block, so no traceback keeps the old group's sockets alive (which would
         # leave peers blocked until the group timeout).
         self._drop_group()
+        self._frozen = True
         self._send(wire.Frozen(completed=self.completed_step, in_flight=in_flight, reason=reason[:4000]))
         self._obey_until_regrouped()
+        self._frozen = False
 
     def _check_inbox(self) -> None:
         if self._link.inbox.empty():
@@ -324,15 +328,6 @@ class RankAgent:
         self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
         return True
 
-    def _abort_group(self) -> None:
-        """From the control thread: make a collective blocked on a peer that will never answer fail now.
-        Gloo's sockets are cut (`job_agent.sever`); NCCL's communicators are aborted, which NCCL supports
-        from another thread."""
-        self._group_sockets.cut()
-        if self.device.type == "cuda" and dist.is_initialized():
-            with contextlib.suppress(Exception):  # an already broken group may refuse; the cut stands
-                c10d._abort_process_group()
-
     def _drop_group(self) -> None:
         if not dist.is_initialized():
             return
@@ -358,7 +353,8 @@ class RankAgent:
     def _finish(self) -> None:
         assert self._tracked is not None
         digest = self._tracked.snapshot(self.completed_step).digest()
-        self._send(wire.Done(step=self.completed_step, digest=digest))
+        self._done = wire.Done(step=self.completed_step, digest=digest)
+        self._send(self._done)
         # Wait for the coordinator's word: leaving before every peer has finished the last collective
         # could break theirs.
         while not isinstance(self._link.inbox.get(timeout=self._recovery_timeout.total_seconds()), wire.Exit):
@@ -371,29 +367,27 @@ class RankAgent:
         if self._grad_buckets is None:
             assert self._tracked is not None
             params = [p for p in self._tracked.model.parameters() if p.requires_grad]
-            self._grad_buckets = _bucketize(params, 25 * 2**20)
+            self._grad_buckets = bucketize(params, GRAD_BUCKET_BYTES)
         return [[p for p in b if p.grad is not None] for b in self._grad_buckets]
 
     def _send(self, frame: wire.Frame) -> None:
         self._link.send(frame)
 
-
-def _bucketize(params: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
-    buckets: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for p in params:
-        n = p.numel() * p.element_size()
-        if buckets[-1] and size + n > cap_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(p)
-        size += n
-    return buckets
-
-
-def _pick_device(name: str, local_rank: int) -> torch.device:
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    def _standing(self) -> list[wire.Frame]:
+        """What this process is, said to a restarted coordinator it rejoins: its hello, then the frames
+        that put it where it stands (ready, or in its generation: training, frozen or done)."""
+        role = wire.Role.SPARE if self.is_spare else wire.Role.RANK
+        s, c = self.settings, self.completed_step
+        hello = wire.Hello(agent_id=s.agent_id, role=role, slot=self.slot, pid=os.getpid(), rejoin=True)
+        layout = self._tracked.layout() if self._tracked is not None else None
+        if self.is_spare or self.generation < 0:  # before its Ready (model still building): the hello
+            ready = [] if self._steps is None else [wire.Ready(completed=c, steps=self._steps, layout=layout)]
+            return [hello, *ready]
+        then = (
+            [self._done]
+            if self._done
+            else [wire.Frozen(completed=c, reason="rejoined")]
+            if self._frozen
+            else []
+        )
+        return [hello, wire.Joined(generation=self.generation, completed=c, layout=layout), *then]

@@ -37,7 +37,8 @@ def cut(conn: socket.socket | None) -> None:
 
 
 class ControlServer:
-    """Listens on `host` (an ephemeral port); hands every frame and every close to the event loop."""
+    """Listens on `host` (`port`, or an ephemeral one); hands every frame and every close to the event
+    loop."""
 
     def __init__(
         self,
@@ -46,12 +47,13 @@ class ControlServer:
         on_frame: FrameHandler,
         on_close: CloseHandler,
         host: str,
+        port: int = 0,
     ) -> None:
         self._secret = secret
         self._loop = loop
         self._on_frame = on_frame
         self._on_close = on_close
-        self._listener = socket.create_server((host, 0))
+        self._listener = socket.create_server((host, port))
         self.port: int = self._listener.getsockname()[1]
         self._closed = threading.Event()
         threading.Thread(target=self._accept_loop, name="torchpass-accept", daemon=True).start()

@@ -20,19 +20,21 @@ from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
 from job_agent.detection import Detector
 from job_agent.ending import job_result, put_away
-from job_agent.incident import Incident, IncidentTracker, Reporter
+from job_agent.incident import IncidentTracker, Reporter
 from job_agent.injection import Injector
 from job_agent.interrupt import stopped_by_signals
 from job_agent.jobs import register_job
-from job_agent.launcher import Launcher, LocalLauncher, agent_env, reap_pending
+from job_agent.launcher import Launcher, LocalLauncher, agent_env
 from job_agent.members import Member, MemberState, Roster
-from job_agent.nodes import NodeLauncher, admit_node, cut_silent, wait_for_nodes
+from job_agent.nodes import NodeLauncher, admit_node, wait_for_nodes
 from job_agent.progress import StepTracker
 from job_agent.resume import ProgressFile
 from job_agent.spares import LocalSparePool, SparePool
 from job_agent.store import STORE_PREFIX, StoreServer
+from job_agent.takeback import prior_coordinator, take_back
 from job_agent.transfer import DirectTransport, StateTransport
 from job_agent.waiting import Changes, JobFailed
+from job_agent.watch import watch
 from job_agent.wire import Role
 from torchpass.errors import ErrorType
 from torchpass.job import JobResult, JobSpec, JobState, Resumed
@@ -40,7 +42,6 @@ from torchpass.models import Evidence
 from torchpass.outcome import MigrationOutcome
 from torchpass.signing import is_signed
 
-WATCH_EVERY = timedelta(seconds=0.1)
 SHUTDOWN_GRACE = timedelta(seconds=10)
 FILE_WAIT = timedelta(seconds=30)
 _ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR)
@@ -59,18 +60,25 @@ class Coordinator:
         self.error: str | None = None
         self.checkpoints: list[tuple[int, str]] = []
         self._generation = -1
-        self._secret = secrets.token_bytes(32)
+        # A lost coordinator's multi-node job may still train: its secret and ports, to take it back.
+        self._prior = prior_coordinator(spec)
+        self._secret = self._prior.secret if self._prior else secrets.token_bytes(32)
+        control_port, store_port = (
+            (self._prior.control_port, self._prior.store_port) if self._prior else (0, 0)
+        )
         self.roster = Roster()
         self.nodes = NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare) if spec.nodes else None
-        self._launcher = launcher or self.nodes or LocalLauncher(str(spec.script), spec.args)
+        self.launcher = launcher or self.nodes or LocalLauncher(str(spec.script), spec.args)
         self._spawned = 0
         self._done = asyncio.get_running_loop().create_future()
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Authenticated: torch's TCPStore serves anyone. Both listen on the job's address, never a wildcard.
-        self._store = StoreServer(self._secret, spec.host)
+        self._store = StoreServer(self._secret, spec.host, store_port)
         loop = asyncio.get_running_loop()
-        self._server = ControlServer(self._secret, loop, self._on_frame, self._on_close, spec.host)
+        self._server = ControlServer(
+            self._secret, loop, self._on_frame, self._on_close, spec.host, control_port
+        )
         self._address, self._store_address = (
             f"{spec.host}:{self._server.port}",
             f"{spec.host}:{self._store.port}",
@@ -82,8 +90,8 @@ class Coordinator:
         self.spares: SparePool = LocalSparePool(self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence)
         self.transport: StateTransport = DirectTransport(self.changes)
         self.incidents = IncidentTracker.of_job(spec, lambda: self._generation, reporter)
-        self._detector = Detector(self.job_id, self.roster, timedelta(seconds=spec.hang_timeout))
-        self._injector = Injector(self.job_id, self.world_size, self.roster, self._launcher)
+        self.detector = Detector(self.job_id, self.roster, timedelta(seconds=spec.hang_timeout))
+        self._injector = Injector(self.job_id, self.world_size, self.roster, self.launcher)
 
     @property
     def generation(self) -> int:
@@ -92,31 +100,38 @@ class Coordinator:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def run(self) -> JobResult:
-        with stopped_by_signals(self._fail):
+        with stopped_by_signals(self.fail):
             return await self._run()
 
     async def _run(self) -> JobResult:
-        self.resumed = resume.prepare(self.spec.job_dir, self.spec.fresh)
-        register_job(self.spec.job_dir, self._secret, self._address, self.world_size)
+        taken_back = None
+        if self._prior is not None and self.nodes is not None:
+            taken_back = await take_back(self, self.nodes)  # the job still trains on its nodes
+        if taken_back is None:
+            self.resumed = resume.prepare(self.spec.job_dir, self.spec.fresh)
+        register_job(self.spec.job_dir, self._secret, self._address, self.world_size, self._store_address)
         if self.resumed is not None:  # the steps it completed are measured as recomputed when run again
             self.progress.completed(self.resumed.last_completed)
             if self.resumed.checkpoint is not None:
                 self.checkpoints.append((self.resumed.checkpoint_step, self.resumed.checkpoint))
-        self._watcher = asyncio.ensure_future(self._watch())
+        self._watcher = asyncio.ensure_future(watch(self))
         try:
-            await self._start_processes()
-            await self.changes.wait_for(
-                lambda: len(self.roster.ranks(MemberState.READY)) == self.world_size,
-                self.startup_timeout,
-                "the ranks to start",
-            )
-            self.regroup()
+            if taken_back is None:
+                await self._start_processes()
+                await self.changes.wait_for(
+                    lambda: len(self.roster.ranks(MemberState.READY)) == self.world_size,
+                    self.startup_timeout,
+                    "the ranks to start",
+                )
+                self.regroup()
             self.state = JobState.TRAINING
+            for ev in taken_back or ():  # ranks lost while the coordinator was away
+                self.add_evidence(ev)
             await self._done
         except TimeoutError:
-            self._fail("the ranks did not all join within the start-up timeout")
+            self.fail("the ranks did not all join within the start-up timeout")
         except JobFailed as e:
-            self._fail(str(e))
+            self.fail(str(e))
         return await self._shutdown()
 
     async def _start_processes(self) -> None:
@@ -127,6 +142,10 @@ class Coordinator:
         self.restart_ranks(self.latest_checkpoint()[1])
         for _ in range(spares):
             self.spawn(Role.SPARE, -1)
+
+    def took_back(self, generation: int, spawned: int) -> None:
+        """The job was taken back (`job_agent.takeback`) in `generation`, its agents numbered to `spawned`."""
+        self._generation, self._spawned = generation, spawned
 
     def regroup(self) -> int:
         """Form the next generation of the world with every current rank; returns its number."""
@@ -156,11 +175,11 @@ class Coordinator:
         deadline = time.monotonic() + SHUTDOWN_GRACE.total_seconds()
         # A spare still starting is told to go as it connects; a migration's last step is still recorded.
         while time.monotonic() < deadline and (
-            any(self._launcher.poll(a) is None for a in [*self.roster.members, *self.roster.pending])
+            any(self.launcher.poll(a) is None for a in [*self.roster.members, *self.roster.pending])
             or (finished and self.incidents.current is not None)
         ):
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(self._launcher.shutdown, timedelta(seconds=5))
+        await asyncio.to_thread(self.launcher.shutdown, timedelta(seconds=5))
         await self.incidents.filed(FILE_WAIT)  # the job handled some itself: let their workflows file them
         self.incidents.cancel()
         self._server.close()
@@ -169,7 +188,7 @@ class Coordinator:
         put_away(self.spec, result, self._progress_file)
         return result
 
-    def _fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:
+    def fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:
         """The job ends (`error` None: it finished); every wait on it fails from now on."""
         if self.state in _ENDED:
             return
@@ -182,7 +201,7 @@ class Coordinator:
         self._spawned += 1
         agent_id = f"{role.value}{slot if slot >= 0 else ''}-{self._spawned}"
         env = agent_env(self.spec, agent_id, role.value, slot, self._address, self._store_address, restore)
-        self.roster.pending[agent_id] = self._launcher.spawn(agent_id, env)
+        self.roster.pending[agent_id] = self.launcher.spawn(agent_id, env)
         return agent_id
 
     # --- what the incident steps may do (steps.JobControl) ----------------------------------------------
@@ -190,7 +209,7 @@ class Coordinator:
     def fence(self, m: Member) -> None:
         """Kill for good: a fenced process is never let back in."""
         m.fenced = True
-        self._launcher.kill(m.agent_id)
+        self.launcher.kill(m.agent_id)
 
     def restart_ranks(self, restore: str | None) -> None:
         for slot in range(self.world_size):
@@ -241,7 +260,7 @@ class Coordinator:
                 return wire.Exit(code=0 if self.state is JobState.FINISHED else 1, reason="the job has ended")
             return wire.Welcome()
         if isinstance(frame, wire.NodeHello):
-            return admit_node(self.nodes, self.job_id, conn, frame, lambda: self.spawn(Role.SPARE, -1))
+            return admit_node(self.nodes, self.roster, conn, frame, lambda: self.spawn(Role.SPARE, -1))
         if isinstance(frame, wire.Inject):
             return self._injector.inject(frame)
         if isinstance(frame, wire.Drain):
@@ -269,11 +288,11 @@ class Coordinator:
             case wire.Done(step=step):
                 self.progress.completed(step)
                 if self.roster.finished(self.world_size):
-                    self._fail(None, JobState.FINISHED)
+                    self.fail(None, JobState.FINISHED)
             case wire.CheckpointSaved(step=step, path=path):
                 self.checkpoints.append((step, path))
             case wire.UserError(step=step, traceback=tb):
-                self._fail(
+                self.fail(
                     f"rank {m.slot} failed in the training script at step {step} (not a migration; "
                     f"its traceback is above):\n{tb.rstrip()}",
                     state=JobState.USER_ERROR,
@@ -286,7 +305,7 @@ class Coordinator:
         if self.nodes is not None and (node := self.nodes.closed(conn, self.changes.notify)):
             # A node lost whole: one report for the node, beside its ranks' own (all one incident).
             if self.state is JobState.TRAINING and (
-                ev := self._detector.node_lost(node.name, ts, self.world_size, node.lost_why)
+                ev := self.detector.node_lost(node.name, ts, self.world_size, node.lost_why)
             ):
                 self.add_evidence(ev)
             return
@@ -301,10 +320,10 @@ class Coordinator:
     async def _lost(self, m: Member, observed: float, reason: str) -> None:
         """A member's connection closed: find out whether its process died, then report it."""
         for _ in range(20):  # the exit status follows the closed socket within milliseconds
-            if self._launcher.poll(m.agent_id) is not None:
+            if self.launcher.poll(m.agent_id) is not None:
                 break
             await asyncio.sleep(0.005)
-        code = self._launcher.poll(m.agent_id)
+        code = self.launcher.poll(m.agent_id)
         m.state = MemberState.LOST
         self.changes.notify()
         if m.fenced or self.state is not JobState.TRAINING:
@@ -312,41 +331,9 @@ class Coordinator:
         if m.role is Role.SPARE:  # a spare died: refill the pool, nothing to migrate
             self.spares.lost(m)
             return
-        self.add_evidence(self._detector.lost(m, code, reason, observed))
+        self.add_evidence(self.detector.lost(m, code, reason, observed))
 
     # --- detection -----------------------------------------------------------------------------------
-
-    async def _watch(self) -> None:
-        """Hang and stall detection and process reaping, ten times a second."""
-        while True:
-            await asyncio.sleep(WATCH_EVERY.total_seconds())
-            reap_pending(self.roster, self._launcher, self.spares, self._fail)
-            if self.nodes is not None:
-                cut_silent(self.nodes, self.roster, timedelta(seconds=self.spec.node_timeout))
-            inc = self.incidents.current
-            if self.state is JobState.TRAINING and inc is not None and inc.recovering:
-                self._silent_in_recovery(inc)
-            if self.state is not JobState.TRAINING or inc is not None:
-                continue
-            now = time.monotonic()
-            for ev in self._detector.hung(now):
-                m = self.roster.at(ev.slots[0])
-                if m is not None:
-                    m.fenced = True  # never report the same rank twice; confirm kills it
-                    self.add_evidence(ev)
-            stall = self._detector.stalled(now, self.world_size) if self.incidents.current is None else None
-            if stall is not None:
-                self.add_evidence(stall)
-
-    def _silent_in_recovery(self, inc: Incident) -> None:
-        """A process stopped while a recovery runs (the donor, a receiving spare, a survivor) would hold
-        it up until a timeout: it is one more loss of the recovery, killed now, so the plan is re-made."""
-        members = [*self.roster.ranks(), *self.spares.held(inc.workflow_id)]
-        for m, ev in self._detector.silent(time.monotonic(), members):
-            if ev is not None:
-                m.fenced = True  # its loss is this evidence, not a second one when its socket closes
-                self.add_evidence(ev)
-            self._launcher.kill(m.agent_id)
 
 
 def job_status(c: Coordinator) -> wire.Status:

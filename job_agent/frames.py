@@ -19,9 +19,21 @@ class FrameModel(BaseModel):
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
+class NodeProcess(FrameModel):
+    """A process a node agent started: the slot it was started for (-1: a spare) and, once it ended, its
+    exit status."""
+
+    agent_id: str = Field(min_length=1, max_length=ID)
+    slot: int = Field(ge=-1, le=1024)
+    code: int | None = None
+
+
 class NodeHello(FrameModel):
     """A node agent joins its job: it runs up to `slots` ranks and `spares` warm spares (no slots: a spare
-    node), and its processes advertise `host` to their peers."""
+    node), and its processes advertise `host` to their peers.
+
+    `rejoin`: the node is back to a restarted coordinator, with the slots from `first_slot` on and every
+    process it started (those running, and those that ended while it had no coordinator)."""
 
     t: Literal["node_hello"] = "node_hello"
     job_id: str = Field(pattern=NAME)
@@ -30,6 +42,9 @@ class NodeHello(FrameModel):
     slots: int = Field(ge=0, le=1024)
     spares: int = Field(ge=0, le=64)
     pid: NonNegativeInt
+    rejoin: bool = False
+    first_slot: int = Field(default=-1, ge=-1, le=1024)
+    processes: tuple[NodeProcess, ...] = Field(default=(), max_length=4096)
 
 
 class Spawn(FrameModel):

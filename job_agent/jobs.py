@@ -12,7 +12,9 @@ from typing import Any
 from job_agent import protocol, wire
 
 
-def register_job(job_dir: Path, secret: bytes, coordinator: str, world_size: int) -> None:
+def register_job(
+    job_dir: Path, secret: bytes, coordinator: str, world_size: int, store: str | None = None
+) -> None:
     """Where `torchpass inject` and `torchpass jobs` find a job. The job's directory is its owner's alone
     (0700); the secret is created exclusively (0600, never through a link) and `unregister_job` removes it.
 
@@ -30,6 +32,7 @@ def register_job(job_dir: Path, secret: bytes, coordinator: str, world_size: int
     info = {
         "job_id": job_dir.name,
         "coordinator": coordinator,
+        "store": store,
         "pid": os.getpid(),
         "world_size": world_size,
         "started_at": datetime.now(UTC).isoformat(),
@@ -56,11 +59,11 @@ def registered_pid(job_dir: Path) -> int | None:
 def refuse_if_running(job_dir: Path) -> None:
     """`JobIdInUse` if a coordinator still running here is registered for this job."""
     owner = registered_pid(job_dir)
-    if owner is not None and owner != os.getpid() and _alive(owner):
+    if owner is not None and owner != os.getpid() and alive(owner):
         raise JobIdInUse(f"job {job_dir.name} is already running here (coordinator pid {owner})")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     if pid <= 0:  # 0 and negatives name process groups, not a coordinator
         return False
     try:
@@ -92,7 +95,7 @@ def registered_jobs(state_dir: Path) -> list[dict[str, Any]]:
     for path in sorted((state_dir / "jobs").glob("*/job.json")):
         try:
             info = json.loads(path.read_text())
-            info["alive"] = _alive(int(info["pid"]))
+            info["alive"] = alive(int(info["pid"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         info["dir"] = str(path.parent)

@@ -1,8 +1,12 @@
 """A rank's connection to its coordinator: the hello, a reader thread, heartbeats, an inbox of commands.
 
 A non-zero `Exit` is obeyed at once by the reader thread, even while the main thread is blocked in a
-collective, and so is an aborting `Freeze` (the group's sockets are cut); a lost coordinator ends the
-process (a rank without one could never recover).
+collective, and so is an aborting `Freeze` (the group's sockets are cut).
+
+A lost coordinator ends the process, unless the process may rejoin (`rejoin_for`, set on the nodes of a
+multi-node job): then it goes on training, its reports dropped meanwhile, and rejoins the coordinator at
+the same address (restarted with the job's state directory) with a hello marked `rejoin` followed by
+what it is now (`rejoin_frames`); past `rejoin_for` with no coordinator, it stops.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -18,6 +23,7 @@ from job_agent import protocol, wire
 
 EXIT_COORDINATOR_LOST = 70
 CONNECT_TIMEOUT = timedelta(seconds=30)
+_REJOIN_EVERY = 0.5
 
 
 def exit_now(code: int, reason: str) -> None:
@@ -28,8 +34,21 @@ def exit_now(code: int, reason: str) -> None:
 
 
 class CoordinatorLink:
-    def __init__(self, host: str, port: int, secret: bytes, hello: wire.Hello, heartbeat: timedelta) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        secret: bytes,
+        hello: wire.Hello,
+        heartbeat: timedelta,
+        rejoin_for: timedelta = timedelta(0),
+    ) -> None:
         self.inbox: queue.SimpleQueue[wire.Frame] = queue.SimpleQueue()
+        self._addr, self._secret, self._rejoin_for = (host, port), secret, rejoin_for
+        # The hello (marked rejoin) and what this process is now, said to a restarted coordinator.
+        self.rejoin_frames: Callable[[], list[wire.Frame]] = lambda: [
+            hello.model_copy(update={"rejoin": True})
+        ]
         self.finished = threading.Event()  # set once this rank is done: a closing coordinator is no loss
         self._spare = hello.role is wire.Role.SPARE
         self._heartbeat = heartbeat
@@ -48,24 +67,65 @@ class CoordinatorLink:
 
     def send(self, frame: wire.Frame) -> None:
         with self._lock:
-            protocol.send_frame(self._sock, frame)
+            try:
+                protocol.send_frame(self._sock, frame)
+            except OSError:
+                if not self._rejoin_for:
+                    raise
+                # Dropped: the reader is rejoining, and says again what this process is when it has.
 
     def close(self) -> None:
         self.finished.set()
         self._sock.close()
 
     def _read_loop(self) -> None:
-        try:
-            while True:
+        while True:
+            try:
                 frame = protocol.recv_frame(self._sock)
-                if isinstance(frame, wire.Exit) and (frame.code != 0 or self._spare):
-                    exit_now(frame.code, frame.reason)
-                if isinstance(frame, wire.Freeze) and frame.abort and self.on_abort is not None:
-                    self.on_abort()
-                self.inbox.put(frame)
-        except (OSError, ConnectionError, protocol.ProtocolError):
-            if not self.finished.is_set():
-                exit_now(EXIT_COORDINATOR_LOST, "lost the connection to the job coordinator; stopping")
+            except (OSError, ConnectionError, protocol.ProtocolError) as e:
+                if self.finished.is_set():
+                    return
+                if not self._rejoin(e):
+                    exit_now(EXIT_COORDINATOR_LOST, "lost the connection to the job coordinator; stopping")
+                continue
+            if isinstance(frame, wire.Exit) and (frame.code != 0 or self._spare):
+                exit_now(frame.code, frame.reason)
+            if isinstance(frame, wire.Freeze) and frame.abort and self.on_abort is not None:
+                self.on_abort()
+            self.inbox.put(frame)
+
+    def _rejoin(self, why: Exception) -> bool:
+        """Back to a coordinator at the same address within `rejoin_for`, or False. One that refuses this
+        process (not yet told of it by its node, or fenced it) is asked again until then."""
+        if not self._rejoin_for:
+            return False
+        wait = self._rejoin_for.total_seconds()
+        print(
+            f"torchpass: lost the job coordinator ({why}); going on, rejoining for {wait:.0f} s",
+            file=sys.stderr,
+        )
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not self.finished.is_set():
+            time.sleep(_REJOIN_EVERY)
+            frames = self.rejoin_frames()
+            try:
+                sock = protocol.connect(*self._addr, self._secret, CONNECT_TIMEOUT)
+            except (OSError, ConnectionError, protocol.ProtocolError):
+                continue
+            try:
+                protocol.send_frame(sock, frames[0])
+                if isinstance(protocol.recv_frame(sock), wire.Welcome):
+                    with self._lock:
+                        self._sock.close()
+                        self._sock = sock
+                        for f in frames[1:]:
+                            protocol.send_frame(sock, f)
+                    print("torchpass: rejoined the job coordinator", file=sys.stderr, flush=True)
+                    return True
+            except (OSError, ConnectionError, protocol.ProtocolError):
+                pass
+            sock.close()
+        return False
 
     def _heartbeat_loop(self) -> None:
         beat = wire.Heartbeat()

@@ -23,13 +23,14 @@ import socket
 import struct
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from job_agent import protocol, wire
-from job_agent.frames import SignalAction
+from job_agent.frames import NodeProcess, SignalAction
 from job_agent.launcher import LocalLauncher
 from job_agent.link import EXIT_COORDINATOR_LOST
 from torchpass.errors import ErrorType
@@ -38,6 +39,7 @@ log = logging.getLogger("torchpass.node")
 CONNECT_TIMEOUT = timedelta(seconds=30)
 HEARTBEAT = timedelta(seconds=0.5)
 STOP_GRACE = timedelta(seconds=5)
+REJOIN_EVERY = timedelta(seconds=0.5)
 EXIT_REFUSED = 3
 
 
@@ -59,6 +61,13 @@ class NodeSettings(BaseModel):
     secret_file: Path
     slots: int = Field(default=0, ge=0, le=1024, description="ranks this node runs; 0: a spare node")
     spares: int = Field(default=0, ge=0, le=64, description="warm spares this node keeps")
+    coordinator_wait: float = Field(
+        default=120.0,
+        ge=0,
+        le=86400,
+        description="seconds its processes train on without the coordinator while it waits for it to be "
+        "back (restarted); 0: they stop with it",
+    )
     script: Path
     args: tuple[str, ...] = ()
 
@@ -79,38 +88,83 @@ class NodeAgent:
         self._collective_interface = collective_interface(settings.host, os.environ)
         self._send_lock = threading.Lock()
         self._done = threading.Event()
-        host, port = settings.coordinator_addr()
-        self._sock = protocol.connect(host, port, self._secret, CONNECT_TIMEOUT)
-        s = settings
-        hello = wire.NodeHello(
-            job_id=s.job_id, node=s.node, host=s.host, slots=s.slots, spares=s.spares, pid=os.getpid()
+        self._started: dict[str, int] = {}  # agent -> the slot it was started for (-1: a spare)
+        self._exits: dict[str, int] = {}
+        self._first_slot = -1  # of the slots this node holds: its first rank's
+        self._sock = self._join(rejoin=False)
+
+    def _join(self, rejoin: bool) -> socket.socket:
+        """Connect and say hello (a rejoin says what it runs); the connection once welcomed."""
+        s = self.settings
+        sock = protocol.connect(*s.coordinator_addr(), self._secret, CONNECT_TIMEOUT)
+        procs = tuple(
+            NodeProcess(agent_id=a, slot=slot, code=self._exits.get(a)) for a, slot in self._started.items()
         )
-        protocol.send_frame(self._sock, hello)
-        reply = protocol.recv_frame(self._sock)
+        hello = wire.NodeHello(
+            job_id=s.job_id,
+            node=s.node,
+            host=s.host,
+            slots=s.slots,
+            spares=s.spares,
+            pid=os.getpid(),
+            rejoin=rejoin,
+            first_slot=self._first_slot,
+            processes=procs if rejoin else (),
+        )
+        try:
+            protocol.send_frame(sock, hello)
+            reply = protocol.recv_frame(sock)
+        except (OSError, ConnectionError, protocol.ProtocolError):
+            sock.close()
+            raise
         if not isinstance(reply, wire.Welcome):
-            self._sock.close()
-            reason = reply.reason if isinstance(reply, wire.Reject | wire.Error) else reply.t
-            raise NodeRefused(reason)
+            sock.close()
+            raise NodeRefused(reply.reason if isinstance(reply, wire.Reject | wire.Error) else reply.t)
+        return sock
 
     def run(self) -> int:
-        """Serve the coordinator until the job ends (0) or the coordinator is lost; from the main thread,
-        so that the processes' parent-death signal follows the agent itself."""
+        """Serve the coordinator until the job ends (0) or the coordinator is lost for good; from the main
+        thread, so that the processes' parent-death signal follows the agent itself."""
         threading.Thread(target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True).start()
         try:
             while True:
-                frame = protocol.recv_frame(self._sock)
+                try:
+                    frame = protocol.recv_frame(self._sock)
+                except (OSError, ConnectionError, protocol.ProtocolError) as e:
+                    if not self._rejoin(e):
+                        return EXIT_COORDINATOR_LOST
+                    continue
                 if isinstance(frame, wire.Exit):
                     return 0
                 self._on_frame(frame)
-        except (OSError, ConnectionError, protocol.ProtocolError) as e:
-            log.error(
-                "node %s: lost the job's coordinator (%s); stopping its processes", self.settings.node, e
-            )
-            return EXIT_COORDINATOR_LOST
         finally:
             self._done.set()
             self._launcher.shutdown(STOP_GRACE)
             self._sock.close()
+
+    def _rejoin(self, why: Exception) -> bool:
+        """The coordinator is lost: its processes go on training while the node waits `coordinator_wait`
+        for it to be back at the same address (restarted with the job's state directory). False: it never
+        came back, or refused the node (fenced: the node was lost to the job); its processes then stop."""
+        node, wait = self.settings.node, self.settings.coordinator_wait
+        log.error("node %s: lost the job's coordinator (%s); rejoining for %.0f s", node, why, wait)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(REJOIN_EVERY.total_seconds())
+            try:
+                sock = self._join(rejoin=True)
+            except NodeRefused as e:
+                log.error("node %s: the coordinator refused it back (%s); stopping its processes", node, e)
+                return False
+            except (OSError, ConnectionError, protocol.ProtocolError):
+                continue
+            with self._send_lock:
+                self._sock.close()
+                self._sock = sock
+            log.warning("node %s: rejoined the job's coordinator", node)
+            return True
+        log.error("node %s: no coordinator within %.0f s; stopping its processes", node, wait)
+        return False
 
     def _on_frame(self, frame: wire.Frame) -> None:
         match frame:
@@ -136,7 +190,16 @@ class NodeAgent:
         used = {d for a, d in self._devices.items() if self._launcher.poll(a) is None}
         device = next(i for i in range(len(used) + 1) if i not in used)
         self._devices[agent_id] = device
+        slot = (
+            int(env.get("TORCHPASS_SLOT", "-1"))
+            if env.get("TORCHPASS_SLOT", "").lstrip("-").isdigit()
+            else -1
+        )
+        self._started[agent_id] = slot
+        if self._first_slot < 0 and env.get("TORCHPASS_ROLE") == "rank":
+            self._first_slot = slot  # a node's ranks are started in slot order, its first slot first
         mine = {
+            "TORCHPASS_REJOIN_FOR": str(self.settings.coordinator_wait),
             "TORCHPASS_SECRET_FILE": str(self.settings.secret_file),
             "TORCHPASS_ADVERTISE_HOST": self.settings.host,
             "LOCAL_RANK": str(device),
@@ -154,6 +217,7 @@ class NodeAgent:
 
     def _reap(self, agent_id: str) -> None:
         code = self._launcher.wait(agent_id)
+        self._exits[agent_id] = code  # said again on a rejoin, if the coordinator was away
         self._send(wire.Exited(agent_id=agent_id, code=code))
 
     def _heartbeats(self) -> None:

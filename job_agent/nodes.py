@@ -26,7 +26,7 @@ from datetime import timedelta
 
 from job_agent import wire
 from job_agent.channel import cut, send
-from job_agent.frames import SignalAction
+from job_agent.frames import NodeProcess, SignalAction
 from job_agent.launcher import Launcher
 from job_agent.members import Roster
 from job_agent.waiting import Changes, JobFailed
@@ -50,6 +50,7 @@ class Node:
     last_heard: float = field(default_factory=time.monotonic)
     placed: set[str] = field(default_factory=set)  # the agents started on it
     lost_why: str = "its agent's connection closed"
+    rejoined: tuple[NodeProcess, ...] = ()  # what it ran, as it said rejoining a restarted coordinator
 
 
 class NodeLauncher(Launcher):
@@ -67,6 +68,7 @@ class NodeLauncher(Launcher):
         self._lock = threading.Lock()
         self._closed = False
         self.started = False  # the job's processes were started: a node joining now brings its spares
+        self.rejoining = False  # a restarted coordinator takes the job back: its nodes may rejoin
 
     # --- nodes joining and leaving --------------------------------------------------------------------
 
@@ -79,6 +81,8 @@ class NodeLauncher(Launcher):
                 return f"a node named {hello.node} already joined this job"
             if self._closed:
                 return "the job has ended"
+            if hello.rejoin:
+                return self._rejoin(conn, hello)
             if hello.slots and sum(1 for n in self.nodes.values() if n.slots) >= self.expected:
                 return f"the job's {self.expected} nodes have joined and hold every slot: join with no slots"
             first = sum(n.slots for n in self.nodes.values())
@@ -86,6 +90,37 @@ class NodeLauncher(Launcher):
             self.nodes[node.name] = node
             self._by_conn[conn] = node
             return None
+
+    def _rejoin(self, conn: socket.socket, hello: wire.NodeHello) -> str | None:
+        """A node back to a restarted coordinator, with what it runs (`job_agent.takeback`). Refused by a
+        coordinator that is not taking its job back: one that lost the node fenced what it ran."""
+        if not self.rejoining:
+            return f"node {hello.node} cannot rejoin: it was lost to the job, and its processes fenced"
+        node = Node(hello.node, hello.host, hello.slots, hello.spares, hello.first_slot, conn)
+        node.rejoined = hello.processes
+        for p in hello.processes:
+            node.placed.add(p.agent_id)
+            self._node_of[p.agent_id] = node
+            if p.code is not None:
+                self._exits[p.agent_id] = p.code
+        self.nodes[node.name] = node
+        self._by_conn[conn] = node
+        return None
+
+    def highest_agent_number(self) -> int:
+        """The largest number ending an agent id the rejoined nodes run: new ids are numbered past it."""
+        numbers = [a.rpartition("-")[2] for a in self._node_of]
+        return max((int(n) for n in numbers if n.isdigit()), default=0)
+
+    def ended_in(self, slot: int) -> tuple[str, int | None]:
+        """The node that held `slot`, and the exit status of the process it last started for it (None: it
+        did not say one ended)."""
+        holder = next((n for n in self.joined() if n.first_slot <= slot < n.first_slot + n.slots), None)
+        for n in self.joined():
+            for p in reversed(n.rejoined):
+                if p.slot == slot and p.code is not None:
+                    return n.name, p.code
+        return (holder.name if holder else "unknown"), None
 
     def heard(self, conn: socket.socket, frame: wire.Frame) -> bool:
         """Whether `conn` is a node agent's: then its frame is taken (and answered) here."""
@@ -217,18 +252,24 @@ def cut_silent(nodes: NodeLauncher, roster: Roster, timeout: timedelta) -> None:
 
 def admit_node(
     nodes: NodeLauncher | None,
-    job_id: str,
+    roster: Roster,
     conn: socket.socket,
     hello: wire.NodeHello,
     start_spare: Callable[[], object],
 ) -> wire.Frame:
     """The answer to a node agent's hello: welcome, or refused with why. A node joining a job already
-    running (a spare node, a replacement) gets the warm spares it announced at once."""
+    running (a spare node, a replacement) gets the warm spares it announced at once; the processes of a
+    node that rejoined may rejoin in turn."""
     if nodes is None:
-        return wire.Reject(reason=f"job {job_id} runs on one host: it takes no node agents")
+        return wire.Reject(reason=f"job {hello.job_id} runs on one host: it takes no node agents")
     refused = nodes.join(conn, hello)
     if refused is not None:
         return wire.Reject(reason=refused)
+    if hello.rejoin:
+        for p in hello.processes:
+            if p.code is None:
+                roster.pending[p.agent_id] = hello.node
+        return wire.Welcome()
     send(conn, wire.Welcome())  # before its first Spawn
     for _ in range(hello.spares if nodes.started else 0):
         start_spare()

@@ -32,6 +32,13 @@ class AgentSettings(BaseSettings):
     heartbeat_interval: float = Field(default=0.2, gt=0)
     collective_timeout: float = Field(default=60.0, gt=0)
     recovery_timeout: float = Field(default=300.0, gt=0)
+    rejoin_for: float = Field(
+        default=0.0,
+        ge=0,
+        le=86400,
+        description="seconds it goes on training without its coordinator, rejoining it (a restarted one "
+        "at the same address); 0: it stops at once (its node agent sets this)",
+    )
     device: str = Field(default="auto", description="'auto': cuda:<local rank> when a GPU is present")
     local_rank: int = Field(
         default=0, ge=0, validation_alias="LOCAL_RANK", description="GPU index on the node"

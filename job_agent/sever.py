@@ -20,6 +20,9 @@ import os
 import socket
 from pathlib import Path
 
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
 _FDS = Path("/proc/self/fd")
 
 
@@ -50,6 +53,15 @@ class GroupSockets:
     def formed(self) -> None:
         """Call once it is made: the sockets that appeared meanwhile are its own."""
         self.inodes = frozenset(set(socket_inodes().values()) - self._before)
+
+    def abort(self, nccl: bool) -> None:
+        """From the control thread: make a collective blocked on a peer that will never answer fail now.
+        Gloo's connections are cut; NCCL's communicators are aborted, which NCCL supports from another
+        thread (an already broken group may refuse: the cut stands)."""
+        self.cut()
+        if nccl and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                c10d._abort_process_group()
 
     def cut(self) -> int:
         """Shut down every socket of the group still open (a blocked collective on it fails at once);

@@ -32,6 +32,7 @@ STORE_PREFIX = "gen"  # each generation's group forms under `gen<g>/`: a prefix 
 MAX_KEYS = 100_000
 MAX_BYTES = 64 * 2**20
 _POLL_FIRST, _POLL_MAX = 0.002, 0.05  # seconds between two looks for a key not yet set
+_RECONNECT_EVERY = 0.5  # seconds between two tries to reach a store that is gone
 
 
 def _b64(value: bytes | str) -> str:
@@ -83,16 +84,16 @@ class StoreFull(Exception):
 
 
 class StoreServer:
-    """Serves one job's store to authenticated peers; listens on `host` (an ephemeral port)."""
+    """Serves one job's store to authenticated peers; listens on `host` (`port`, or an ephemeral one)."""
 
-    def __init__(self, secret: bytes, host: str) -> None:
+    def __init__(self, secret: bytes, host: str, port: int = 0) -> None:
         self._secret = secret
         self._data: dict[str, bytes] = {}
         self._size = 0
         self._abandoned: set[int] = set()  # generations whose group will never form
         self._lock = threading.Lock()
         self._peers: set[socket.socket] = set()
-        self._listener = socket.create_server((host, 0))
+        self._listener = socket.create_server((host, port))
         self.port: int = self._listener.getsockname()[1]
         self._closed = threading.Event()
         threading.Thread(target=self._accept_loop, name="torchpass-store-accept", daemon=True).start()
@@ -228,14 +229,35 @@ class RendezvousStore(dist.Store):
         super().__init__()
         self.set_timeout(timeout)
         self._timeout = timeout
+        self._addr, self._secret = (host, port), secret
         self._sock = protocol.connect(host, port, secret, timeout)
         self._lock = threading.Lock()
+
+    def _exchange(self, req: StoreRequest) -> bytes:
+        """One request and its answer. A store gone (its coordinator restarted, hosting it again at the
+        same address) is reconnected to, within the store's timeout, and asked again: what it held went
+        with it, but every group forms under a prefix of its own, which a new generation writes anew."""
+        try:
+            _send(self._sock, req)
+            return protocol.recv_body(self._sock)
+        except (OSError, ConnectionError, protocol.ProtocolError):
+            self._sock.close()
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        while True:
+            try:
+                self._sock = protocol.connect(*self._addr, self._secret, self._timeout)
+                _send(self._sock, req)
+                return protocol.recv_body(self._sock)
+            except (OSError, ConnectionError, protocol.ProtocolError) as e:
+                self._sock.close()
+                if time.monotonic() >= deadline:
+                    raise dist.DistStoreError(f"the job's store is gone: {e}") from None
+                time.sleep(_RECONNECT_EVERY)
 
     def _call(self, op: str, keys: tuple[str, ...] = (), **fields: object) -> StoreReply:
         req = StoreRequest.model_validate({"op": op, "keys": keys, **fields})
         with self._lock:
-            _send(self._sock, req)
-            body = protocol.recv_body(self._sock)
+            body = self._exchange(req)
         try:
             return StoreReply.model_validate_json(body)
         except ValidationError:

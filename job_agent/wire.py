@@ -50,6 +50,7 @@ class Hello(_Frame):
     role: Role
     slot: int = Field(ge=-1)
     pid: NonNegativeInt
+    rejoin: bool = Field(default=False, description="a running process back to a restarted coordinator")
 
 
 class Heartbeat(_Frame):

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -52,11 +53,12 @@ async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactor
     return result
 
 
-def node_argv(job: JobSpec, coordinator: str, host: Host, slots: int, spares: int, **kw: str) -> list[str]:
+def node_argv(job: JobSpec, coordinator: str, host: Host, slots: int, spares: int, **kw: Any) -> list[str]:
     argv = [sys.executable, "-m", "torchpass.cli", "node", "--job", kw.get("job_id", job.job_id)]
     argv += ["--coordinator", coordinator, "--secret-file", kw.get("secret", str(job.job_dir / "secret"))]
     argv += ["--host", host.address, "--name", kw.get("name", host.name)]
-    return [*argv, "--slots", str(slots), "--spares", str(spares), str(SCRIPT), *ARGS]
+    argv += ["--coordinator-wait", kw.get("wait", "120")]
+    return [*argv, "--slots", str(slots), "--spares", str(spares), str(SCRIPT), *kw.get("args", ARGS)]
 
 
 async def coordinator_of(job: JobSpec) -> str:
@@ -199,7 +201,8 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
     # The spare node first (it holds no slot), then node0 (slots 0 and 1) and node1 (slots 2 and 3).
     for h, held, spares in ((spare, 0, 2), (a, 2, 0), (b, 2, 0)):
         log = str(tmp_path / f"{h.name}.log")
-        agents[h.name] = hosts.start(h, node_argv(job, address, h, held, spares), log)
+        # A hung node, resumed after the job: its agent waits 2 s for a coordinator, then stops its ranks.
+        agents[h.name] = hosts.start(h, node_argv(job, address, h, held, spares, wait="2"), log)
         deadline = time.monotonic() + 30
         while "joined job" not in log_of(tmp_path, h.name):
             assert time.monotonic() < deadline, log_of(tmp_path, h.name)

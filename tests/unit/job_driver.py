@@ -154,7 +154,7 @@ class Job:
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if exc is not None:  # stop the job, past its shutdown's grace; the test's own error stands
-            self.coordinator._fail(f"the test failed: {exc!r}")
+            self.coordinator.fail(f"the test failed: {exc!r}")
             await asyncio.wait_for(asyncio.shield(self._run), 3 * WAIT)
             return
         self.result = await bounded(asyncio.shield(self._run))

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from job_agent import protocol, wire
+from job_agent.members import Roster
 from job_agent.nodes import NodeLauncher, admit_node
 
 
@@ -73,7 +74,7 @@ def test_nodes_that_do_not_belong_are_refused_with_why(nodes: Nodes) -> None:
 def test_a_job_on_one_host_takes_no_node_agent() -> None:
     near, far = socket.socketpair()
     with near, far:
-        reply = admit_node(None, "job-1", near, hello("a", 2), lambda: None)
+        reply = admit_node(None, Roster(), near, hello("a", 2), lambda: None)
     assert isinstance(reply, wire.Reject) and "one host" in reply.reason
 
 

@@ -22,6 +22,12 @@ def register(sub: Any) -> None:
     n.add_argument("--name", default=None, help="the node's name, unique in the job (default: hostname)")
     n.add_argument("--slots", type=int, default=0, help="ranks this node runs (0: a spare node)")
     n.add_argument("--spares", type=int, default=0, help="warm spares this node keeps")
+    n.add_argument(
+        "--coordinator-wait",
+        type=float,
+        default=120.0,
+        help="seconds its ranks train on without the coordinator, waiting for it to be restarted (0: stop)",
+    )
     n.add_argument("script", type=Path)
     n.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
 
@@ -37,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         "secret_file": args.secret_file,
         "slots": args.slots,
         "spares": args.spares,
+        "coordinator_wait": args.coordinator_wait,
         "script": args.script,
         "args": tuple(script_args),
     }

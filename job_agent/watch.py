@@ -1,0 +1,72 @@
+"""The coordinator's watch, ten times a second: processes that never joined, silent nodes, hung and
+silent ranks, and a world that stalled with nobody lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Protocol
+
+from job_agent.detection import Detector
+from job_agent.incident import Incident, IncidentTracker
+from job_agent.launcher import Launcher, reap_pending
+from job_agent.members import Roster
+from job_agent.nodes import NodeLauncher, cut_silent
+from job_agent.spares import SparePool
+from torchpass.job import JobSpec, JobState
+from torchpass.models import Evidence
+
+WATCH_EVERY = timedelta(seconds=0.1)
+
+
+class Watched(Protocol):
+    """What the watch reads and does (the job's coordinator)."""
+
+    spec: JobSpec
+    state: JobState
+    world_size: int
+    roster: Roster
+    launcher: Launcher
+    nodes: NodeLauncher | None
+    spares: SparePool
+    incidents: IncidentTracker
+    detector: Detector
+
+    def fail(self, error: str | None, state: JobState = ...) -> None: ...
+
+    def add_evidence(self, ev: Evidence) -> None: ...
+
+
+async def watch(c: Watched) -> None:
+    """Until cancelled (the job's shutdown)."""
+    while True:
+        await asyncio.sleep(WATCH_EVERY.total_seconds())
+        reap_pending(c.roster, c.launcher, c.spares, c.fail)
+        if c.nodes is not None:
+            cut_silent(c.nodes, c.roster, timedelta(seconds=c.spec.node_timeout))
+        inc = c.incidents.current
+        if c.state is JobState.TRAINING and inc is not None and inc.recovering:
+            _silent_in_recovery(c, inc)
+        if c.state is not JobState.TRAINING or inc is not None:
+            continue
+        now = time.monotonic()
+        for ev in c.detector.hung(now):
+            m = c.roster.at(ev.slots[0])
+            if m is not None:
+                m.fenced = True  # never report the same rank twice; confirm kills it
+                c.add_evidence(ev)
+        stall = c.detector.stalled(now, c.world_size) if c.incidents.current is None else None
+        if stall is not None:
+            c.add_evidence(stall)
+
+
+def _silent_in_recovery(c: Watched, inc: Incident) -> None:
+    """A process stopped while a recovery runs (the donor, a receiving spare, a survivor) would hold it up
+    until a timeout: it is one more loss of the recovery, killed now, so the plan is re-made."""
+    members = [*c.roster.ranks(), *c.spares.held(inc.workflow_id)]
+    for m, ev in c.detector.silent(time.monotonic(), members):
+        if ev is not None:
+            m.fenced = True  # its loss is this evidence, not a second one when its socket closes
+            c.add_evidence(ev)
+        c.launcher.kill(m.agent_id)
