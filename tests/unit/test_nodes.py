@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from job_agent import protocol, wire
+from job_agent.frames import NodeProcess
 from job_agent.members import Roster
 from job_agent.nodes import NodeLauncher, admit_node
 
@@ -143,3 +144,27 @@ def test_a_node_speaks_only_of_its_own_processes(nodes: Nodes) -> None:
 def test_a_malformed_node_frame_never_decodes(body: bytes) -> None:
     with pytest.raises(wire.BadFrame):
         wire.decode(body)
+
+
+def test_a_node_rejoins_only_a_coordinator_taking_its_job_back(nodes: Nodes) -> None:
+    """A rejoin tells what the node runs and what ended while it had no coordinator. A live coordinator
+    that lost the node refuses it (its processes were fenced); a restarted one taking the job back
+    (`job_agent.takeback`) admits it, its running processes may rejoin, the ended ones are losses."""
+    procs = (
+        NodeProcess(agent_id="rank2-3", slot=2),
+        NodeProcess(agent_id="rank3-4", slot=3, code=-9),
+        NodeProcess(agent_id="spare-17", slot=-1),
+    )
+    back = hello("b", 2).model_copy(update={"rejoin": True, "first_slot": 2, "processes": procs})
+    assert "was lost to the job" in (nodes.join(back) or "")
+    nodes.launcher.rejoining = True
+    near, far = socket.socketpair()
+    nodes.conns["b"] = (near, far)
+    roster = Roster()
+    assert isinstance(admit_node(nodes.launcher, roster, near, back, lambda: None), wire.Welcome)
+    assert roster.pending == {"rank2-3": "b", "spare-17": "b"}  # running: each may say hello again
+    launcher = nodes.launcher
+    assert launcher.poll("rank3-4") == -9 and launcher.poll("rank2-3") is None
+    assert launcher.ended_in(3) == ("b", -9) and launcher.ended_in(2) == ("b", None)
+    assert launcher.highest_agent_number() == 17  # new agents are numbered past every rejoined one
+    assert launcher.node_of("spare-17") == "b"
