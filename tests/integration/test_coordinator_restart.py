@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from job_agent.jobs import UnknownJob, request
 from job_agent.resume import latest_checkpoint
 from tests.integration.conftest import SCRIPT, run_with, spec
 from tests.integration.test_multinode import coordinator_of, log_of, node_argv, status
+from tests.integration.test_resume import _cli
 from torchpass.dev.hosts import Fabric, fabric
 from torchpass.job import JobResult
 from torchpass.models import Disposition
@@ -44,30 +44,9 @@ def hosts() -> Iterator[Fabric]:
 
 def coordinator(client: Client, state: Path, host: str, job_id: str) -> subprocess.Popen[str]:
     """`torchpass run --remote` for a job of 2 nodes x 2 ranks: the same command each time."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torchpass.cli",
-        "run",
-        "--address",
-        client.service_client.config.target_host,
-    ]
-    cmd += ["--job-id", job_id, "--nnodes", "2", "--nproc-per-node", "2", "--remote", "--host", host]
-    cmd += [
-        "--hang-timeout",
-        "1.5",
-        "--node-timeout",
-        "3",
-        "--checkpoint-every",
-        "20",
-        str(SCRIPT),
-        "--",
-        *ARGS,
-    ]
-    env = {**os.environ, "TORCHPASS_STATE_DIR": str(state)}
-    return subprocess.Popen(
-        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    run = ("run", "--job-id", job_id, "--nnodes", "2", "--nproc-per-node", "2", "--remote", "--host", host)
+    timeouts = ("--hang-timeout", "1.5", "--node-timeout", "3", "--checkpoint-every", "20")
+    return _cli(client, state, *run, *timeouts, str(SCRIPT), "--", *ARGS)
 
 
 async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_back_live(

@@ -93,8 +93,11 @@ async def test_a_rank_killed_on_a_node_is_replaced_by_the_spare_on_its_own_node(
         hosts.start(h, node_argv(job, address, h, slots=2, spares=1), str(tmp_path / f"{h.name}.log"))
     kill = wire.Inject(action=wire.InjectAction.KILL, slot=3, after_step=20)
     before: wire.Status | None = None
-    while before is None or len(before.ranks) < 4 or before.state != "training":
+    # Both nodes' spares warm before the kill: a rank is replaced on its own node when that node's spare
+    # is ready (on a loaded machine a spare can still be starting at step 20, and then any node's serves).
+    while before is None or len(before.ranks) < 4 or before.state != "training" or before.spares < 2:
         assert not task.done(), (await task).error
+        await asyncio.sleep(0.02)
         before = await status(job)
     # Each node holds two consecutive slots (the first to join 0 and 1).
     placed = {r.slot: r.node for r in before.ranks}
