@@ -36,8 +36,9 @@ from job_agent.settings import AgentSettings
 from job_agent.sever import GroupSockets
 from job_agent.state import Stateful, TrackedState
 from job_agent.store import STORE_PREFIX, RendezvousStore
+from job_agent.stripes import receive_state
 from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize, pick_device, step_seed
-from job_agent.transport import StateServer, TransferError, receive_state
+from job_agent.transport import StateServer, TransferError
 
 _EXIT_DEVICE_ERROR = 75
 _PROGRESS_EVERY = 0.5  # seconds between a donor's progress reports while it streams
@@ -223,8 +224,8 @@ class RankAgent:
                 self.slot = slot
             case wire.Serve(receivers=n, timeout=timeout, transfer=tid):
                 self._serve(n, timedelta(seconds=timeout), tid)
-            case wire.Receive(host=host, port=port, timeout=timeout, transfer=tid):
-                self._receive(host, port, timedelta(seconds=timeout), tid)
+            case wire.Receive(sources=sources, timeout=timeout, transfer=tid):
+                self._receive(sources, timedelta(seconds=timeout), tid)
             case wire.Regroup(generation=generation, world_size=world_size):
                 return self._regroup(generation, world_size)
             case wire.Exit(code=code, reason=reason):
@@ -264,17 +265,17 @@ class RankAgent:
             wire.Served(
                 digest=digest,
                 step=self.completed_step,
-                bytes=snap.nbytes,
+                bytes=server.bytes_sent,
                 seconds=time.perf_counter() - t0,
                 stream_seconds=server.stream_seconds,
                 transfer=tid,
             )
         )
 
-    def _receive(self, host: str, port: int, timeout: timedelta, tid: int) -> None:
+    def _receive(self, sources: tuple[wire.Source, ...], timeout: timedelta, tid: int) -> None:
         assert self._tracked is not None
         try:
-            stats = receive_state(self._tracked, host, port, self._secret, timeout)
+            stats = receive_state(self._tracked, sources, self._secret, timeout)
         except TransferError as e:
             self._send(wire.TransferFailed(error=str(e)[:4000], transfer=tid))
             return
@@ -290,6 +291,8 @@ class RankAgent:
                 bytes=stats.nbytes,
                 seconds=stats.seconds,
                 transfer=tid,
+                stripes=stats.stripes,
+                dropped=stats.dropped,
             )
         )
 

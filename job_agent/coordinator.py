@@ -56,6 +56,7 @@ class Coordinator:
         self.world_size = spec.nproc
         self.covered = spec.contract is not None
         self.startup_timeout = timedelta(seconds=spec.startup_timeout)
+        self.stripe_donors = spec.stripe_donors
         self.state = JobState.STARTING
         self.error: str | None = None
         self.checkpoints: list[tuple[int, str]] = []

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from job_agent import wire
+from job_agent.stream_frames import TensorEntry
 
 _TENSOR = "__tensor__"
 _MAP = "__map__"
@@ -83,9 +84,9 @@ class Snapshot:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
-    def manifest(self) -> list[wire.TensorEntry]:
+    def manifest(self) -> list[TensorEntry]:
         return [
-            wire.TensorEntry(path=p, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
+            TensorEntry(path=p, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
             for p, t in self.tensors
         ]
 
@@ -103,9 +104,20 @@ class Snapshot:
 
     def host_chunks(self) -> Iterator[memoryview]:
         """Each tensor's bytes as seen from the host (GPU tensors are staged through host memory)."""
+        return self.host_range(0, self.nbytes)
+
+    def host_range(self, start: int, stop: int) -> Iterator[memoryview]:
+        """Bytes [start, stop) of the tensors laid end to end, as views of each tensor's host bytes."""
+        pos = 0
         for _, t in self.tensors:
-            host = t if t.device.type == "cpu" and t.is_contiguous() else t.detach().contiguous().cpu()
-            yield byte_view(host)
+            n = t.numel() * t.element_size()
+            lo, hi = max(start, pos), min(stop, pos + n)
+            if lo < hi:
+                host = t if t.device.type == "cpu" and t.is_contiguous() else t.detach().contiguous().cpu()
+                yield byte_view(host)[lo - pos : hi - pos]
+            pos += n
+            if pos >= stop:
+                return
 
 
 class TrackedState:
@@ -133,7 +145,7 @@ class TrackedState:
         }
         return Snapshot(header, tensors)
 
-    def receive_targets(self, manifest: Sequence[wire.TensorEntry]) -> list[torch.Tensor]:
+    def receive_targets(self, manifest: Sequence[TensorEntry]) -> list[torch.Tensor]:
         """Tensors to receive into, in manifest order: our own where they match, new ones otherwise."""
         own = dict(self.snapshot(-1).tensors)
         targets = []

@@ -81,13 +81,13 @@ class Supplier:
                 raise IncidentError(
                     ErrorType.TRANSFER_FAILED, f"gave up after {sup.moves} transfers, each losing a process"
                 )
-            donor, targets = self._member(donors[0]), [self._member(s) for s in need]
+            sources, targets = self._donors(donors), [self._member(s) for s in need]
             sup.moves += 1  # a move after the first is the plan re-made around a loss
-            job.on_transfer(donor, targets)
+            job.on_transfer(sources[0], targets)
             try:
-                moved = await job.transport.move(donor, targets, self.transfer_timeout, tick)
+                moved = await job.transport.move(sources, targets, self.transfer_timeout, tick)
             except IncidentError:
-                lost = [m for m in (donor, *targets) if not m.alive]
+                lost = [m for m in (*sources, *targets) if not m.alive]
                 if not lost:
                     raise
                 for m in lost:
@@ -95,11 +95,14 @@ class Supplier:
                 for m in targets:  # whoever installed the state before the loss keeps it
                     r = m.replies.get("received")
                     if m.alive and isinstance(r, wire.Received):
-                        sup.got[m.slot] = (m.agent_id, r, donor.slot)
+                        sup.got[m.slot] = (m.agent_id, r, sources[0].slot)
                 continue
-            sup.served.append((donor.slot, moved.served))
+            sup.served.extend(moved.served.items())
             for m in targets:
-                sup.got[m.slot] = (m.agent_id, moved.received[m.slot], donor.slot)
+                sup.got[m.slot] = (m.agent_id, moved.received[m.slot], sources[0].slot)
+            # A donor lost while the others finished its slices is a loss of this recovery: the next round
+            # gives its slot a spare and the state.
+            inc.lost.update(m.slot for m in sources if not m.alive)
         proof = self._proof(inc, target, sup.got, sup.served, max(0, sup.moves - 1))
         problems = transfer_problems(proof, target)
         if problems:
@@ -117,7 +120,10 @@ class Supplier:
         """What the ranks said of the transfer, as one proof (`torchpass.proof` checks it)."""
         assert inc.frozen is not None
         live = {s: k for s, k in inc.frozen.completed_steps.items() if s not in inc.lost}
-        donor_slot, last = served[-1] if served else (min(live), None)
+        # The first donor of the last transfer (a re-made plan's donors are the ones that count).
+        donor_slot, last = next(
+            ((d, x) for d, x in served if x.transfer == served[-1][1].transfer), (min(live), None)
+        )
         return TransferProof(
             donor_slot=donor_slot,
             donor_step=last.step if last else target,
@@ -131,6 +137,8 @@ class Supplier:
                     installed_step=r.step,
                     bytes=r.bytes,
                     seconds=r.seconds,
+                    stripes=r.stripes,
+                    dropped=r.dropped,
                 )
                 for s, (_, r, _) in sorted(got.items())
             ),
@@ -139,11 +147,14 @@ class Supplier:
             step_before=inc.frozen.step_before if inc.frozen.step_before is not None else target,
             step_after=target,
             bytes=sum(x.bytes for _, x in served),
-            seconds=sum(x.seconds for _, x in served),
+            seconds=sum(
+                max(x.seconds for _, x in served if x.transfer == t) for t in {x.transfer for _, x in served}
+            ),
             stream_seconds=sum(x.stream_seconds or 0.0 for _, x in served) if served else None,
             donor_of={s: d for s, (_, _, d) in got.items()},
             replans=replans,
             lost_during=tuple(sorted(inc.lost - inc.confirmed)),
+            donor_digests={d: x.digest for d, x in served},
         )
 
     async def _assign_spares(self, inc: Incident) -> dict[int, Member]:
@@ -158,6 +169,15 @@ class Supplier:
             m.slot, m.role = slot, Role.RANK
             m.send(Assign(slot=slot))
         return taken
+
+    def _donors(self, slots: list[int]) -> list[Member]:
+        """The replicas to take the state from at once: one per node (a node's link is what limits its
+        streams), lowest slot first, at most the job's stripe width."""
+        per_node: dict[str, Member] = {}
+        for s in slots:
+            m = self._member(s)
+            per_node.setdefault(m.node, m)
+        return list(per_node.values())[: self.job.stripe_donors]
 
     def _member(self, slot: int) -> Member:
         m = self.job.roster.at(slot)

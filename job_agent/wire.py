@@ -11,7 +11,7 @@ reads a frame as a dict, and a malformed or unknown frame never reaches a handle
   Ok, Status or Error
 - node agent (`torchpass node`) -> coordinator: NodeHello, Heartbeat, Exited; coordinator -> node agent:
   Welcome, Reject, Spawn, Signal, Exit
-- donor <-> receiver (state transfer): StateHeader, StateEnd, StateAck
+- donor <-> receiver (state transfer, `job_agent.stream_frames`): StateHeader, StateWant, StateEnd, StateAck
 
 The rendezvous store's requests and answers are in `job_agent.store`.
 """
@@ -33,7 +33,16 @@ from job_agent.frames import ID as _ID
 from job_agent.frames import TEXT as _TEXT
 from job_agent.frames import Exited, NodeHello, Signal, Spawn
 from job_agent.frames import FrameModel as _Frame
+from job_agent.stream_frames import (
+    MAX_SOURCES,
+    Source,
+    StateAck,
+    StateEnd,
+    StateHeader,
+    StateWant,
+)
 from torchpass.errors import ErrorType
+from torchpass.steps import Stripe
 
 
 class Role(StrEnum):
@@ -157,6 +166,10 @@ class Received(_Frame):
     bytes: NonNegativeInt
     seconds: float = Field(ge=0)
     transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
+    stripes: tuple[Stripe, ...] = Field(default=(), max_length=4 * MAX_SOURCES, description="who sent what")
+    dropped: tuple[NonNegativeInt, ...] = Field(
+        default=(), max_length=MAX_SOURCES, description="donors it stopped taking slices from (failed)"
+    )
 
 
 class TransferFailed(_Frame):
@@ -205,9 +218,10 @@ class Serve(_Frame):
 
 
 class Receive(_Frame):
+    """Take the state from `sources` (replicas at the frozen step), in disjoint slices, all at once."""
+
     t: Literal["receive"] = "receive"
-    host: str = Field(min_length=1, max_length=_ID)
-    port: int = Field(gt=0, lt=65536)
+    sources: tuple[Source, ...] = Field(min_length=1, max_length=MAX_SOURCES)
     timeout: float = Field(gt=0, description="seconds")
     transfer: NonNegativeInt = Field(default=0, description="numbers the transfer: answers carry it back")
 
@@ -300,30 +314,6 @@ class Error(_Frame):
     reason: str = Field(max_length=_TEXT)
 
 
-# --- donor <-> receiver ---------------------------------------------------------------------------------
-
-
-class TensorEntry(_Frame):
-    path: str = Field(max_length=_TEXT)
-    dtype: str = Field(max_length=32)
-    shape: tuple[NonNegativeInt, ...]
-
-
-class StateHeader(_Frame):
-    t: Literal["state"] = "state"
-    header: dict[str, Any]
-    manifest: tuple[TensorEntry, ...]
-
-
-class StateEnd(_Frame):
-    t: Literal["end"] = "end"
-    digest: str = Field(max_length=_ID)
-
-
-class StateAck(_Frame):
-    t: Literal["ack"] = "ack"
-
-
 Frame = Annotated[
     Hello
     | Heartbeat
@@ -360,6 +350,7 @@ Frame = Annotated[
     | Ok
     | Error
     | StateHeader
+    | StateWant
     | StateEnd
     | StateAck,
     Field(discriminator="t"),

@@ -79,6 +79,13 @@ class JobSpec(Model):
         description="seconds a node agent may go unheard (it heart-beats twice a second) before its node "
         "counts as lost, every process on it with it (a hung or cut-off host)",
     )
+    stripe_donors: int = Field(
+        default=3,
+        ge=1,
+        le=8,
+        description="replicas a rank receiving the state takes slices from at once, one per node (a node's "
+        "link is what limits a stream; ranks on one host serve one at a time)",
+    )
 
     @field_validator("host")
     @classmethod

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from torchpass.models import Disposition
 from torchpass.outcome import Ending
-from torchpass.steps import LocalRecord, TransferProof
+from torchpass.steps import LocalRecord, ReceiverProof, TransferProof
 
 
 def _short(digest: str) -> str:
@@ -43,6 +43,40 @@ def transfer_problems(proof: TransferProof, target_step: int) -> list[str]:
     for slot, step in sorted(proof.survivor_steps.items()):
         if step != target_step:
             problems.append(f"rank {slot} holds step {step}, not {target_step}, and received nothing")
+    for slot, digest in sorted(proof.donor_digests.items()):
+        if digest != proof.donor_digest:
+            problems.append(
+                f"donor rank {slot} holds state hashing to {_short(digest)}, the donor's is "
+                f"{_short(proof.donor_digest)}: the replicas differ"
+            )
+    for r in proof.receivers:
+        problems += stripe_problems(proof, r)
+    return problems
+
+
+def stripe_problems(proof: TransferProof, r: ReceiverProof) -> list[str]:
+    """A receiver that took its state in slices: they cover the state once, end to end, each came from a
+    donor of this recovery holding the donor's state, and each arrived as its donor sent it."""
+    if not r.stripes:
+        return []
+    problems = []
+    donors = set(proof.donor_digests) | set(proof.lost_during) | {proof.donor_slot}
+    pos = 0
+    for s in sorted(r.stripes, key=lambda s: s.start):
+        where = f"rank {r.slot}'s slice [{s.start}, {s.stop})"
+        if s.start != pos:
+            problems.append(f"rank {r.slot}'s slices leave a gap or overlap at byte {pos}")
+        pos = max(pos, s.stop)
+        if s.digest != s.sent_digest:
+            problems.append(f"{where} hashes to {_short(s.digest)}, its donor sent {_short(s.sent_digest)}")
+        if s.donor not in donors:
+            problems.append(f"{where} came from rank {s.donor}, no donor of this recovery")
+        if s.donor_digest != proof.donor_digest:
+            problems.append(
+                f"{where} came from rank {s.donor} holding {_short(s.donor_digest)}, not the donor's state"
+            )
+    if pos != r.bytes:
+        problems.append(f"rank {r.slot}'s slices end at byte {pos}, its state has {r.bytes}")
     return problems
 
 

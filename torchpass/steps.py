@@ -64,6 +64,18 @@ class FreezeResult(Model):
     work_seconds: float = 0.0
 
 
+class Stripe(Model):
+    """One slice of the state as a receiver took it: which donor sent it, and the digests both sides
+    computed of it (the receiver keeps a slice only when they are equal)."""
+
+    donor: NonNegativeInt = Field(description="slot of the replica that sent it")
+    start: NonNegativeInt = Field(description="first byte, of the state's tensors laid end to end")
+    stop: NonNegativeInt
+    digest: str = Field(max_length=200, description="over the slice's bytes as they arrived")
+    sent_digest: str = Field(max_length=200, description="the donor's digest of the bytes it sent")
+    donor_digest: str = Field(max_length=200, description="the donor's digest of its whole state")
+
+
 class ReceiverProof(Model):
     """What one receiver computed itself, after installing the donor's state in its own memory."""
 
@@ -73,6 +85,10 @@ class ReceiverProof(Model):
     installed_step: int = Field(description="the completed step the receiver holds once installed")
     bytes: NonNegativeInt = 0
     seconds: float = Field(default=0.0, ge=0)
+    stripes: tuple[Stripe, ...] = Field(default=(), max_length=64, description="who sent which slice")
+    dropped: tuple[NonNegativeInt, ...] = Field(
+        default=(), max_length=64, description="donors it stopped taking slices from (failed or stalled)"
+    )
 
 
 class TransferProof(Model):
@@ -101,6 +117,9 @@ class TransferProof(Model):
     )
     lost_during: tuple[NonNegativeInt, ...] = Field(
         default=(), description="slots lost while the recovery ran (a donor, a receiver, another rank)"
+    )
+    donor_digests: dict[int, str] = Field(
+        default_factory=dict, description="slot -> digest of its whole state, each donor that served"
     )
 
 

@@ -17,6 +17,7 @@ from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.jobs import request, running_jobs
+from tests.unit.job_driver import SHARED_PEERS
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from workers.control import control_worker
@@ -31,6 +32,7 @@ SCRIPT_ARGS = ("--steps", str(STEPS), "--width", "128", "--depth", "2")
 @pytest.fixture(scope="session")
 async def client() -> AsyncIterator[Client]:
     env = await start_dev_server()
+    SHARED_PEERS.add(env.client.service_client.config.target_host)
     async with env, control_worker(env.client):
         yield env.client
 

@@ -117,6 +117,48 @@ async def test_a_rank_killed_on_a_node_is_replaced_by_the_spare_on_its_own_node(
     (outcome,) = result.incidents
     assert outcome.disposition is Disposition.MIGRATED and outcome.success, outcome
     assert outcome.lost_slots == (3,) and outcome.failure_domain == placed[3], outcome
+    # Striped: the state came in slices from a replica on each node (slot 0's and slot 2's), each slice
+    # verified against what its donor sent.
+    assert outcome.proof is not None
+    (receiver,) = outcome.proof.receivers
+    assert [s.donor for s in receiver.stripes] == [0, 2] and receiver.dropped == (), receiver
+    assert outcome.proof.donor_digests.keys() == {0, 2}, outcome.proof
+    assert outcome.steps_recomputed == 0 == result.steps_recomputed
+    assert result.final_digest == long_reference.final_digest
+
+
+async def test_a_donor_lost_as_the_state_moves_leaves_the_other_nodes_replica_to_serve(
+    client: Client, tmp_path: Path, hosts: Fabric, long_reference: JobResult
+) -> None:
+    """Two nodes of two ranks and a warm spare each. Rank 1 is killed; of the two donors (one replica per
+    node: slots 0 and 2) slot 0 is killed as the transfer starts. The receiver takes every slice from
+    slot 2, slot 0 becomes one more loss of the same incident and gets the other node's spare and the
+    state in turn: migrated live, both slots moved, bitwise equal, nothing recomputed."""
+    job = spec(tmp_path, "mn-donor", args=ARGS, nodes=2, host=hosts.coordinator)
+    task = await start_job(client, job)
+    address = await coordinator_of(job)
+    for h in hosts.hosts:
+        hosts.start(h, node_argv(job, address, h, slots=2, spares=1), str(tmp_path / f"{h.name}.log"))
+    before: wire.Status | None = None
+    while before is None or len(before.ranks) < 4 or before.state != "training" or before.spares < 2:
+        assert not task.done(), (await task).error
+        await asyncio.sleep(0.02)
+        before = await status(job)
+    donor = wire.Inject(
+        action=wire.InjectAction.KILL, slot=0, during="transfer", target=wire.InjectTarget.DONOR
+    )
+    kill = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=20)
+    for req in (donor, kill):
+        assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, req), wire.Ok)
+    result = await asyncio.wait_for(task, 150)
+
+    assert result.ok, result.error
+    (outcome,) = result.incidents
+    assert outcome.disposition is Disposition.MIGRATED and outcome.success, outcome
+    assert outcome.lost_slots == (0, 1), outcome
+    assert outcome.proof is not None and outcome.proof.lost_during == (0,), outcome.proof
+    for r in outcome.proof.receivers:
+        assert {s.donor for s in r.stripes} == {2}, r  # slot 0 never served: all from the other node
     assert outcome.steps_recomputed == 0 == result.steps_recomputed
     assert result.final_digest == long_reference.final_digest
 
@@ -153,7 +195,9 @@ async def test_nodes_that_do_not_belong_are_refused_and_the_job_runs_on(
     assert await asyncio.to_thread(twice.wait, 60) == EXIT_REFUSED
     assert "already joined" in log_of(tmp_path, "twice")
     hosts.start(b, node_argv(job, address, b, 2, 1), str(tmp_path / "node1.log"))
-    while (await status(job)).state != "training":
+    # The job has all its nodes once node1 joined: a node coming then is late (asked as soon as that, the
+    # late agent reads the job's secret well before a loaded machine could finish the job and remove it).
+    while "joined job" not in log_of(tmp_path, "node1"):
         assert not task.done(), (await task).error
         await asyncio.sleep(0.05)
     late = attempt("late", b, name="late")

@@ -45,10 +45,11 @@ async def test_the_donor_killed_mid_transfer_is_replaced_by_another_replica(
     await _one_incident_two_losses(result, reference)
     (o,) = result.incidents
     assert o.proof is not None
-    # Rank 0 was the first donor (the lowest replica at the frozen step); it died, rank 1 served instead,
-    # and both lost slots (the first failure's and the donor's) took a spare with the state.
+    # Rank 0 was the first donor (the lowest replica at the frozen step); killed as the transfer began,
+    # it may still have served slot 2 (what arrived whole and verified before it died stays), and rank 1
+    # served the rest: both lost slots (the first failure's and the donor's) took a spare with the state.
     assert set(o.proof.receiver_slots) == {0, 2}, o.proof
-    assert set(o.proof.donor_of.values()) == {1}, o.proof
+    assert o.proof.donor_of[0] == 1 and o.proof.donor_of[2] in (0, 1), o.proof
     assert o.lost_slots == (0, 2) and o.proof.lost_during == (0,)
 
 

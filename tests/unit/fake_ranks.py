@@ -237,8 +237,8 @@ class FakeRank:
                 self.slot = slot
             case wire.Serve(receivers=n, transfer=tid):
                 self._serve(n, tid)
-            case wire.Receive(port=port, transfer=tid):
-                self._receive(port, tid)
+            case wire.Receive(sources=sources, transfer=tid):
+                self._receive(sources[0].port, tid)
             case wire.Regroup(generation=generation, world_size=world_size):
                 with self._l.lock:
                     self._leave()

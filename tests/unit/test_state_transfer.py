@@ -1,4 +1,5 @@
-"""State flattening, digests and the authenticated point-to-point transfer, with real tensors and sockets."""
+"""State flattening, digests and the authenticated transfer, point to point and striped over several
+donors, with real tensors and sockets (the donors that fail are real sockets speaking the real protocol)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from datetime import timedelta
 import pytest
 import torch
 
+from job_agent import wire
 from job_agent.state import TrackedState
-from job_agent.transport import StateServer, TransferError, receive_state
+from job_agent.stripes import receive_state
+from job_agent.transport import StateServer, TransferError
 
 SECRET = b"k" * 32
 WAIT = timedelta(seconds=10)
@@ -56,6 +59,11 @@ def _serve(
     return server, out
 
 
+def _at(*ports: int) -> list[wire.Source]:
+    """Donors on this host: slot i serves on ports[i]."""
+    return [wire.Source(slot=i, host="127.0.0.1", port=p) for i, p in enumerate(ports)]
+
+
 def test_the_digest_depends_on_every_byte_and_the_step() -> None:
     a = _trained(0)
     d = a.snapshot(5).digest()
@@ -69,7 +77,7 @@ def test_a_spare_receives_model_optimizer_and_extras_bit_for_bit() -> None:
     donor, spare = _trained(0), _fresh(1)
     before = [t.data_ptr() for _, t in spare.snapshot(0).tensors]
     server, out = _serve(donor, 3)
-    stats = receive_state(spare, "127.0.0.1", server.port, SECRET, timedelta(seconds=10))
+    stats = receive_state(spare, _at(server.port), SECRET, timedelta(seconds=10))
     out["thread"].join(10)
     assert stats.step == 3
     assert stats.digest == out["digest"] == donor.snapshot(3).digest() == spare.snapshot(3).digest()
@@ -82,8 +90,7 @@ def test_one_donor_serves_several_receivers() -> None:
     donor = _trained(0)
     server, out = _serve(donor, 9, receivers=2)
     digests = [
-        receive_state(_fresh(s), "127.0.0.1", server.port, SECRET, timedelta(seconds=10)).digest
-        for s in (1, 2)
+        receive_state(_fresh(s), _at(server.port), SECRET, timedelta(seconds=10)).digest for s in (1, 2)
     ]
     out["thread"].join(10)
     assert digests == [out["digest"]] * 2
@@ -93,8 +100,8 @@ def test_a_peer_without_the_secret_gets_nothing_and_the_real_receiver_still_does
     donor = _trained(0)
     server, out = _serve(donor, 1)
     with pytest.raises(TransferError):
-        receive_state(_fresh(1), "127.0.0.1", server.port, b"wrong" * 8, timedelta(seconds=5))
-    stats = receive_state(_fresh(2), "127.0.0.1", server.port, SECRET, timedelta(seconds=5))
+        receive_state(_fresh(1), _at(server.port), b"wrong" * 8, timedelta(seconds=5))
+    stats = receive_state(_fresh(2), _at(server.port), SECRET, timedelta(seconds=5))
     out["thread"].join(10)
     assert stats.digest == out["digest"]
 
@@ -103,7 +110,7 @@ def test_a_state_of_another_architecture_is_refused() -> None:
     donor = _trained(0, width=32)
     server, out = _serve(donor, 1)
     with pytest.raises(TransferError, match="does not fit"):
-        receive_state(_fresh(1, width=16), "127.0.0.1", server.port, SECRET, timedelta(seconds=5))
+        receive_state(_fresh(1, width=16), _at(server.port), SECRET, timedelta(seconds=5))
     out["thread"].join(10)
 
 
@@ -158,8 +165,8 @@ def test_strays_before_the_receiver_are_skipped_and_the_transfer_goes_on() -> No
     silent = socket.create_connection(addr)
     t0 = time.monotonic()
     try:
-        stats = receive_state(_fresh(1), "127.0.0.1", server.port, SECRET, WAIT)
-        again = receive_state(_fresh(2), "127.0.0.1", server.port, SECRET, WAIT)
+        stats = receive_state(_fresh(1), _at(server.port), SECRET, WAIT)
+        again = receive_state(_fresh(2), _at(server.port), SECRET, WAIT)
     finally:
         silent.close()
     out["thread"].join(10)

@@ -11,6 +11,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from tests.unit.job_driver import SHARED_PEERS
 from torchpass.ids import SEARCH_ATTRIBUTES
 from workers.server import temporal_binary
 
@@ -35,6 +36,7 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
         test_server_existing_path=temporal_binary("temporal-test-server"),
         data_converter=pydantic_data_converter,
     )
+    SHARED_PEERS.add(env.client.service_client.config.target_host)
     async with env:
         # The workflow sets torchpass's search attributes; a server must know them (torchpass server
         # registers them on the dev server; here the test registers them).

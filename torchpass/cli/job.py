@@ -41,6 +41,12 @@ def register(sub: Any) -> None:
         default=5.0,
         help="seconds a node agent may go unheard before its node is lost",
     )
+    r.add_argument(
+        "--stripe-donors",
+        type=int,
+        default=3,
+        help="replicas (one per node) a receiving rank takes slices of the state from at once",
+    )
     r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
     r.add_argument("--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)")
     r.add_argument("--keep-checkpoints-after", action="store_true", help="keep them once the job finished")
@@ -157,6 +163,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "hang_timeout": args.hang_timeout,
         "collective_timeout": args.collective_timeout,
         "node_timeout": args.node_timeout,
+        "stripe_donors": args.stripe_donors,
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,
         "keep_checkpoints_after": args.keep_checkpoints_after,
