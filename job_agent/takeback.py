@@ -28,7 +28,7 @@ from job_agent.detection import signal_name
 from job_agent.incident import IncidentTracker
 from job_agent.jobs import alive, registered_pid
 from job_agent.launcher import Launcher
-from job_agent.members import Roster
+from job_agent.members import Member, Roster
 from job_agent.nodes import NodeLauncher
 from job_agent.progress import StepTracker
 from job_agent.waiting import Changes
@@ -58,6 +58,7 @@ class Job(Protocol):
     def generation(self) -> int: ...
 
     def took_back(self, generation: int, spawned: int) -> None: ...
+    def fence(self, m: Member) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
         if isinstance(joined, wire.Joined):
             m.completed = max(m.completed, joined.completed)
             generation, completed = max(generation, joined.generation), max(completed, m.completed)
+    stale = _fence_stale(c, generation)
     c.took_back(max(generation, 0), nodes.highest_agent_number())
     c.progress.completed(completed)
     c.incidents.outcomes.extend(_prior_outcomes(c.spec))
@@ -129,16 +131,48 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
         len(nodes.joined()),
         len(c.roster.ranks()),
     )
-    return _lost_meanwhile(c, nodes)
+    return _lost_meanwhile(c, nodes, stale)
 
 
-def _lost_meanwhile(c: Job, nodes: NodeLauncher) -> list[Evidence]:
+def _generation_of(m: Member) -> int:
+    joined = m.replies.get("joined")
+    return joined.generation if isinstance(joined, wire.Joined) else -1
+
+
+def _fence_stale(c: Job, newest: int) -> dict[int, str]:
+    """Fence what cannot go on in the world as it stands, and say why for each slot it empties: a rank
+    that rejoined in an older generation than the newest (it missed a re-formation: the group it knows
+    is gone), and a second process claiming a slot another holds (the one in the newest generation and
+    furthest along stays). A rank that never joined a group (generation -1) is left to form one."""
+    why: dict[int, str] = {}
+    held: set[int] = set()
+    by_standing = sorted(c.roster.ranks(), key=lambda m: (_generation_of(m), m.completed), reverse=True)
+    for m in by_standing:
+        gen = _generation_of(m)
+        if m.slot in held:
+            log.warning("job %s: %s claims slot %d, held already: fenced", c.job_id, m.agent_id, m.slot)
+            c.fence(m)
+        elif -1 < gen < newest:
+            log.warning(
+                "job %s: %s rejoined in generation %d of %d: fenced", c.job_id, m.agent_id, gen, newest
+            )
+            c.fence(m)
+            why[m.slot] = f"was left in generation {gen} while the job went on in {newest}"
+        else:
+            held.add(m.slot)
+    return why
+
+
+def _lost_meanwhile(c: Job, nodes: NodeLauncher, stale: dict[int, str]) -> list[Evidence]:
     out = []
     for slot in range(c.world_size):
-        if c.roster.at(slot) is not None:
+        if any(m.slot == slot and not m.fenced for m in c.roster.ranks()):
             continue
         node, code = nodes.ended_in(slot)
-        if code is None:
+        if slot in stale:
+            node, code = c.roster.home(slot) or node, None
+            kind, what = FailureKind.CONNECTION_LOST, stale[slot]
+        elif code is None:
             kind, what = FailureKind.CONNECTION_LOST, "did not rejoin"
         else:
             kind, what = FailureKind.PROCESS_EXIT, f"ended ({signal_name(code)})"
