@@ -167,6 +167,10 @@ class IncidentSteps:
         freeze = Freeze(abort=bool(inc.lost - inc.leaving))
         for m in (*survivors, *leaving):
             m.send(freeze)
+        if any(m.state is MemberState.JOINING for m in survivors):
+            # Lost as a generation formed (the first, at start-up): the others wait for it in a group that
+            # can never form; abandoned, they give up at once (not at the store's timeout) and freeze.
+            job.abandon(job.generation)
         with contextlib.suppress(TimeoutError):
             await job.changes.wait_for(
                 lambda: all(m.state is MemberState.FROZEN or not m.alive for m in (*survivors, *leaving)),

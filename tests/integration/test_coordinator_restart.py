@@ -28,7 +28,7 @@ from tests.integration.conftest import SCRIPT, run_with, spec
 from tests.integration.test_multinode import coordinator_of, log_of, node_argv, status
 from tests.integration.test_resume import _cli
 from torchpass.dev.hosts import Fabric, fabric
-from torchpass.job import JobResult
+from torchpass.job import JobResult, JobSpec
 from torchpass.models import Disposition
 
 STEPS = 400
@@ -49,11 +49,34 @@ def coordinator(client: Client, state: Path, host: str, job_id: str) -> subproce
     return _cli(client, state, *run, *timeouts, str(SCRIPT), "--", *ARGS)
 
 
+@pytest.fixture(scope="module")
+async def reference(client: Client, tmp_path_factory: pytest.TempPathFactory) -> JobResult:
+    result = await run_with(
+        client, spec(tmp_path_factory.mktemp("ref"), "restart-reference", spares=0, args=ARGS)
+    )
+    assert result.ok and result.final_digest
+    return result
+
+
+def pid_of(agent_id: str) -> int:
+    """The process of a rank, found by the agent id in its environment (the test's hosts share one PID
+    namespace)."""
+    needle = f"TORCHPASS_AGENT_ID={agent_id}".encode()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+    raise LookupError(f"no process of {agent_id}")
+
+
+@pytest.mark.parametrize("away", [False, True], ids=["rank-killed-once-back", "rank-killed-while-away"])
 async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_back_live(
-    client: Client, tmp_path: Path, hosts: Fabric
+    client: Client, tmp_path: Path, hosts: Fabric, reference: JobResult, away: bool
 ) -> None:
-    reference = await run_with(client, spec(tmp_path / "ref", "restart-reference", spares=0, args=ARGS))
-    assert reference.ok and reference.final_digest
+    """Killed once back: the job trains on without its coordinator, is taken back in the same generation
+    with the same processes, and a rank killed then is migrated live. Killed while away: the survivors'
+    collectives fail and they wait, frozen, for their coordinator; its node agent kept the rank's exit,
+    and the coordinator started again finds the slot empty and migrates it live."""
     state, job_id = tmp_path / "state", "mn-restart"
     job = spec(state, job_id, args=ARGS, nodes=2, host=hosts.coordinator)  # where the CLI keeps the job
     first = coordinator(client, state, hosts.coordinator, job_id)
@@ -81,39 +104,22 @@ async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_b
 
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        # Training goes on without it: rank 0 writes checkpoints past the step it was at.
         at = max(r.step for r in before.ranks)
-        deadline = time.monotonic() + 60
-        while (latest_checkpoint(job.job_dir) or (-1, ""))[0] < at + 20:
-            assert time.monotonic() < deadline, (
-                f"no progress without the coordinator; {log_of(tmp_path, 'node0')}"
-            )
-            await asyncio.sleep(0.05)
+        if away:
+            os.kill(pid_of(next(r.agent for r in before.ranks if r.slot == 1)), signal.SIGKILL)
+            await asyncio.sleep(3)  # the others find their collective broken and freeze
+        else:
+            # Training goes on without it: rank 0 writes checkpoints past the step it was at.
+            deadline = time.monotonic() + 60
+            while (latest_checkpoint(job.job_dir) or (-1, ""))[0] < at + 20:
+                assert time.monotonic() < deadline, (
+                    f"no progress without the coordinator; {log_of(tmp_path, 'node0')}"
+                )
+                await asyncio.sleep(0.05)
 
         second = coordinator(client, state, hosts.coordinator, job_id)
-        back: wire.Status | None = None
-        deadline = time.monotonic() + 60
-        while (
-            back is None
-            or back.state != "training"
-            or len(back.ranks) < 4
-            or back.spares < 2
-            or min(r.step for r in back.ranks) <= at
-        ):
-            if time.monotonic() > deadline or second.poll() is not None:
-                os.killpg(second.pid, signal.SIGKILL)
-                logs = "\n".join(log_of(tmp_path, h.name)[-3000:] for h in hosts.hosts)
-                pytest.fail(f"not taken back: {back}\n{second.communicate()[0][-5000:]}\n{logs}")
-            await asyncio.sleep(0.1)
-            with contextlib.suppress(OSError, AssertionError, UnknownJob):  # not yet registered
-                back = await status(job)
-        print(f"coordinator killed at step {at}; taken back at {min(r.step for r in back.ranks)} of {STEPS}")
-        assert back.generation == before.generation, (before, back)  # the same world: nothing restarted
-        assert {r.agent for r in back.ranks} == {r.agent for r in before.ranks}
-
-        victim = next(r for r in back.ranks if r.slot == 1)
-        kill = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=victim.step + 5)
-        assert isinstance(await asyncio.to_thread(request, state, job_id, kill), wire.Ok)
+        if not away:
+            await _taken_back(job, second, before, at, tmp_path, hosts)
         out, _ = await asyncio.to_thread(second.communicate, None, 180)
     finally:
         for p in (first, second):
@@ -127,3 +133,33 @@ async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_b
     assert result.generation == before.generation + 1
     assert result.steps_recomputed == 0 and o.steps_recomputed == 0
     assert result.final_digest == reference.final_digest
+
+
+async def _taken_back(
+    job: JobSpec, second: subprocess.Popen[str], before: wire.Status, at: int, tmp_path: Path, hosts: Fabric
+) -> None:
+    """The restarted coordinator holds the same world, training past where the first was killed; then a
+    rank is killed."""
+    back: wire.Status | None = None
+    deadline = time.monotonic() + 60
+    while (
+        back is None
+        or back.state != "training"
+        or len(back.ranks) < 4
+        or back.spares < 2
+        or min(r.step for r in back.ranks) <= at
+    ):
+        if time.monotonic() > deadline or second.poll() is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(second.pid, signal.SIGKILL)
+            logs = "\n".join(log_of(tmp_path, h.name)[-3000:] for h in hosts.hosts)
+            pytest.fail(f"not taken back: {back}\n{second.communicate()[0][-5000:]}\n{logs}")
+        await asyncio.sleep(0.1)
+        with contextlib.suppress(OSError, AssertionError, UnknownJob):  # not yet registered
+            back = await status(job)
+    print(f"coordinator killed at step {at}; taken back at {min(r.step for r in back.ranks)} of {STEPS}")
+    assert back.generation == before.generation, (before, back)  # the same world: nothing restarted
+    assert {r.agent for r in back.ranks} == {r.agent for r in before.ranks}
+    victim = next(r for r in back.ranks if r.slot == 1)
+    kill = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=victim.step + 5)
+    assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)

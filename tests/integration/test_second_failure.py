@@ -106,3 +106,17 @@ async def test_a_rank_killed_as_the_group_re_forms_is_supplied_and_the_group_for
     assert o.proof is not None and set(o.proof.receiver_slots) == {1, 3}, o.proof
     assert o.lost_slots == (1, 3) and o.proof.lost_during == (3,)
     assert o.recovery_seconds is not None and o.recovery_seconds < 30, o  # not the store's 60 s
+
+
+async def test_a_rank_killed_as_the_first_group_forms_is_migrated_live(
+    client: Client, reference: JobResult, tmp_path: Path
+) -> None:
+    """Rank 2 dies just as generation 0 begins to form: the others wait for it in init_process_group, a
+    group that can never form. The incident abandons that generation, so they give up at once, freeze
+    at the state they built, and the spare takes the slot with it: live, not a 60 s store timeout."""
+    job = spec(tmp_path, "first-group-kill")
+    at_start = wire.Inject(action=wire.InjectAction.KILL, slot=2, during="regroup")
+    result = await run_with(client, job, [at_start])
+    assert_migrated_live(result, reference, 1)
+    (o,) = result.incidents
+    assert o.lost_slots == (2,) and o.recovery_seconds is not None and o.recovery_seconds < 30, o
