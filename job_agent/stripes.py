@@ -26,7 +26,7 @@ import torch
 
 from job_agent import wire
 from job_agent.protocol import ProtocolError, connect, recv_frame, send_frame
-from job_agent.state import Snapshot, StateMismatch, TrackedState, byte_view
+from job_agent.state import Snapshot, StateMismatch, TrackedState
 from job_agent.transport import CHUNK, Hasher, Progress, TransferError, TransferStats, tune
 
 STALL = timedelta(seconds=10)  # a donor silent this long mid-slice is dropped and its slice taken elsewhere
@@ -43,19 +43,11 @@ class _Layout:
             t if t.device.type == "cpu" and t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype)
             for t in targets
         ]
-        self.views = [byte_view(h) for h in self.hosts]
-        self.offsets = []
-        pos = 0
-        for v in self.views:
-            self.offsets.append(pos)
-            pos += len(v)
-        self.total = pos
+        self._host = Snapshot({}, [("", h) for h in self.hosts])
+        self.total = self._host.nbytes
 
     def range(self, start: int, stop: int) -> Iterator[memoryview]:
-        for off, v in zip(self.offsets, self.views, strict=True):
-            lo, hi = max(start, off), min(stop, off + len(v))
-            if lo < hi:
-                yield v[lo - off : hi - off]
+        return self._host.host_range(start, stop)
 
     def slices(self, donors: int) -> list[tuple[int, int]]:
         k = max(1, min(donors, self.total // MIN_SLICE))
