@@ -9,7 +9,7 @@ invocation: this process's CPU time per second of wall time while every rank tra
 whole cost: reader threads, decoding, MAC checks, the event loop), and the time from a simulated rank's
 loss (its connection closed, its process gone) to the incident's report leaving the coordinator (what
 starts the incident workflow). Target: detection time flat, CPU linear in the ranks or better.
-Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.coordinator` (about a minute).
+Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.coordinator` (about two minutes).
 """
 
 from __future__ import annotations
@@ -238,10 +238,15 @@ async def one(n: int, state: Path) -> tuple[float, float, float]:
         def stepping() -> int:
             return min((m.step or 0 for m in c.roster.members.values() if m.role is Role.RANK), default=0)
 
-        started = time.monotonic()
+        started = said = time.monotonic()
         while c.state is JobState.STARTING or stepping() < 2:
             assert not run.done(), run.result().error
             assert time.monotonic() - started < 120, f"{n} ranks: {len(c.roster.ranks())} in, {c.state}"
+            if time.monotonic() - said > 10:
+                said = time.monotonic()
+                print(
+                    f"  {n} ranks: {len(c.roster.ranks())} in, {c.state}, step {stepping()}", file=sys.stderr
+                )
             await asyncio.sleep(0.1)
         cpu0, t0 = time.process_time(), time.monotonic()
         await asyncio.sleep(WINDOW)
@@ -267,7 +272,7 @@ async def main() -> int:
             for k in range(LOSSES):
                 # Each job in a fresh process: nothing one leaves behind (threads, sockets) weighs on the next.
                 cmd = [sys.executable, "-m", "bench.coordinator", "one", str(n), str(Path(tmp) / f"{n}-{k}")]
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+                out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=300, check=True).stdout
                 rows.setdefault(n, []).append(tuple(json.loads(out.splitlines()[-1])))
                 print(f"{n} ranks, run {k}: {rows[n][-1]}", flush=True)
     seconds = time.monotonic() - t0
