@@ -63,7 +63,7 @@ async def _serve_peers(
         for t in threads:
             t.join(10)
         server.close()
-        loop.call_soon_threadsafe = real  # type: ignore[method-assign,assignment]
+        loop.call_soon_threadsafe = real  # type: ignore[method-assign]
     return seen, wakeups, errors
 
 
