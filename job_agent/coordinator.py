@@ -56,6 +56,7 @@ class Coordinator:
         self.world_size = spec.nproc
         self.covered = spec.contract is not None
         self.startup_timeout = timedelta(seconds=spec.startup_timeout)
+        self.hang_timeout = timedelta(seconds=spec.hang_timeout)
         self.stripe_donors = spec.stripe_donors
         self.state = JobState.STARTING
         self.error: str | None = None
@@ -91,7 +92,7 @@ class Coordinator:
         self.spares: SparePool = LocalSparePool(self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence)
         self.transport: StateTransport = DirectTransport(self.changes)
         self.incidents = IncidentTracker.of_job(spec, lambda: self._generation, reporter)
-        self.detector = Detector(self.job_id, self.roster, timedelta(seconds=spec.hang_timeout))
+        self.detector = Detector(self.job_id, self.roster, self.hang_timeout)
         self._injector = Injector(self.job_id, self.world_size, self.roster, self.launcher)
 
     @property

@@ -158,8 +158,11 @@ async def refutes(
     roster: Roster, changes: Changes, evidence: Sequence[Evidence], wait: timedelta
 ) -> str | None:
     """Why the job's own view contradicts a reported failure: every rank it names (naming none, for a
-    collective timeout, every rank) is connected and makes progress within `wait` of the report's arrival.
-    None when the claim may be true, or names no failure (a planned drain moves healthy ranks)."""
+    collective timeout, every rank) is connected and makes progress within `wait` of the report's arrival
+    (the caller makes `wait` at least the job's hang timeout, so that a rank is never taken for lost on a
+    claim alone while the job itself would still call it healthy). None when the claim may be true: a
+    named rank is gone or dies meanwhile, or does not progress within `wait`; or when it names no failure
+    (a planned drain moves healthy ranks)."""
     claims = [ev for ev in evidence if CATEGORY_OF[ev.kind] is not Category.PLANNED]
     ranks = {m.slot: m for m in roster.ranks()}
     named = {s for ev in claims for s in ev.slots}
@@ -170,11 +173,15 @@ async def refutes(
     since = time.monotonic()
     try:
         await changes.wait_for(
-            lambda: all(ranks[s].alive and ranks[s].last_progress > since for s in named),
+            lambda: (
+                any(not ranks[s].alive for s in named) or all(ranks[s].last_progress > since for s in named)
+            ),
             wait,
             "the reported ranks to show progress",
         )
     except TimeoutError:
+        return None
+    if any(not ranks[s].alive for s in named):
         return None
     steps = ", ".join(f"{s}: step {ranks[s].step}" for s in sorted(named))
     return f"refuted by the job: rank(s) {sorted(named)} connected and progressing after it ({steps})"

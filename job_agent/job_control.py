@@ -26,6 +26,7 @@ class JobControl(Protocol):
     world_size: int
     covered: bool
     startup_timeout: timedelta
+    hang_timeout: timedelta
     stripe_donors: int
     roster: Roster
     spares: SparePool

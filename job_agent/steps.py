@@ -11,7 +11,7 @@ import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 
-from job_agent.detection import disowns, refutes
+from job_agent.detection import STALL_MARGIN, disowns, refutes
 from job_agent.incident import Incident, IncidentError
 from job_agent.job_control import JobControl, Tick
 from job_agent.members import Member, MemberState
@@ -103,7 +103,9 @@ class IncidentSteps:
                 slots = sorted({s for ev in unsigned for s in ev.slots})
                 why = f"refused by the job: a planned move of rank(s) {slots}, not signed with its secret"
                 return self._result(False, (), (), why, t0)
-            refuted = await refutes(self.job.roster, self.job.changes, evidence, REFUTE_WAIT)
+            # As long as the job's own hang detection takes: a claim stands only where the job sees it too.
+            wait = max(REFUTE_WAIT, self.job.hang_timeout + STALL_MARGIN)
+            refuted = await refutes(self.job.roster, self.job.changes, evidence, wait)
             if refuted is not None:
                 return self._result(False, (), (), refuted, t0)
         job, inc = self.job, self._incident(incident_id, evidence)

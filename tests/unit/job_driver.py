@@ -117,6 +117,7 @@ class Job:
         spares: int = 1,
         ckpt: int = 0,
         local: bool = False,
+        hang_timeout: float = 0.5,
     ) -> None:
         self.launcher = FakeLauncher(steps=STEPS)
         self.spec = JobSpec(
@@ -124,7 +125,7 @@ class Job:
             nproc=nproc,
             spares=spares,
             state_dir=tmp,
-            hang_timeout=0.5,
+            hang_timeout=hang_timeout,
             collective_timeout=5.0,
             checkpoint_every=ckpt,
             startup_timeout=WAIT,

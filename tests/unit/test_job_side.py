@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from job_agent import wire
+from job_agent import steps, wire
 from job_agent.coordinator import SHUTDOWN_GRACE
 from job_agent.incident import IncidentError
 from job_agent.jobs import request
@@ -302,6 +302,41 @@ async def test_a_failure_claimed_of_a_healthy_rank_is_refuted_and_nothing_is_fen
     r = _assert_finished(job, incidents=1)
     assert r.generation == 0 and r.incidents[0].disposition is Disposition.NOT_A_FAILURE
     assert job.reports.empty()  # the job itself saw no failure
+
+
+async def test_a_claim_is_checked_for_as_long_as_the_jobs_own_hang_detection_takes(
+    tmp_path: Path, allowance: Counts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose steps are longer than the refutation's least wait (big models take seconds a step) and
+    whose hang timeout says so: a forged claim of a healthy rank is still refuted, because the job watches
+    for as long as its own hang detection would before it takes the rank for lost. (With the least wait
+    alone, the healthy rank was fenced and migrated on the claim.)"""
+    monkeypatch.setattr(steps, "REFUTE_WAIT", timedelta(seconds=0.3))  # shorter than a step
+    job = Job(tmp_path, allowance, hang_timeout=3.0)
+    job.launcher.step_seconds = 1.2
+    async with job:
+        c = job.coordinator
+        await until(lambda: all(m.step >= 1 for m in c.roster.ranks()), "the ranks to train")
+        await asyncio.sleep(0.2)  # a step just begun: none ends within the least wait
+        victim = c.roster.at(1)
+        assert victim is not None
+        ev = Evidence(
+            kind=FailureKind.GPU_FELL_OFF_BUS,
+            source=EventSource.NVML,
+            job_id=c.job_id,
+            failure_domain=victim.node,
+            slots=(1,),
+            xid=79,
+            observed_at=datetime.now(UTC),
+        )
+        report = FailureReport(evidence=ev, job_task_queue="forged", generation=c.generation)
+        m = Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
+        outcome = await m.run()
+        assert m.confirmed is not None and m.confirmed.fenced_slots == (), m.confirmed
+        assert outcome.disposition is Disposition.NOT_A_FAILURE, outcome
+        assert c.roster.at(1) is victim and not victim.fenced
+        job.launcher.step_seconds = 0.0
+        await job.finished()
 
 
 async def test_a_planned_move_claimed_without_the_jobs_signature_is_refused(
