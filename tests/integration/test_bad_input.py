@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -124,3 +125,22 @@ async def test_an_idle_spare_waits_as_long_as_the_job_runs(
     result = await asyncio.wait_for(run_job(job, client), 150)
     assert result.ok and not result.incidents
     assert "RecoveryTimeout" not in capfd.readouterr().err
+
+
+def test_a_corrupted_secret_and_a_missing_tls_file_are_named_without_a_traceback(tmp_path: Path) -> None:
+    """A job whose secret file was damaged (here: not hex) and a TLS file that is not there: each command
+    says which file and why, exit code 2, and no traceback (a script or monitor reads stderr)."""
+    job_dir = tmp_path / "jobs" / "damaged"
+    job_dir.mkdir(parents=True)
+    # Registered as running: this test's own process stands in for its coordinator.
+    info = {"job_id": "damaged", "pid": os.getpid(), "coordinator": "127.0.0.1:9"}
+    (job_dir / "job.json").write_text(json.dumps(info))
+    (job_dir / "secret").write_text("this is not a hex secret")
+    env = {"TORCHPASS_STATE_DIR": str(tmp_path), "PATH": ""}
+    out = _cli("inject", "kill", "--job", "damaged", "--rank", "1", env=env)
+    assert out.returncode == 2, out
+    assert "its secret" in out.stderr and "cannot be read" in out.stderr and "Traceback" not in out.stderr
+    missing = tmp_path / "missing.pem"
+    out = _cli("incidents", "list", "--tls-ca", str(missing), env=env)
+    assert out.returncode == 2, out
+    assert "no such file" in out.stderr and "Traceback" not in out.stderr
