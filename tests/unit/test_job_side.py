@@ -22,6 +22,7 @@ from job_agent import steps, wire
 from job_agent.coordinator import SHUTDOWN_GRACE
 from job_agent.incident import IncidentError
 from job_agent.jobs import request
+from job_agent.members import Member
 from job_agent.spares import MAX_FAILED_STARTS
 from job_agent.wire import Role
 from tests.unit.fake_ranks import KILLED, digest_of
@@ -268,6 +269,23 @@ async def test_spares_that_never_start_stop_being_replaced(tmp_path: Path, allow
     assert len(spares) == 1 + MAX_FAILED_STARTS
 
 
+def _forged_gpu_loss(job: Job, victim: Member) -> Migration:
+    """An incident started on a claim that `victim`'s GPU fell off the bus, sent as any client of Temporal
+    could send it (the job saw nothing of it)."""
+    c = job.coordinator
+    ev = Evidence(
+        kind=FailureKind.GPU_FELL_OFF_BUS,
+        source=EventSource.NVML,
+        job_id=c.job_id,
+        failure_domain=victim.node,
+        slots=(victim.slot,),
+        xid=79,
+        observed_at=datetime.now(UTC),
+    )
+    report = FailureReport(evidence=ev, job_task_queue="forged", generation=c.generation)
+    return Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
+
+
 async def test_a_failure_claimed_of_a_healthy_rank_is_refuted_and_nothing_is_fenced(
     tmp_path: Path, allowance: Counts
 ) -> None:
@@ -282,17 +300,7 @@ async def test_a_failure_claimed_of_a_healthy_rank_is_refuted_and_nothing_is_fen
         await until(lambda: all(m.step >= 2 for m in c.roster.ranks()), "the ranks to train")
         victim = c.roster.at(1)
         assert victim is not None
-        ev = Evidence(
-            kind=FailureKind.GPU_FELL_OFF_BUS,
-            source=EventSource.NVML,
-            job_id=c.job_id,
-            failure_domain=victim.node,
-            slots=(1,),
-            xid=79,
-            observed_at=datetime.now(UTC),
-        )
-        report = FailureReport(evidence=ev, job_task_queue="forged", generation=c.generation)
-        m = Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
+        m = _forged_gpu_loss(job, victim)
         outcome = await m.run()
         assert m.confirmed is not None and not m.confirmed.confirmed and m.confirmed.fenced_slots == ()
         assert "refuted by the job: rank(s) [1]" in m.confirmed.detail
@@ -320,17 +328,7 @@ async def test_a_claim_is_checked_for_as_long_as_the_jobs_own_hang_detection_tak
         await asyncio.sleep(0.2)  # a step just begun: none ends within the least wait
         victim = c.roster.at(1)
         assert victim is not None
-        ev = Evidence(
-            kind=FailureKind.GPU_FELL_OFF_BUS,
-            source=EventSource.NVML,
-            job_id=c.job_id,
-            failure_domain=victim.node,
-            slots=(1,),
-            xid=79,
-            observed_at=datetime.now(UTC),
-        )
-        report = FailureReport(evidence=ev, job_task_queue="forged", generation=c.generation)
-        m = Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
+        m = _forged_gpu_loss(job, victim)
         outcome = await m.run()
         assert m.confirmed is not None and m.confirmed.fenced_slots == (), m.confirmed
         assert outcome.disposition is Disposition.NOT_A_FAILURE, outcome
