@@ -22,16 +22,17 @@ import queue
 import signal
 import threading
 import time
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from job_agent import wire
+from job_agent import loop, wire
 from job_agent.link import CoordinatorLink, exit_now
+from job_agent.loop import CollectiveFailure, Step, step_failure
 from job_agent.settings import AgentSettings
 from job_agent.sever import GroupSockets
 from job_agent.state import Stateful, TrackedState
@@ -40,14 +41,7 @@ from job_agent.stripes import receive_state
 from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize, pick_device, step_seed
 from job_agent.transport import StateServer, TransferError
 
-_EXIT_DEVICE_ERROR = 75
 _PROGRESS_EVERY = 0.5  # seconds between a donor's progress reports while it streams
-_COLLECTIVE_MARKERS = ("gloo", "Connection closed by peer", "Connection reset by peer", "NCCL", "Broken pipe")
-_DEVICE_MARKERS = ("CUDA error", "CUDA driver", "cudaError", "device-side assert")
-
-
-class CollectiveFailure(Exception):
-    """A collective failed because a peer died, hung or was fenced: a migration, not a bug."""
 
 
 class RecoveryTimeout(Exception):
@@ -143,43 +137,44 @@ class RankAgent:
 
     def run(self, train_step: Callable[[int], object], steps: int) -> None:
         """Run steps completed_step+1 .. steps-1, surviving failures of this rank's peers."""
-        if self._tracked is None:
-            raise RuntimeError("call agent.track(model, optimizer) before agent.run()")
-        self._steps = steps
-        self._send(wire.Ready(completed=self.completed_step, steps=steps, layout=self._tracked.layout()))
-        self._obey_until_regrouped()
+        self._begin(steps)
         while (step := self.completed_step + 1) < steps:
             self._check_inbox()
-            self._send(wire.Step(k=step))
-            torch.manual_seed(step_seed(self.settings.seed, step, self.slot))
-            failure = self._attempt(train_step, step)
-            if failure is not None:
+            self._enter_step(step)
+            failure = None
+            try:
+                train_step(step)
+            except BaseException as e:
+                failure = step_failure(step, e, self._send)
+                if failure is None:
+                    raise
+            if failure is not None:  # outside the except block: see `_freeze`
                 self._freeze(step, failure)
                 continue
-            self.completed_step = step
-            self._maybe_checkpoint(step)
+            self._complete_step(step)
         self._finish()
+
+    def steps(self, total: int, data: Iterable[Any] | None = None) -> Iterator[Step]:
+        """The loop form of `run`: `for step in agent.steps(total, data=loader): with step: ...`, each
+        step's number `step.k` and batch `step.batch` (`job_agent.loop` says how batches are drawn)."""
+        return loop.steps(self, total, data)
 
     # --- the step and its failure modes ------------------------------------------------------------
 
-    def _attempt(self, train_step: Callable[[int], object], step: int) -> str | None:
-        """Run one step; return why it failed if a peer did, re-raise the script's own errors."""
-        try:
-            train_step(step)
-        except CollectiveFailure as e:
-            return str(e)
-        except Exception as e:
-            msg = str(e)
-            if isinstance(e, RuntimeError) and any(m in msg for m in _COLLECTIVE_MARKERS):
-                return msg
-            if isinstance(e, torch.OutOfMemoryError) or any(m in msg for m in _DEVICE_MARKERS):
-                self._send(wire.DeviceError(detail=msg[:2000]))
-                traceback.print_exc()
-                os._exit(_EXIT_DEVICE_ERROR)
-            # The script's own bug: the user must see their traceback, and no migration starts.
-            self._send(wire.UserError(step=step, traceback=traceback.format_exc()[-4000:]))
-            raise
-        return None
+    def _begin(self, steps: int) -> None:
+        if self._tracked is None:
+            raise RuntimeError("call agent.track(model, optimizer) before the training loop")
+        self._steps = steps
+        self._send(wire.Ready(completed=self.completed_step, steps=steps, layout=self._tracked.layout()))
+        self._obey_until_regrouped()
+
+    def _enter_step(self, step: int) -> None:
+        self._send(wire.Step(k=step))
+        torch.manual_seed(step_seed(self.settings.seed, step, self.slot))
+
+    def _complete_step(self, step: int) -> None:
+        self.completed_step = step
+        self._maybe_checkpoint(step)
 
     def _freeze(self, in_flight: int | None, reason: str) -> None:
         # Outside the except block, so no traceback keeps the old group's sockets alive (which would
