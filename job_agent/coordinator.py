@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
-from job_agent.detection import Detector
+from job_agent.detection import Detector, signal_name
 from job_agent.ending import job_result, put_away
 from job_agent.incident import IncidentTracker, Reporter
 from job_agent.injection import Injector
@@ -59,6 +59,7 @@ class Coordinator:
         self.hang_timeout = timedelta(seconds=spec.hang_timeout)
         self.stripe_donors = spec.stripe_donors
         self.state = JobState.STARTING
+        self._launching = False
         self.error: str | None = None
         self.checkpoints: list[tuple[int, str]] = []
         self._generation = -1
@@ -119,6 +120,7 @@ class Coordinator:
         self._watcher = asyncio.ensure_future(watch(self))
         try:
             if taken_back is None:
+                self._launching = True  # the ranks start now (a job taken back has its own)
                 await self._start_processes()
                 await self.changes.wait_for(
                     lambda: len(self.roster.ranks(MemberState.READY)) == self.world_size,
@@ -328,6 +330,11 @@ class Coordinator:
         code = self.launcher.poll(m.agent_id)
         m.state = MemberState.LOST
         self.changes.notify()
+        if self._launching and self.state is JobState.STARTING and m.role is Role.RANK and not m.fenced:
+            # Nothing to migrate yet, and most likely the script's own failure: say so now, not at the
+            # start-up timeout.
+            why = "unknown" if code is None else signal_name(code)
+            self.fail(f"rank {m.slot} exited ({why}) before the job started training; see its output above")
         if m.fenced or self.state is not JobState.TRAINING:
             return
         if m.role is Role.SPARE:  # a spare died: refill the pool, nothing to migrate

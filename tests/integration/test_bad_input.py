@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -114,6 +115,24 @@ def test_jobspec_rejects_bad_values(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="job_id"):
         JobSpec(job_id="bad id!", script=SCRIPT, state_dir=tmp_path)
     assert json.loads(JobSpec(script=SCRIPT, state_dir=tmp_path).model_dump_json())["nproc"] == 2
+
+
+async def test_ranks_that_crash_once_connected_fail_the_job_at_once(client: Client, tmp_path: Path) -> None:
+    """A script that dies after its agent connected but before training (a model that cannot be built):
+    the job fails within seconds naming the rank, not at the start-up timeout (120 s), and is no
+    migration (on the previous main it waited out the whole timeout)."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "from job_agent import RankAgent\n"
+        "agent = RankAgent()\n"
+        "raise ValueError('the model cannot be built')\n"
+    )
+    job = spec(tmp_path, "crash-at-start", script=script, args=(), startup_timeout=120.0)
+    t0 = time.monotonic()
+    result = await asyncio.wait_for(run_job(job, client), 60)
+    assert time.monotonic() - t0 < 30
+    assert not result.ok and not result.incidents
+    assert result.error and "before the job started training" in result.error, result.error
 
 
 async def test_an_idle_spare_waits_as_long_as_the_job_runs(
