@@ -19,7 +19,7 @@ from datetime import timedelta
 from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
 from job_agent.detection import Detector, signal_name
-from job_agent.ending import job_result, put_away
+from job_agent.ending import job_result, judge_exits, put_away
 from job_agent.incident import IncidentTracker, Reporter
 from job_agent.injection import Injector
 from job_agent.interrupt import stopped_by_signals
@@ -176,14 +176,17 @@ class Coordinator:
         for m in self.roster.members.values():
             if m.alive:
                 m.send(wire.Exit(code=0 if finished else 1, reason=reason))
-        deadline = time.monotonic() + SHUTDOWN_GRACE.total_seconds()
+        grace = self.spec.finish_grace if finished else SHUTDOWN_GRACE.total_seconds()
+        deadline = time.monotonic() + grace
         # A spare still starting is told to go as it connects; a migration's last step is still recorded.
         while time.monotonic() < deadline and (
             any(self.launcher.poll(a) is None for a in [*self.roster.members, *self.roster.pending])
             or (finished and self.incidents.current is not None)
         ):
             await asyncio.sleep(0.05)
+        late = {m.agent_id for m in self.roster.ranks() if self.launcher.poll(m.agent_id) is None}
         await asyncio.to_thread(self.launcher.shutdown, timedelta(seconds=5))
+        judge_exits(self, self.launcher, late)
         await self.incidents.filed(FILE_WAIT)  # the job handled some itself: let their workflows file them
         self.incidents.cancel()
         self._server.close()

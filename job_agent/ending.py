@@ -5,8 +5,10 @@ from __future__ import annotations
 import shutil
 from typing import Protocol
 
+from job_agent.detection import signal_name
 from job_agent.incident import IncidentTracker
 from job_agent.jobs import unregister_job
+from job_agent.launcher import Launcher
 from job_agent.members import Roster
 from job_agent.progress import StepTracker
 from job_agent.resume import ProgressFile
@@ -44,6 +46,28 @@ def job_result(job: Ended) -> JobResult:
         resumed=job.resumed,
         error=job.error,
     )
+
+
+def judge_exits(job: Ended, launcher: Launcher, late: set[str]) -> None:
+    """A job whose ranks finished training is ok only if their code after the training loop ended well
+    too: a rank that exited with an error then, or was still running when the grace ran out (`late`, then
+    stopped), makes it the script's failure, named in the result."""
+    if job.state is not JobState.FINISHED:
+        return
+    problems = []
+    for m in job.roster.ranks():
+        code = launcher.poll(m.agent_id)
+        if m.agent_id in late:
+            problems.append(
+                f"rank {m.slot} was still running its code after the training loop"
+                f" {job.spec.finish_grace:.0f} s after training finished, and was stopped (--finish-grace)"
+            )
+        elif code:  # None: its node did not say; 0: a clean exit
+            problems.append(
+                f"rank {m.slot} exited ({signal_name(code)}) after the training loop; see its output"
+            )
+    if problems:
+        job.state, job.error = JobState.USER_ERROR, "; ".join(problems)
 
 
 def put_away(spec: JobSpec, result: JobResult, progress_file: ProgressFile) -> None:

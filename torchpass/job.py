@@ -49,6 +49,13 @@ class JobSpec(Model):
     seed: int = 0
     threads: int = Field(default=1, ge=1)
     startup_timeout: float = Field(default=120.0, gt=0)
+    finish_grace: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="seconds the ranks' code after the training loop (saving the model, evaluation) may "
+        "run once every rank finished; a rank still running then is stopped and the job is not ok",
+    )
     control_plane_wait: float = Field(
         default=5.0,
         gt=0,

@@ -17,7 +17,7 @@ from temporalio.client import Client
 from job_agent import protocol, wire
 from job_agent.jobs import UnknownJob, request, running_jobs
 from tests.integration.conftest import SCRIPT, spec
-from torchpass.job import JobSpec
+from torchpass.job import JobSpec, JobState
 from workers.job import run_job
 
 pytestmark = pytest.mark.integration
@@ -133,6 +133,69 @@ async def test_ranks_that_crash_once_connected_fail_the_job_at_once(client: Clie
     assert time.monotonic() - t0 < 30
     assert not result.ok and not result.incidents
     assert result.error and "before the job started training" in result.error, result.error
+
+
+AFTER_LOOP = """
+import sys, time
+import torch
+from job_agent import RankAgent
+
+agent = RankAgent()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+agent.track(model, opt)
+
+
+def step(k):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    agent.all_reduce_gradients()
+    opt.step()
+
+
+agent.run(step, steps=5)
+mode, out = sys.argv[1], sys.argv[2]
+if mode == "slow":  # saving the model takes a while
+    time.sleep(3)
+    open(f"{out}/saved-{agent.rank}", "w").write("ok")
+elif mode == "raise" and agent.rank == 1:
+    raise RuntimeError("could not save the model")
+elif mode == "forever":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("mode", ["slow", "raise", "forever"])
+async def test_the_code_after_the_training_loop_gets_its_grace_and_its_failure_reaches_the_result(
+    client: Client, tmp_path: Path, mode: str
+) -> None:
+    """Code after the loop (saving the model) runs to its end within `finish_grace`; an exception there,
+    or code still running when the grace is out, makes the job not ok, with the rank named (before, a
+    rank was stopped 10 s after training finished whatever it did, and its exit code was never read)."""
+    script = tmp_path / "after_loop.py"
+    script.write_text(AFTER_LOOP)
+    grace = 2.0 if mode == "forever" else 20.0
+    job = spec(
+        tmp_path,
+        f"after-loop-{mode}",
+        script=script,
+        args=(mode, str(tmp_path)),
+        nproc=2,
+        spares=0,
+        finish_grace=grace,
+    )
+    result = await asyncio.wait_for(run_job(job, client), 90)
+    assert result.steps_completed == 5, result
+    if mode == "slow":
+        assert result.ok, result.error
+        assert sorted(p.name for p in tmp_path.glob("saved-*")) == ["saved-0", "saved-1"]
+    elif mode == "raise":
+        assert result.status is JobState.USER_ERROR and result.error, result
+        assert "rank 1 exited (exit code 1) after the training loop" in result.error, result.error
+    else:
+        assert result.status is JobState.USER_ERROR and result.error, result
+        assert "rank 0 was still running its code after the training loop" in result.error, result.error
 
 
 async def test_an_idle_spare_waits_as_long_as_the_job_runs(

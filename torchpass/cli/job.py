@@ -51,6 +51,12 @@ def register(sub: Any) -> None:
     r.add_argument("--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)")
     r.add_argument("--keep-checkpoints-after", action="store_true", help="keep them once the job finished")
     r.add_argument(
+        "--finish-grace",
+        type=float,
+        default=60.0,
+        help="seconds the ranks' code after the training loop may run once training finished",
+    )
+    r.add_argument(
         "--control-plane-wait",
         type=float,
         default=5.0,
@@ -171,6 +177,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "seed": args.seed,
         "threads": args.threads,
         "control_plane_wait": args.control_plane_wait,
+        "finish_grace": args.finish_grace,
     }
     if args.job_id:
         spec_fields["job_id"] = args.job_id
