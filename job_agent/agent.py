@@ -159,6 +159,10 @@ class RankAgent:
         step's number `step.k` and batch `step.batch` (`job_agent.loop` says how batches are drawn)."""
         return loop.steps(self, total, data)
 
+    def busy(self, what: str) -> loop.Busy:
+        """`with agent.busy("eval"):` around work only some ranks do while the others wait (not a hang)."""
+        return loop.Busy(self._send, what)
+
     # --- the step and its failure modes ------------------------------------------------------------
 
     def _begin(self, steps: int) -> None:

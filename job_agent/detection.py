@@ -89,7 +89,16 @@ class Detector:
     def hung(self, now: float) -> list[Evidence]:
         """Training ranks that are hung, each with the time it last made progress."""
         training = [m for m in self._roster.ranks(MemberState.TRAINING) if not m.fenced]
-        progress = [Progress(m.slot, m.last_heartbeat, m.collective_step, m.collective_at) for m in training]
+        progress = [
+            Progress(
+                m.slot,
+                m.last_heartbeat,
+                m.collective_step,
+                m.collective_at,
+                m.busy is not None or m.collective_step < 0,  # busy, or yet to reach its first collective
+            )
+            for m in training
+        ]
         out = []
         for hang in find_hung(progress, now, self._hang.total_seconds()):
             m = self._roster.at(hang.slot)

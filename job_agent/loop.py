@@ -89,6 +89,21 @@ class Step:
         return f"Step({self.k})"
 
 
+class Busy:
+    """`with agent.busy("eval"):` work some ranks do while the others wait for them at the next collective
+    (rank-0-only evaluation, saving, logging): the coordinator takes such a rank for late, not hung. The
+    peers' collective timeout (`--collective-timeout`) still bounds the wait."""
+
+    def __init__(self, send: Callable[[wire.Frame], None], what: str) -> None:
+        self._send, self._what = send, what[:200]
+
+    def __enter__(self) -> None:
+        self._send(wire.Busy(what=self._what, busy=True))
+
+    def __exit__(self, *exc: object) -> None:
+        self._send(wire.Busy(what=self._what, busy=False))
+
+
 class Batches:
     """The batch of each step from re-iterable `data`, positioned by the step number alone."""
 

@@ -44,6 +44,7 @@ class Member:
     last_progress: float = field(default_factory=time.monotonic)  # its last step or collective entry
     step: int = -1
     step_wall: float = 0.0
+    busy: str | None = None  # what it said it is busy with (`agent.busy`), until it says it is done
     collective_step: int = -1
     collective_at: float = 0.0
     completed: int = -1
@@ -73,6 +74,8 @@ class Member:
                 self.completed, self.frozen_at = k - 1, None
             case wire.Collective(k=k):
                 self.collective_step, self.collective_at, self.last_progress = k, now, now
+            case wire.Busy(what=what, busy=busy):
+                self.busy = what if busy else None
             case wire.Ready(completed=c):
                 self.state, self.completed = MemberState.READY, c
             case wire.Frozen(completed=c):

@@ -14,6 +14,7 @@ class Progress:
     last_heartbeat: float
     collective_step: int = -1
     collective_at: float = 0.0
+    excused: bool = False  # busy (`agent.busy`), or not yet at its first collective since it joined
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,10 @@ def find_hung(ranks: list[Progress], now: float, timeout: float) -> list[Hang]:
         return hung
     front = max(r.collective_step for r in ranks)
     waiting = [r for r in ranks if r.collective_step == front]
-    behind = [r for r in ranks if r.collective_step < front]
+    # A rank that said it is busy (rank-0-only evaluation, saving), or is still in its first step since
+    # it joined (a cold start: compilation, a spare's first step), is late, not hung: the peers'
+    # collective timeout bounds that wait.
+    behind = [r for r in ranks if r.collective_step < front and not r.excused]
     if not behind or front < 0:
         return []
     waited = now - max(r.collective_at for r in waiting)

@@ -4,7 +4,7 @@ A frame is a JSON object whose `t` names its kind. `decode` turns bytes into the
 raises `BadFrame`, whose `error()` is the typed `Error` frame to answer with: nothing outside this module
 reads a frame as a dict, and a malformed or unknown frame never reaches a handler. Who sends what:
 
-- rank or spare -> coordinator: Hello, Heartbeat, Step, Collective, Ready, Frozen, Joined, Done,
+- rank or spare -> coordinator: Hello, Heartbeat, Step, Collective, Busy, Ready, Frozen, Joined, Done,
   CheckpointSaved, UserError, DeviceError, Serving, TransferProgress, Served, Received, TransferFailed
 - coordinator -> rank or spare: Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Exit
 - operator (`torchpass inject|drain|status`) -> coordinator: Inject, Drain, StatusRequest; answered with
@@ -78,6 +78,14 @@ class Collective(_Frame):
 
     t: Literal["coll"] = "coll"
     k: NonNegativeInt
+
+
+class Busy(_Frame):
+    """The rank starts (`busy`) or ends work its peers may wait for: not a hang (`agent.busy`)."""
+
+    t: Literal["busy"] = "busy"
+    what: str = Field(max_length=200)
+    busy: bool
 
 
 class ShardLayout(_Frame):
@@ -319,6 +327,7 @@ Frame = Annotated[
     | Heartbeat
     | Step
     | Collective
+    | Busy
     | Ready
     | Frozen
     | Joined

@@ -19,6 +19,15 @@ def test_a_rank_that_never_enters_the_collective_its_peers_wait_in_is_hung() -> 
     assert "step 5" in hung[0].detail
 
 
+def test_a_rank_that_said_it_is_busy_or_is_in_its_first_step_is_late_not_hung() -> None:
+    """Rank 2 evaluates alone (`agent.busy`), or has not reached its first collective since it joined (a
+    cold start): its peers waiting long for it is no hang; silence still is."""
+    busy = [Progress(0, 10.0, 5, 6.0), Progress(1, 10.0, 5, 6.5), Progress(2, 10.0, 4, 5.0, excused=True)]
+    assert find_hung(busy, now=10.0, timeout=2.0) == []
+    stopped = [Progress(0, 10.0, 5, 6.0), Progress(2, 7.0, 4, 5.0, excused=True)]
+    assert [h.slot for h in find_hung(stopped, now=10.0, timeout=2.0)] == [2]
+
+
 def test_peers_that_only_just_started_waiting_are_not_a_hang() -> None:
     ranks = [Progress(0, 10.0, 5, 9.5), Progress(1, 10.0, 4, 9.0)]
     assert find_hung(ranks, now=10.0, timeout=2.0) == []
