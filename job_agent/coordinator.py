@@ -331,19 +331,19 @@ class Coordinator:
                 break
             await asyncio.sleep(0.005)
         code = self.launcher.poll(m.agent_id)
-        m.state = MemberState.LOST
+        warm, m.state = m.state is not MemberState.CONNECTED, MemberState.LOST
         self.changes.notify()
         if self._launching and self.state is JobState.STARTING and m.role is Role.RANK and not m.fenced:
             # Nothing to migrate yet, and most likely the script's own failure: say so now, not at the
             # start-up timeout.
             why = "unknown" if code is None else signal_name(code)
             self.fail(f"rank {m.slot} exited ({why}) before the job started training; see its output above")
-        if m.fenced or self.state is not JobState.TRAINING:
+        if m.fenced or self.state not in (JobState.STARTING, JobState.TRAINING):
             return
         if m.role is Role.SPARE:  # a spare died: refill the pool, nothing to migrate
-            self.spares.lost(m)
-            return
-        self.add_evidence(self.detector.lost(m, code, reason, observed))
+            self.spares.lost(m, warm)
+        elif self.state is JobState.TRAINING:
+            self.add_evidence(self.detector.lost(m, code, reason, observed))
 
     # --- detection -----------------------------------------------------------------------------------
 

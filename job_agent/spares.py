@@ -45,12 +45,13 @@ class SparePool(abc.ABC):
         """The incident is done: start a new spare for each of its spares that took a slot."""
 
     @abc.abstractmethod
-    def lost(self, m: Member) -> None:
-        """A spare process died: replace it."""
+    def lost(self, m: Member, warm: bool) -> None:
+        """A spare process died, once `warm` or before: replace it (the latter within a bound)."""
 
     @abc.abstractmethod
-    def failed_start(self, agent_id: str, code: int) -> None:
-        """A spare died before it ever joined: replace it, within a bound (never fatal to the job)."""
+    def failed_start(self, agent_id: str, code: int | None) -> None:
+        """A spare died before it ever joined (`code`) or became warm: replace it, within a bound (never
+        fatal to the job)."""
 
     @abc.abstractmethod
     def started(self, m: Member) -> None:
@@ -111,21 +112,25 @@ class LocalSparePool(SparePool):
             if m.role is Role.RANK:
                 self._spawn()
 
-    def lost(self, m: Member) -> None:
-        self._spawn()
+    def lost(self, m: Member, warm: bool) -> None:
+        if not warm:  # it died before it was warm: its start failed
+            self.failed_start(m.agent_id, None)
+        else:
+            self._spawn()
 
-    def failed_start(self, agent_id: str, code: int) -> None:
+    def failed_start(self, agent_id: str, code: int | None) -> None:
+        how = f"exited (code {code}) before joining" if code is not None else "exited before it was warm"
         self._failed_starts += 1
         if self._failed_starts > MAX_FAILED_STARTS:
             log.error(
-                "spare %s exited (code %d) before joining; %d spares in a row did: not starting more until "
-                "one comes up (the job goes on, a failure now falls back to a restart)",
+                "spare %s %s (its output is above); %d spares in a row did: not starting more until one "
+                "comes up (the job goes on, a failure now falls back to a restart)",
                 agent_id,
-                code,
+                how,
                 self._failed_starts,
             )
             return
-        log.warning("spare %s exited (code %d) before joining; starting another", agent_id, code)
+        log.warning("spare %s %s (its output is above); starting another", agent_id, how)
         self._spawn()
 
     def started(self, m: Member) -> None:

@@ -141,6 +141,12 @@ class FakeRank:
         if not isinstance(protocol.recv_frame(sock), wire.Welcome):
             self.end(1)  # a real rank's script dies of the refusal
             raise _Gone
+        with self._l.lock:
+            crash = s.role == "spare" and self._l.spares_crashing > 0
+            self._l.spares_crashing -= crash
+        if crash:
+            self.end(1)  # its script failed while it built the model, before it was warm
+            raise _Gone
 
     def _train(self) -> None:
         steps = self._l.steps
@@ -356,6 +362,7 @@ class FakeLauncher(Launcher):
         self.resume_offset: dict[int, int] = {}
         self.malformed: dict[tuple[int, int], bytes] = {}
         self.doomed_spares = 0
+        self.spares_crashing = 0
         self.step_seconds = 0.0
 
     def fail_at(self, slot: int, step: int) -> None:
@@ -381,6 +388,11 @@ class FakeLauncher(Launcher):
     def spares_die_at_start(self, n: int) -> None:
         """The next `n` spares launched exit (code 1) before they connect, as a crash at import would."""
         self.doomed_spares = n
+
+    def spares_crash_once_connected(self, n: int) -> None:
+        """The next `n` spares launched connect, then exit (code 1) before they are warm, as a script that
+        fails building its model (a `DistributedSampler` given the spare's rank -1) would."""
+        self.spares_crashing = n
 
     def malformed_at(self, slot: int, step: int, body: bytes) -> None:
         """The rank at `slot` sends `body` as one frame as it enters `step`."""

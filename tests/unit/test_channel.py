@@ -18,11 +18,11 @@ PEERS, FRAMES = 8, 300
 
 async def _serve_peers(
     on_frame_extra: Any = None,
-) -> tuple[dict[int, list[object]], int, list[dict[str, Any]]]:
+) -> tuple[dict[socket.socket, list[object]], int, list[dict[str, Any]]]:
     """PEERS clients each send FRAMES steps and hang up; returns what each connection's handler saw (in
     order, its close last), the loop's cross-thread wake-ups and the errors the loop was told of."""
     loop = asyncio.get_running_loop()
-    seen: dict[int, list[object]] = {}
+    seen: dict[socket.socket, list[object]] = {}
     closed = asyncio.Event()
     errors: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
@@ -40,10 +40,10 @@ async def _serve_peers(
         if on_frame_extra is not None:
             on_frame_extra(frame)
         assert isinstance(frame, wire.Step)
-        seen.setdefault(conn.fileno(), []).append(frame.k)
+        seen.setdefault(conn, []).append(frame.k)
 
     def on_close(conn: socket.socket, reason: str, ts: float) -> None:
-        seen.setdefault(conn.fileno(), []).append("closed")
+        seen.setdefault(conn, []).append("closed")
         if sum(v[-1] == "closed" for v in seen.values()) == PEERS:
             closed.set()
 

@@ -256,6 +256,22 @@ async def test_a_spare_dying_at_start_is_replaced_and_the_job_goes_on(
     assert len(dead) == 2
 
 
+async def test_spares_whose_script_fails_before_they_are_warm_stop_being_replaced(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """The real coordinator against in-process fake ranks: every spare connects, then its script fails
+    before it is warm. Each counts as a failed start: the pool stops after a bound (it respawned them
+    without end before), and the job trains on to its end."""
+    job = Job(tmp_path, allowance)
+    job.launcher.spares_crash_once_connected(100)
+    job.launcher.step_seconds = 0.1
+    async with job:
+        await job.finished()
+    _assert_finished(job, incidents=0)
+    crashed = [f for f in job.launcher.fakes.values() if f.settings.role == "spare" and f.code == 1]
+    assert len(crashed) == MAX_FAILED_STARTS + 1, len(crashed)
+
+
 async def test_spares_that_never_start_stop_being_replaced(tmp_path: Path, allowance: Counts) -> None:
     """The real coordinator against in-process fake ranks over the real protocol: when every spare dies at
     start, the pool stops starting them after a bound; the job trains on to its end all the same."""

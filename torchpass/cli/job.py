@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,14 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         print(f"torchpass: job {spec.job_id}: {spec.nodes} nodes of {args.nproc_per_node} ranks on {where}")
     else:
         print(f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)", flush=True)
+    no_spare = args.spares_per_node == 0 and args.spare_nodes == 0 if spec.nodes else spec.spares == 0
+    if no_spare and not args.remote:
+        print(
+            "torchpass: warning: no warm spare: a failure is recovered by a checkpoint restart, not live"
+            ' (it is recorded as "spare resources not available"); give --spares',
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         if spec.nodes and not args.remote:
             nodes = plan(spec.nodes, args.nproc_per_node, args.spares_per_node, args.spare_nodes, spec.host)
