@@ -25,7 +25,13 @@ class JobSpec(Model):
     nproc: int = Field(default=2, ge=1, le=1024)
     spares: int = Field(default=1, ge=0, le=64)
     state_dir: Path
-    hang_timeout: float = Field(default=2.0, gt=0, description="seconds without heartbeat or progress")
+    hang_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a rank may go without a heartbeat, or keep its peers waiting in a collective, "
+        "before it is taken for hung (10: room for uneven steps and interpreter pauses; lower it for faster "
+        "detection where steps are even)",
+    )
     collective_timeout: float = Field(
         default=60.0, gt=0, description="seconds one collective may take before it fails (gloo/NCCL)"
     )

@@ -34,7 +34,12 @@ def register(sub: Any) -> None:
         help="start no node here: print the `torchpass node` command for each host and wait for them",
     )
     r.add_argument("--job-id", default=None)
-    r.add_argument("--hang-timeout", type=float, default=2.0, help="seconds without heartbeat or progress")
+    r.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without a heartbeat, or keeping peers waiting in a collective, before a rank is hung",
+    )
     r.add_argument("--collective-timeout", type=float, default=60.0, help="seconds one collective may take")
     r.add_argument(
         "--node-timeout",
