@@ -31,17 +31,15 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from job_agent import loop, wire
+from job_agent.ddp import Wrappers, placeholder_group
+from job_agent.handover import receive, serve
 from job_agent.link import CoordinatorLink, exit_now
 from job_agent.loop import CollectiveFailure, Step, step_failure
 from job_agent.settings import AgentSettings
 from job_agent.sever import GroupSockets
 from job_agent.state import Stateful, TrackedState
 from job_agent.store import STORE_PREFIX, RendezvousStore
-from job_agent.stripes import receive_state
 from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize, pick_device, step_seed
-from job_agent.transport import StateServer, TransferError
-
-_PROGRESS_EVERY = 0.5  # seconds between a donor's progress reports while it streams
 
 
 class RecoveryTimeout(Exception):
@@ -84,6 +82,9 @@ class RankAgent:
         self._done: wire.Done | None = None
         self._group_sockets = GroupSockets()
         self._link.on_abort = lambda: self._group_sockets.abort(nccl=self.device.type == "cuda")
+        self._wrappers: Wrappers | None = None
+        self._at = -1  # the last step this rank said it reached the collective in
+        placeholder_group(self.slot, self.world_size)  # `DDP(model)` before the job's group forms
 
     @property
     def rank(self) -> int:
@@ -101,6 +102,11 @@ class RankAgent:
         """Register the state that must survive a migration (model, optimizer, scheduler, scaler...)."""
         self._tracked = TrackedState(model, optimizer, extras)
         self._grad_buckets = None
+        try:
+            self._wrappers = Wrappers(model, self._at_collective)
+        except ValueError as e:  # what will not replay: the job's result names it, not only the log
+            step_failure(-1, e, self._send)
+            raise
         # Everything alive now (torch's modules, the model) lives as long as the process: moving it out
         # of the collector's view makes the collection at each freeze take microseconds instead of
         # ~150 ms.
@@ -113,7 +119,7 @@ class RankAgent:
 
     def all_reduce_gradients(self) -> None:
         """Average gradients over the data-parallel group, in a fixed order (bitwise reproducible)."""
-        self._send(wire.Collective(k=self.completed_step + 1))
+        self._at_collective()
         for bucket in self._buckets():
             flat = torch._utils._flatten_dense_tensors([p.grad for p in bucket])
             self.all_reduce(flat)
@@ -123,6 +129,11 @@ class RankAgent:
             ):
                 assert p.grad is not None
                 p.grad.copy_(g)
+
+    def _at_collective(self) -> None:
+        if self._at != (k := self.completed_step + 1):
+            self._at = k
+            self._send(wire.Collective(k=k))
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum in place over all ranks, with a real per-collective timeout; raises CollectiveFailure."""
@@ -144,6 +155,7 @@ class RankAgent:
             failure = None
             try:
                 train_step(step)
+                self._after_step()
             except BaseException as e:
                 failure = step_failure(step, e, self._send)
                 if failure is None:
@@ -174,7 +186,14 @@ class RankAgent:
 
     def _enter_step(self, step: int) -> None:
         self._send(wire.Step(k=step))
+        self._at = -1
+        assert self._tracked is not None and self._wrappers is not None
+        self._tracked.buffers.keep()
         torch.manual_seed(step_seed(self.settings.seed, step, self.slot))
+
+    def _after_step(self) -> None:
+        assert self._wrappers is not None
+        self._wrappers.after_step()
 
     def _complete_step(self, step: int) -> None:
         self.completed_step = step
@@ -184,6 +203,9 @@ class RankAgent:
         # Outside the except block, so no traceback keeps the old group's sockets alive (which would
         # leave peers blocked until the group timeout).
         self._drop_group()
+        if in_flight is not None:  # the step is done again from where it began
+            assert self._tracked is not None
+            self._tracked.buffers.restore()
         self._frozen = True
         self._send(wire.Frozen(completed=self.completed_step, in_flight=in_flight, reason=reason[:4000]))
         self._obey_until_regrouped()
@@ -221,10 +243,14 @@ class RankAgent:
                 self._send(wire.Frozen(completed=self.completed_step, reason="freeze"))
             case wire.Assign(slot=slot):
                 self.slot = slot
-            case wire.Serve(receivers=n, timeout=timeout, transfer=tid):
-                self._serve(n, timedelta(seconds=timeout), tid)
-            case wire.Receive(sources=sources, timeout=timeout, transfer=tid):
-                self._receive(sources, timedelta(seconds=timeout), tid)
+            case wire.Serve():
+                assert self._tracked is not None
+                host, stop = self.settings.advertise_host, lambda: not self._link.inbox.empty()
+                serve(self._tracked, self._secret, host, self.completed_step, frame, self._send, stop)
+            case wire.Receive():
+                assert self._tracked is not None
+                step = receive(self._tracked, self._secret, frame, self._send)
+                self.completed_step = self.completed_step if step is None else step
             case wire.Regroup(generation=generation, world_size=world_size):
                 return self._regroup(generation, world_size)
             case wire.Exit(code=code, reason=reason):
@@ -232,68 +258,6 @@ class RankAgent:
         return False
 
     # --- recovery actions ----------------------------------------------------------------------------
-
-    def _serve(self, receivers: int, timeout: timedelta, tid: int) -> None:
-        assert self._tracked is not None
-        server = StateServer(self._secret, self.settings.advertise_host)
-        self._send(
-            wire.Serving(
-                host=self.settings.advertise_host, port=server.port, step=self.completed_step, transfer=tid
-            )
-        )
-        t0 = time.perf_counter()
-        snap = self._tracked.snapshot(self.completed_step)
-        last = [t0]
-
-        def progress(sent: int) -> None:  # what the transfer activity's heartbeats carry
-            if time.perf_counter() - last[0] >= _PROGRESS_EVERY:
-                last[0] = time.perf_counter()
-                self._send(wire.TransferProgress(bytes=sent))
-
-        try:
-            # A new command while it waits for receivers means the plan changed (a receiver was lost):
-            # stop serving this one and carry the command out.
-            digest = server.serve(
-                snap, receivers, timeout, on_progress=progress, stop=lambda: not self._link.inbox.empty()
-            )
-        except TransferError as e:
-            self._send(wire.TransferFailed(error=str(e)[:4000], transfer=tid))
-            return
-        self._send(wire.TransferProgress(bytes=server.bytes_sent))
-        self._send(
-            wire.Served(
-                digest=digest,
-                step=self.completed_step,
-                bytes=server.bytes_sent,
-                seconds=time.perf_counter() - t0,
-                stream_seconds=server.stream_seconds,
-                transfer=tid,
-            )
-        )
-
-    def _receive(self, sources: tuple[wire.Source, ...], timeout: timedelta, tid: int) -> None:
-        assert self._tracked is not None
-        try:
-            stats = receive_state(self._tracked, sources, self._secret, timeout)
-        except TransferError as e:
-            self._send(wire.TransferFailed(error=str(e)[:4000], transfer=tid))
-            return
-        self.completed_step = stats.step
-        # The proof's receiver side: what this rank holds now, hashed from its own memory, not the bytes
-        # that arrived (a load that altered anything would show here).
-        installed = self._tracked.snapshot(self.completed_step).digest()
-        self._send(
-            wire.Received(
-                stream_digest=stats.digest,
-                installed_digest=installed,
-                step=self.completed_step,
-                bytes=stats.nbytes,
-                seconds=stats.seconds,
-                transfer=tid,
-                stripes=stats.stripes,
-                dropped=stats.dropped,
-            )
-        )
 
     def _regroup(self, generation: int, world_size: int) -> bool:
         """Form generation `generation`'s group; False when it never forms (a peer was lost as it formed
@@ -312,6 +276,8 @@ class RankAgent:
                 world_size=world_size,
                 timeout=self._coll_timeout,
             )
+            if self._wrappers is not None:
+                self._wrappers.regroup(first=generation == 0)
         except (dist.DistStoreError, RuntimeError) as e:
             reason = f"generation {generation} did not form: {e}"
         else:
@@ -340,17 +306,11 @@ class RankAgent:
         gc.collect()
 
     def _maybe_checkpoint(self, step: int) -> None:
-        s = self.settings
-        if self.slot != 0 or not s.checkpoint_every or s.checkpoint_dir is None:
-            return
-        if (step + 1) % s.checkpoint_every:
-            return
-        assert self._tracked is not None
-        path = s.checkpoint_dir / f"step-{step:08d}.pt"
-        self._tracked.save_checkpoint(path, step)
-        for old in sorted(s.checkpoint_dir.glob("step-*.pt"))[: -s.keep_checkpoints]:
-            old.unlink(missing_ok=True)
-        self._send(wire.CheckpointSaved(step=step, path=str(path)))
+        s, every = self.settings, self.settings.checkpoint_every
+        if self.slot == 0 and every and s.checkpoint_dir and (step + 1) % every == 0:
+            assert self._tracked is not None
+            path = self._tracked.save_rotated(s.checkpoint_dir, step, s.keep_checkpoints)
+            self._send(wire.CheckpointSaved(step=step, path=str(path)))
 
     def _finish(self) -> None:
         assert self._tracked is not None
@@ -385,11 +345,5 @@ class RankAgent:
         if self.is_spare or self.generation < 0:  # before its Ready (model still building): the hello
             ready = [] if self._steps is None else [wire.Ready(completed=c, steps=self._steps, layout=layout)]
             return [hello, *ready]
-        then = (
-            [self._done]
-            if self._done
-            else [wire.Frozen(completed=c, reason="rejoined")]
-            if self._frozen
-            else []
-        )
+        then = [self._done] if self._done else [wire.Frozen(completed=c, reason="rejoined")] * self._frozen
         return [hello, wire.Joined(generation=self.generation, completed=c, layout=layout), *then]

@@ -300,8 +300,9 @@ class Coordinator:
                 self.checkpoints.append((step, path))
             case wire.UserError(step=step, traceback=tb):
                 self.fail(
-                    f"rank {m.slot} failed in the training script at step {step} (not a migration; "
-                    f"its traceback is above):\n{tb.rstrip()}",
+                    f"rank {m.slot} failed in the training script"
+                    f" {'before training' if step is None or step < 0 else f'at step {step}'}"
+                    f" (not a migration; its traceback is above):\n{tb.rstrip()}",
                     state=JobState.USER_ERROR,
                 )
             case wire.Hello() | wire.NodeHello() | wire.Inject() | wire.Drain() | wire.StatusRequest():

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from typing import Protocol
 
 from job_agent.detection import signal_name
 from job_agent.incident import IncidentTracker
 from job_agent.jobs import unregister_job
 from job_agent.launcher import Launcher
-from job_agent.members import Roster
+from job_agent.members import Member, Roster
 from job_agent.progress import StepTracker
 from job_agent.resume import ProgressFile
 from torchpass.job import JobResult, JobSpec, JobState, Resumed
@@ -30,12 +31,36 @@ class Ended(Protocol):
     def generation(self) -> int: ...
 
 
+def diverged(ranks: list[Member]) -> str | None:
+    """Why the replicas' final states are not one state: the ranks whose digest differs from the majority
+    of the ranks holding the same shard (a data-parallel job's ranks all hold one), from silent divergence
+    or corruption. None when every shard's replicas agree."""
+    shards: dict[str | None, list[Member]] = {}
+    for m in ranks:
+        if m.digest:
+            shards.setdefault(m.layout.shard if m.layout else None, []).append(m)
+    odd: list[int] = []
+    for replicas in shards.values():
+        majority, _ = Counter(m.digest for m in replicas).most_common(1)[0]
+        odd += [m.slot for m in replicas if m.digest != majority]
+    if not odd:
+        return None
+    return (
+        f"the replicas ended with different states: rank(s) {', '.join(map(str, sorted(odd)))} differ from"
+        " the other replicas of their shard (a step that does not replay the same on every rank, or"
+        " corruption)"
+    )
+
+
 def job_result(job: Ended) -> JobResult:
     ranks, incidents = job.roster.ranks(), job.incidents
     digests = {m.digest for m in ranks if m.digest}
+    state, error = job.state, job.error
+    if state is JobState.FINISHED and (why := diverged(ranks)):
+        state, error = JobState.FAILED, why
     return JobResult(
         job_id=job.spec.job_id,
-        status=job.state if job.state in (JobState.FINISHED, JobState.USER_ERROR) else JobState.FAILED,
+        status=state if state in (JobState.FINISHED, JobState.USER_ERROR) else JobState.FAILED,
         steps_completed=max((m.completed for m in ranks), default=-1) + 1,
         final_digest=digests.pop() if len(digests) == 1 else None,
         generation=job.generation,
@@ -44,7 +69,7 @@ def job_result(job: Ended) -> JobResult:
         reports_undelivered=incidents.undelivered,
         incidents_unfiled=sum(inc.record is not None for inc in incidents.handled.values()),
         resumed=job.resumed,
-        error=job.error,
+        error=error,
     )
 
 

@@ -65,12 +65,18 @@ class Step:
     """One step of the loop form: its number `k` and its `batch` (None without `data`). Enter it with
     `with step:`; a peer's failure inside ends the block quietly and the step comes round again."""
 
-    def __init__(self, k: int, batch: Any, send: Callable[[wire.Frame], None]) -> None:
+    def __init__(
+        self,
+        k: int,
+        batch: Any,
+        send: Callable[[wire.Frame], None],
+        after: Callable[[], None] = lambda: None,
+    ) -> None:
         self.k = k
         self.batch = batch
         self.failure: str | None = None
         self.entered = False
-        self._send = send
+        self._send, self._after = send, after
 
     def __enter__(self) -> Step:
         self.entered = True
@@ -78,7 +84,12 @@ class Step:
 
     def __exit__(self, kind: object, e: BaseException | None, tb: object) -> bool:
         if e is None:
-            return False
+            try:
+                self._after()  # the step's own end (a buffer broadcast): a peer's loss in it is the step's
+            except Exception as after:
+                e = after
+            else:
+                return False
         self.failure = step_failure(self.k, e, self._send)
         return self.failure is not None
 
@@ -162,6 +173,7 @@ class LoopAgent(Protocol):
     def _begin(self, steps: int) -> None: ...
     def _check_inbox(self) -> None: ...
     def _enter_step(self, step: int) -> None: ...
+    def _after_step(self) -> None: ...
     def _complete_step(self, step: int) -> None: ...
     def _freeze(self, in_flight: int | None, reason: str) -> None: ...
     def _finish(self) -> None: ...
@@ -176,7 +188,7 @@ def steps(agent: LoopAgent, total: int, data: Iterable[Any] | None) -> Iterator[
         agent._check_inbox()
         batch = None if batches is None else batches.at(k, agent.rank, agent.world_size)
         agent._enter_step(k)
-        step = Step(k, batch, agent._send)
+        step = Step(k, batch, agent._send, agent._after_step)
         yield step
         if not step.entered:
             raise RuntimeError(f"step {k} was not entered: write the loop's body under `with step:`")

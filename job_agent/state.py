@@ -120,6 +120,26 @@ class Snapshot:
                 return
 
 
+class StepBuffers:
+    """The model's persistent buffers as a step began (BatchNorm's running statistics and counter): a
+    forward changes them before the step's collective, so a step done again must start from these, not
+    from what the failed try left (which would count its batch twice)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        persistent = {id(t) for t in model.state_dict(keep_vars=True).values()}
+        self._buffers = [b for b in model.buffers() if id(b) in persistent]
+        self._saved = [torch.empty_like(b) for b in self._buffers]
+
+    def keep(self) -> None:
+        for saved, b in zip(self._saved, self._buffers, strict=True):
+            saved.copy_(b)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for saved, b in zip(self._saved, self._buffers, strict=True):
+                b.copy_(saved)
+
+
 class TrackedState:
     """The state a rank agent keeps consistent across migrations."""
 
@@ -132,6 +152,7 @@ class TrackedState:
         self.model = model
         self.optimizer = optimizer
         self.extras = dict(extras or {})
+        self.buffers = StepBuffers(model)
 
     def snapshot(self, step: int) -> Snapshot:
         tensors: list[tuple[str, torch.Tensor]] = []
@@ -221,6 +242,14 @@ class TrackedState:
         with os.fdopen(fd, "wb") as f:
             torch.save({"header": snap.header, "tensors": dict(snap.tensors)}, f)
         os.replace(tmp, path)
+
+    def save_rotated(self, directory: Path, step: int, keep: int) -> Path:
+        """Save step `step` in `directory`, keeping the latest `keep` checkpoints there."""
+        path = directory / f"step-{step:08d}.pt"
+        self.save_checkpoint(path, step)
+        for old in sorted(directory.glob("step-*.pt"))[:-keep]:
+            old.unlink(missing_ok=True)
+        return path
 
     def load_checkpoint(self, path: Path) -> int:
         data = torch.load(path, weights_only=True, map_location="cpu")

@@ -1,0 +1,72 @@
+"""A stock `DistributedDataParallel` script: the model wrapped as usual, a `DataLoader` over a default
+`DistributedSampler`, a cosine LR schedule, and gradient accumulation with `no_sync()`. Each rank
+seeds its own initial weights differently, as many scripts do, and relies on DDP to start every replica
+from rank 0's. The lines marked `torchpass` are all it takes; the README shows the diff against the same
+script under torchrun.
+
+Run it with `torchpass run --nproc 4 --spares 1 examples/train_ddp.py -- --steps 200`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from job_agent import RankAgent  # torchpass
+
+
+def dataset(n: int, width: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(7)  # the same data on every rank
+    x = torch.randn(n, width, generator=g)
+    return TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--accum", type=int, default=2, help="micro-batches a step (no_sync but the last)")
+    p.add_argument("--samples", type=int, default=2048)
+    p.add_argument("--bucket-mb", type=float, default=0.05)
+    args = p.parse_args()
+
+    agent = RankAgent()  # torchpass: in place of dist.init_process_group()
+    torch.manual_seed(100 + agent.rank)  # each rank its own initial weights: DDP starts them from rank 0's
+    layers: list[torch.nn.Module] = []
+    for _ in range(args.depth):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(agent.device)
+    model = DDP(model, bucket_cap_mb=args.bucket_mb)  # several buckets even for a small model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
+    loader = DataLoader(
+        dataset(args.samples, args.width),
+        batch_size=args.batch,
+        sampler=DistributedSampler(dataset(args.samples, args.width)),
+        drop_last=True,
+    )
+    agent.track(model, opt, sched=sched)  # torchpass
+
+    for step in agent.steps(args.steps, data=loader):  # torchpass: `for x, y in loader:` before
+        with step:  # torchpass: a peer lost in here -> this step is done again, same batch
+            x, y = (t.to(agent.device) for t in step.batch)
+            opt.zero_grad(set_to_none=True)
+            micro = list(zip(x.chunk(args.accum), y.chunk(args.accum), strict=True))
+            for i, (mx, my) in enumerate(micro):
+                last = i == len(micro) - 1
+                with contextlib.nullcontext() if last else model.no_sync():
+                    (F.mse_loss(model(mx), my) / len(micro)).backward()
+            opt.step()
+            sched.step()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Stock `DistributedDataParallel` under the agent: the wrapper the script built is moved onto each new
+group, with a bucket layout that is the same on every rank and in every generation.
+
+A script wraps its model as usual, `model = DDP(model, ...)`, before the job's group exists: the agent
+gives the process a placeholder group at start-up (torch's "fake" backend: the job's rank and world size,
+no communication) so the constructor runs, on a rank and on a spare alike. Once the group forms, and after
+every re-formation, each tracked wrapper is moved onto it (`DistributedDataParallel._update_process_group`)
+and:
+
+- at the job's first formation, rank 0's parameters and buffers are broadcast to the others, which is what
+  the constructor would have done on a real group (a script that leaves each rank's initial weights to
+  chance still starts in step);
+- its gradient buckets are rebuilt from the parameters' order (the layout a static graph gets) and never
+  rebuilt again. DDP would otherwise lay buckets out by the order gradients became ready in the first
+  backward after construction, so a spare's fresh wrapper would reduce with other buckets than its peers
+  (the job aborts) and a survivor's first step after a recovery would sum in another order than an
+  uninterrupted run (other bits).
+
+The wrapper also tells the agent when the rank is about to reduce (after a forward that will be followed
+by a synchronising backward): that is what tells a rank that hangs before its collective from one that
+waits in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.utils import _sync_module_states
+from torch.nn.parallel import DistributedDataParallel
+
+_BROADCAST_BUCKET = 250 * 1024 * 1024  # DDP's own broadcast bucket size
+
+
+def placeholder_group(rank: int, world_size: int) -> None:
+    """Make a default group of the job's shape that communicates nothing, unless there is one already."""
+    if dist.is_initialized():
+        return
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    dist.init_process_group("fake", rank=max(rank, 0), world_size=world_size, store=dist.HashStore())
+
+
+class Wrappers:
+    """The `DistributedDataParallel` modules in a tracked model."""
+
+    def __init__(self, model: torch.nn.Module, at_collective: Callable[[], None]) -> None:
+        self.modules = [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
+        for ddp in self.modules:
+            if not ddp.broadcast_buffers and any(True for _ in ddp.module.buffers()):
+                raise ValueError(
+                    "DistributedDataParallel(broadcast_buffers=False) keeps each rank's buffers (e.g."
+                    " BatchNorm's running statistics) its own, so the replicas differ and a spare could"
+                    " not take a lost rank's over: keep broadcast_buffers=True (the default) or use"
+                    " SyncBatchNorm"
+                )
+            ddp.register_forward_hook(self._hook(ddp, at_collective))
+
+    @staticmethod
+    def _hook(ddp: DistributedDataParallel, at_collective: Callable[[], None]) -> Callable[..., None]:
+        def after_forward(*_: object) -> None:
+            if torch.is_grad_enabled() and ddp.require_backward_grad_sync:  # not under no_sync, not eval
+                at_collective()
+
+        return after_forward
+
+    def after_step(self) -> None:
+        """Give every rank rank 0's buffers as a step ends, as DDP does before each forward: the replicas
+        are then one state at every step boundary (a spare taking over rank 0 gets rank 0's buffers)."""
+        for ddp in self.modules:
+            if ddp.will_sync_module_buffers():
+                ddp._sync_buffers()
+
+    def regroup(self, first: bool) -> None:
+        """Move every wrapper onto the default group just formed (on every rank of it at once: the
+        broadcasts are collectives). Raises RuntimeError when a peer is lost meanwhile."""
+        group = dist.group.WORLD
+        assert group is not None
+        for ddp in self.modules:
+            ddp._update_process_group(group)
+            if first:
+                _sync_module_states(
+                    module=ddp.module,
+                    process_group=group,
+                    broadcast_bucket_size=_BROADCAST_BUCKET,
+                    src=0,
+                    params_and_buffers_to_ignore=ddp.parameters_to_ignore,
+                    broadcast_buffers=True,
+                )
+            # All parameters, in their order, as the next layout; rebuilt now (it broadcasts rank 0's
+            # layout) and marked as rebuilt, so the first backward does not lay the buckets out again.
+            ddp.reducer._push_all_rebuilt_params()
+            ddp.reducer._rebuild_buckets()
+            ddp._has_rebuilt_buckets = True
