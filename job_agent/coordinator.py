@@ -19,12 +19,12 @@ from datetime import timedelta
 from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
 from job_agent.detection import Detector, signal_name
-from job_agent.ending import job_result, judge_exits, put_away
+from job_agent.ending import job_result, judge_exits, put_away, user_error
 from job_agent.incident import IncidentTracker, Reporter
 from job_agent.injection import Injector
 from job_agent.interrupt import stopped_by_signals
 from job_agent.jobs import register_job
-from job_agent.launcher import Launcher, LocalLauncher, agent_env
+from job_agent.launcher import Launcher, LocalLauncher, agent_env, command, free_port
 from job_agent.members import Member, MemberState, Roster
 from job_agent.nodes import NodeLauncher, admit_node, wait_for_nodes
 from job_agent.progress import StepTracker
@@ -63,6 +63,7 @@ class Coordinator:
         self.error: str | None = None
         self.checkpoints: list[tuple[int, str]] = []
         self._generation = -1
+        self.restarts, self._launch = 0, (0, 0)
         # A lost coordinator's multi-node job may still train: its secret and ports, to take it back.
         self._prior = prior_coordinator(spec)
         self._secret = self._prior.secret if self._prior else secrets.token_bytes(32)
@@ -71,7 +72,7 @@ class Coordinator:
         )
         self.roster = Roster()
         self.nodes = NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare) if spec.nodes else None
-        self.launcher = launcher or self.nodes or LocalLauncher(str(spec.script), spec.args)
+        self.launcher = launcher or self.nodes or LocalLauncher(*command(spec))
         self._spawned = 0
         self._done = asyncio.get_running_loop().create_future()
         self._watcher: asyncio.Task[None] | None = None
@@ -82,10 +83,8 @@ class Coordinator:
         self._server = ControlServer(
             self._secret, loop, self._on_frame, self._on_close, spec.host, control_port
         )
-        self._address, self._store_address = (
-            f"{spec.host}:{self._server.port}",
-            f"{spec.host}:{self._store.port}",
-        )
+        self._address = f"{spec.host}:{self._server.port}"
+        self._store_address = f"{spec.host}:{self._store.port}"
         self.changes = Changes()
         self._progress_file = ProgressFile(spec.job_dir)
         self.progress = StepTracker(self._progress_file.write)
@@ -207,7 +206,9 @@ class Coordinator:
     def spawn(self, role: Role, slot: int, restore: str | None = None) -> str:
         self._spawned += 1
         agent_id = f"{role.value}{slot if slot >= 0 else ''}-{self._spawned}"
-        env = agent_env(self.spec, agent_id, role.value, slot, self._address, self._store_address, restore)
+        env = agent_env(
+            self.spec, agent_id, role.value, slot, self._address, self._store_address, restore, self._launch
+        )
         self.roster.pending[agent_id] = self.launcher.spawn(agent_id, env)
         return agent_id
 
@@ -219,6 +220,8 @@ class Coordinator:
         self.launcher.kill(m.agent_id)
 
     def restart_ranks(self, restore: str | None) -> None:
+        self.restarts += self.state is JobState.TRAINING
+        self._launch = (self.restarts, 0 if self.spec.agent else free_port(self.spec.host))  # torchrun's
         for slot in range(self.world_size):
             self.spawn(Role.RANK, slot, restore=restore)
 
@@ -299,12 +302,7 @@ class Coordinator:
             case wire.CheckpointSaved(step=step, path=path):
                 self.checkpoints.append((step, path))
             case wire.UserError(step=step, traceback=tb):
-                self.fail(
-                    f"rank {m.slot} failed in the training script"
-                    f" {'before training' if step is None or step < 0 else f'at step {step}'}"
-                    f" (not a migration; its traceback is above):\n{tb.rstrip()}",
-                    state=JobState.USER_ERROR,
-                )
+                self.fail(user_error(m.slot, step, tb), state=JobState.USER_ERROR)
             case wire.Hello() | wire.NodeHello() | wire.Inject() | wire.Drain() | wire.StatusRequest():
                 why = f"a member does not send {frame.t!r}"
                 m.send(wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=why))

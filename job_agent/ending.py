@@ -26,6 +26,7 @@ class Ended(Protocol):
     incidents: IncidentTracker
     resumed: Resumed | None
     error: str | None
+    restarts: int
 
     @property
     def generation(self) -> int: ...
@@ -69,7 +70,17 @@ def job_result(job: Ended) -> JobResult:
         reports_undelivered=incidents.undelivered,
         incidents_unfiled=sum(inc.record is not None for inc in incidents.handled.values()),
         resumed=job.resumed,
+        restarts=job.restarts,
         error=error,
+    )
+
+
+def user_error(slot: int, step: int | None, tb: str) -> str:
+    """The job's error when a rank's script raised (`wire.UserError`)."""
+    where = "before training" if step is None or step < 0 else f"at step {step}"
+    return (
+        f"rank {slot} failed in the training script {where} (not a migration; its traceback is above):"
+        f"\n{tb.rstrip()}"
     )
 
 

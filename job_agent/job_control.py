@@ -13,6 +13,7 @@ from job_agent.progress import StepTracker
 from job_agent.spares import SparePool
 from job_agent.transfer import StateTransport
 from job_agent.waiting import Changes
+from torchpass.job import JobSpec, JobState
 from torchpass.models import Evidence
 from torchpass.outcome import MigrationOutcome
 
@@ -23,7 +24,9 @@ class JobControl(Protocol):
     """What the incident steps may see and do of a job (the coordinator implements it)."""
 
     job_id: str
+    spec: JobSpec
     world_size: int
+    restarts: int
     covered: bool
     startup_timeout: timedelta
     hang_timeout: timedelta
@@ -46,3 +49,4 @@ class JobControl(Protocol):
     def add_evidence(self, ev: Evidence) -> None: ...
     def on_transfer(self, donor: Member, receivers: list[Member]) -> None: ...
     def signed(self, ev: Evidence) -> bool: ...
+    def fail(self, error: str | None, state: JobState = JobState.FAILED) -> None: ...

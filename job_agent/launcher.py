@@ -29,8 +29,11 @@ def agent_env(
     coordinator: str,
     store: str,
     restore: str | None = None,
+    launch: tuple[int, int] = (0, 0),
 ) -> dict[str, str]:
-    """The TORCHPASS_* variables a rank or spare reads its `AgentSettings` from."""
+    """The TORCHPASS_* variables a rank or spare reads its `AgentSettings` from; for a job without the
+    agent, torchrun's too (`launch`: the restart count and the port its rank 0 serves the group's store
+    on)."""
     env = {
         "TORCHPASS_JOB_ID": spec.job_id,
         "TORCHPASS_AGENT_ID": agent_id,
@@ -51,7 +54,44 @@ def agent_env(
     }
     if restore:
         env["TORCHPASS_RESTORE"] = restore
+    if not spec.agent:
+        env |= torchrun_env(spec, slot, *launch)
     return env
+
+
+def torchrun_env(spec: JobSpec, rank: int, restarts: int, port: int) -> dict[str, str]:
+    """What torchrun gives each worker, for a script that forms its own group (`init_process_group()`)."""
+    n = str(spec.nproc)
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": n,
+        "LOCAL_WORLD_SIZE": n,
+        "ROLE_WORLD_SIZE": n,
+        "MASTER_ADDR": spec.host,
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": spec.job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }
+
+
+def command(spec: JobSpec) -> tuple[str, tuple[str, ...]]:
+    """The script and arguments each rank runs: the script itself, or, without the agent, the script
+    under `job_agent.unmodified` (which reports its steps and exit)."""
+    if spec.agent:
+        return str(spec.script), spec.args
+    return "-m", ("job_agent.unmodified", str(spec.script), *spec.args)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 class Launcher(abc.ABC):

@@ -143,6 +143,7 @@ class IncidentSteps:
             spares_warming=job.spares.warming(),
             generation=job.generation,
             covered=job.covered,
+            agent=job.spec.agent,
             detail=detail,
             work_seconds=_since(t0),
         )
@@ -319,6 +320,10 @@ class IncidentSteps:
         job, inc = self.job, self._incident(incident_id)
         if inc.fallback is not None:
             return inc.fallback
+        if not job.spec.agent and job.restarts >= job.spec.max_restarts:
+            why = f"the job was restarted {job.restarts} time(s), its --max-restarts: it fails"
+            job.fail(f"{reason}; {why}")
+            raise IncidentError(ErrorType.JOB_GONE, why)
         inc.past_freeze = True
         restored_step, path = job.latest_checkpoint()
         for m in job.roster.ranks():

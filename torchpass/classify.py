@@ -96,6 +96,11 @@ ROW_TITLE: dict[Category, str] = {
 
 MAX_REASON = 4000  # a reason names the kinds and domains it saw: a node with 256 reports stays readable
 NO_SPARE_REASON = "no spare available (failures due to spare resources not being available)"
+NO_AGENT_REASON = (
+    "not configured for live migration: the script runs without the torchpass agent (--no-agent), so only"
+    " a whole-job restart from its own checkpoint is possible; with the agent (docs/adopting.md) this"
+    " failure would have been a live migration"
+)
 
 
 def primary_kind(evidence: Iterable[Evidence]) -> FailureKind:
@@ -122,6 +127,7 @@ def classify_input(
         redundancy=confirm.redundancy,
         shard_of=confirm.shard_of,
         spare_available=enough and not spare_lost,
+        agent=confirm.agent,
     )
 
 
@@ -159,6 +165,8 @@ def unclassified(error: str) -> Classification:
 
 
 def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
+    if not inp.agent:
+        yield NO_AGENT_REASON
     lost = set(inp.lost_slots)
     # With no lost slot (a planned move) the leaving rank is its own donor: redundancy does not matter.
     if lost and inp.shard_of:

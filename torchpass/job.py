@@ -6,7 +6,7 @@ import secrets
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from torchpass.models import ContractRef, Model
 from torchpass.outcome import MigrationOutcome
@@ -92,6 +92,17 @@ class JobSpec(Model):
         description="seconds a node agent may go unheard (it heart-beats twice a second) before its node "
         "counts as lost, every process on it with it (a hung or cut-off host)",
     )
+    agent: bool = Field(
+        default=True,
+        description="the script runs the torchpass agent; False (`--no-agent`): an unmodified torchrun "
+        "script, run with torchrun's environment, whose failures restart the whole job",
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description="whole-job restarts a job without the agent gets before it fails (torchrun's flag)",
+    )
     stripe_donors: int = Field(
         default=3,
         ge=1,
@@ -99,6 +110,14 @@ class JobSpec(Model):
         description="replicas a rank receiving the state takes slices from at once, one per node (a node's "
         "link is what limits a stream; ranks on one host serve one at a time)",
     )
+
+    @model_validator(mode="after")
+    def _no_spares_without_agent(self) -> JobSpec:
+        if not self.agent and self.spares:
+            raise ValueError(
+                "a job without the agent (--no-agent) restarts whole: spares are of no use to it"
+            )
+        return self
 
     @field_validator("host")
     @classmethod
@@ -154,6 +173,7 @@ class JobResult(Model):
         "(their records stay in the job's local/ directory)",
     )
     resumed: Resumed | None = Field(default=None, description="the unfinished earlier run this one resumed")
+    restarts: int = Field(default=0, ge=0, description="whole-job restarts (checkpoint fallbacks) it took")
     error: str | None = None
 
     @property

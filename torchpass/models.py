@@ -140,6 +140,9 @@ class ClassifyInput(Model):
         default_factory=dict, description="slot -> the shard its rank reported holding (empty: not known)"
     )
     spare_available: bool = Field(default=True, description="enough spares ready or warming, as measured")
+    agent: bool = Field(
+        default=True, description="the job runs the torchpass agent (live migration possible)"
+    )
 
 
 class Phase(StrEnum):

@@ -46,6 +46,10 @@ class ConfirmResult(Model):
         default=None, description="warm spares free when the failure was confirmed (None: not measured)"
     )
     spares_warming: NonNegativeInt = 0
+    agent: bool = Field(
+        default=True,
+        description="the ranks run the torchpass agent (False: an unmodified script, `--no-agent`)",
+    )
     work_seconds: float = 0.0
 
 

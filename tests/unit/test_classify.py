@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchpass.classify import CATEGORY_OF, NO_SPARE_REASON, ROW_TITLE, classify, primary_kind, unclassified
+from torchpass.classify import (
+    CATEGORY_OF,
+    NO_AGENT_REASON,
+    NO_SPARE_REASON,
+    ROW_TITLE,
+    classify,
+    primary_kind,
+    unclassified,
+)
 from torchpass.models import (
     QUALIFYING_CATEGORIES,
     Category,
@@ -326,3 +334,16 @@ def test_the_primary_kind_belongs_to_the_category_unless_recovery_is_impossible(
     c = classify(inp)
     if c.category is not Category.UNABLE_TO_RECOVER:
         assert CATEGORY_OF[primary_kind(inp.evidence)] is c.category
+
+
+def test_a_failure_of_a_job_without_the_agent_is_not_configured_for_live_migration() -> None:
+    """The brief's "failures on jobs that are not configured to use TorchPass": recorded, disqualifying,
+    so such a job's restarts never count against the guarantee, nor as live migrations; the reason says
+    what would have made it live."""
+    inp = ClassifyInput(
+        evidence=(ev(K.PROCESS_EXIT),), lost_slots=(2,), world_size=4, redundancy=4, agent=False
+    )
+    c = classify(inp)
+    assert c.category is Category.UNABLE_TO_RECOVER and not c.qualifying
+    assert NO_AGENT_REASON in c.reason and "live migration" in c.reason
+    assert classify(inp.model_copy(update={"agent": True})).qualifying

@@ -74,6 +74,15 @@ def register(sub: Any) -> None:
         help="start at step 0 even if an earlier run of this --job-id did not finish (by default it resumes "
         "from that run's latest checkpoint)",
     )
+    r.add_argument(
+        "--no-agent",
+        action="store_true",
+        help="the script does not use the torchpass agent (an unmodified torchrun script): run it with "
+        "torchrun's environment; a failure restarts the whole job, the script loading its own checkpoint",
+    )
+    r.add_argument(
+        "--max-restarts", type=int, default=3, help="whole-job restarts a --no-agent job gets before it fails"
+    )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     r.add_argument("--customer", help="customer of the YOCO contract the job's incidents count toward")
@@ -184,7 +193,11 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "threads": args.threads,
         "control_plane_wait": args.control_plane_wait,
         "finish_grace": args.finish_grace,
+        "agent": not args.no_agent,
+        "max_restarts": args.max_restarts,
     }
+    if args.no_agent:
+        spec_fields["spares"] = 0  # a whole-job restart has no use for warm spares
     if args.job_id:
         spec_fields["job_id"] = args.job_id
     if args.nnodes:
@@ -210,7 +223,15 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
     else:
         print(f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)", flush=True)
     no_spare = args.spares_per_node == 0 and args.spare_nodes == 0 if spec.nodes else spec.spares == 0
-    if no_spare and not args.remote:
+    if not spec.agent:
+        print(
+            "torchpass: --no-agent: the script runs as under torchrun; a failure restarts every rank (up to"
+            f" --max-restarts {spec.max_restarts}), the script loading its own checkpoint. With the agent"
+            " (docs/adopting.md) it would be migrated live",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif no_spare and not args.remote:
         print(
             "torchpass: warning: no warm spare: a failure is recovered by a checkpoint restart, not live"
             ' (it is recorded as "spare resources not available"); give --spares',
@@ -246,6 +267,10 @@ def _summary(result: dict[str, Any]) -> str:
             f"recovered in {o['recovery_seconds'] or 0:.2f} s, {o['steps_recomputed']} steps recomputed"
             + (" (by the job itself: the control plane was away)" if o.get("handled_locally") else "")
         )
+        if o["disposition"] != "migrated":
+            lines.append(f"    {o['classification']['reason']}")
+    if result.get("restarts"):
+        lines.append(f"  {result['restarts']} whole-job restart(s)")
     if result.get("incidents_unfiled"):
         lines.append(
             f"torchpass: {result['incidents_unfiled']} incident(s) the job handled itself were never filed "

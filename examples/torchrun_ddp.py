@@ -1,0 +1,80 @@
+"""An unmodified torchrun script: it never imports torchpass. It forms its group from torchrun's
+environment, wraps its model in DDP, saves a checkpoint every few steps from rank 0 and, when started
+again, resumes from it, mid-epoch included (the pattern of the PyTorch DDP and elastic tutorials).
+
+The same file runs under torchrun and under torchpass without the agent:
+
+    torchrun --nproc-per-node 4 examples/torchrun_ddp.py --ckpt /tmp/ckpt.pt
+    torchpass run --no-agent --nproc 4 examples/torchrun_ddp.py -- --ckpt /tmp/ckpt.pt
+
+Under torchpass a failure is an incident with its workflow, recorded as "not configured for live
+migration", and the whole job restarts from the script's checkpoint (torchrun's --max-restarts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--samples", type=int, default=2048)
+    p.add_argument("--ckpt", required=True, help="checkpoint path (resumed from when it exists)")
+    p.add_argument("--ckpt-every", type=int, default=5)
+    args = p.parse_args()
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(args.width, args.width), torch.nn.GELU(), torch.nn.Linear(args.width, 1)
+    ).to(device)
+    model = DDP(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = 0
+    if os.path.exists(args.ckpt):
+        ckpt = torch.load(args.ckpt, map_location=device, weights_only=True)
+        net.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        start = ckpt["step"] + 1
+        if rank == 0:
+            print(f"resumed from {args.ckpt} at step {start}", flush=True)
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(args.samples, args.width, generator=g)
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+    sampler = DistributedSampler(data, seed=3, drop_last=True)
+    loader = DataLoader(data, batch_size=args.batch, sampler=sampler, drop_last=True)
+
+    step = start
+    while step < args.steps:
+        epoch, skip = divmod(step, len(loader))
+        sampler.set_epoch(epoch)
+        for i, (xb, yb) in enumerate(loader):
+            if i < skip:  # resuming mid-epoch: the batches before the checkpoint's step were done
+                continue
+            opt.zero_grad(set_to_none=True)
+            F.mse_loss(model(xb.to(device)), yb.to(device)).backward()
+            opt.step()
+            if rank == 0 and (step + 1) % args.ckpt_every == 0:
+                torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, args.ckpt)
+            step += 1
+            if step >= args.steps:
+                break
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

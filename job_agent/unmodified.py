@@ -1,0 +1,133 @@
+"""A training script that never imports torchpass, run as torchrun would run it (`torchpass run
+--no-agent`), with what its process can tell the coordinator without the script's help.
+
+`python job_agent/unmodified.py script.py ARGS...` is what each rank runs. The script finds torchrun's
+environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT...) and
+forms its own group with `dist.init_process_group()`. Around it, in the same process:
+
+- the rank connects to the coordinator and heart-beats (a stopped process is a hang);
+- each step it completes is read from the script's optimizer: the optimizer's own step count where it
+  keeps one (Adam, AdamW, RMSprop...: it is part of the state a checkpoint restores, so a restarted rank
+  counts from where its checkpoint left it), else one per `optimizer.step()` since the process started;
+- a checkpoint rank 0 saves with `torch.save(obj, path)` is reported with its step;
+- an error the script raises is a collective broken by a lost peer (the rank exits, a failure), or the
+  script's own bug, reported as such (the job ends as a user error instead of restarting on it).
+
+A failure of such a job can only restart the whole job (every rank, the script loading its own last
+checkpoint): its incidents are recorded as "not configured for live migration" and never counted as live.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import runpy
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from job_agent import wire
+from job_agent.link import CoordinatorLink, exit_now
+from job_agent.loop import step_failure
+from job_agent.settings import AgentSettings
+
+EXIT_FAILED = 1
+
+
+class StepCounter:
+    """The steps one rank of an unmodified script completes, measured from its first optimizer."""
+
+    def __init__(self, link: CoordinatorLink, rank: int) -> None:
+        self.completed = -1
+        self._link, self._rank = link, rank
+        self._optimizer: int | None = None
+        self._save = torch.save
+
+    def entering(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """Before the optimizer's step: the rank is in step k, k steps done (by the optimizer's count)."""
+        if self._counts(optimizer):
+            own = _optimizer_steps(optimizer)
+            self._link.send(wire.Step(k=own if own is not None else self.completed + 1))
+
+    def stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self._counts(optimizer):
+            own = _optimizer_steps(optimizer)
+            self.completed = own - 1 if own is not None else self.completed + 1
+
+    def _counts(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether this optimizer's steps are the script's: the first one to step (a GAN's second not)."""
+        if self._optimizer is None:
+            self._optimizer = id(optimizer)
+        return id(optimizer) == self._optimizer
+
+    def save(self, obj: object, f: Any, *args: Any, **kwargs: Any) -> None:
+        """`torch.save`, and rank 0's saves to a path reported as the job's checkpoints."""
+        self._save(obj, f, *args, **kwargs)
+        if self._rank == 0 and self.completed >= 0 and isinstance(f, str | os.PathLike):
+            self._link.send(wire.CheckpointSaved(step=self.completed, path=str(Path(f).resolve())[:4000]))
+
+
+def _optimizer_steps(optimizer: torch.optim.Optimizer) -> int | None:
+    """The optimizer's own count of steps taken (its state's `step`), where it keeps one."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor | int | float):
+                return int(step)
+    return None
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit("usage: unmodified.py SCRIPT [ARGS...]")
+    s = AgentSettings.model_validate({})
+    hello = wire.Hello(agent_id=s.agent_id, role=wire.Role(s.role), slot=s.slot, pid=os.getpid())
+    link = CoordinatorLink(
+        *s.coordinator_addr, s.read_secret(), hello, timedelta(seconds=s.heartbeat_interval)
+    )
+    counter = StepCounter(link, s.slot)
+    register_optimizer_step_pre_hook(counter.entering)
+    register_optimizer_step_post_hook(counter.stepped)
+    torch.save = counter.save
+    link.send(wire.Ready(completed=-1, steps=0))
+    _await_group(link)
+    sys.argv = [argv[0], *argv[1:]]
+    sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as `python script.py` would
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+    except Exception as e:
+        if step_failure(counter.completed + 1, e, link.send) is None:  # the script's own bug: reported
+            raise
+        traceback.print_exception(e)
+        exit_now(EXIT_FAILED, f"rank {s.slot}: a collective failed (a peer was lost); the job restarts")
+    link.send(wire.Done(step=counter.completed, digest=""))
+    while not isinstance(link.inbox.get(timeout=s.recovery_timeout), wire.Exit):
+        pass
+    link.close()
+
+
+def _await_group(link: CoordinatorLink) -> None:
+    """Wait for the coordinator to start the job: the script forms its own group; say it joined."""
+    while True:
+        try:
+            frame = link.inbox.get(timeout=300)
+        except queue.Empty:
+            exit_now(EXIT_FAILED, "the coordinator never started the job")
+        match frame:
+            case wire.Regroup(generation=generation):
+                link.send(wire.Joined(generation=generation, completed=-1))
+                return
+            case wire.Exit(code=code, reason=reason):
+                exit_now(code, reason)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,50 @@
+"""An unmodified torchrun script (`examples/torchrun_ddp.py`, no torchpass import) under `torchpass run
+--no-agent`: torchrun's environment, a real rank SIGKILLed, the failure an incident with its workflow,
+classified "not configured for live migration" (disqualifying: never counted, live or not), and the whole
+job restarted from the script's own checkpoint, the restart count and the steps recomputed (measured from
+the optimizer's own step count) in the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from tests.integration.conftest import ROOT, run_with, spec
+from torchpass.classify import NO_AGENT_REASON
+from torchpass.models import Category, Disposition
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = ROOT / "examples" / "torchrun_ddp.py"
+
+
+async def test_a_kill_restarts_the_whole_job_from_the_scripts_checkpoint_and_is_recorded(
+    client: Client, tmp_path: Path
+) -> None:
+    args = ("--steps", "40", "--width", "64", "--ckpt", str(tmp_path / "ckpt.pt"), "--ckpt-every", "5")
+    job = spec(tmp_path, "unmodified-kill", spares=0, script=SCRIPT, args=args, agent=False)
+    result = await run_with(client, job, [("kill", 2, 17)])
+    assert result.ok, result.error
+    assert result.steps_completed == 40 and result.restarts == 1
+    [o] = result.incidents
+    assert o.disposition is Disposition.FALLBACK_RESTART and not o.success
+    assert o.classification.category is Category.UNABLE_TO_RECOVER and not o.classification.qualifying
+    assert NO_AGENT_REASON in o.classification.reason
+    assert o.fallback is not None and o.fallback.restored_step in (14, 19)  # the script's last save
+    # The kill lands as rank 2 enters step 17 (so the job had completed 16, perhaps 17): the steps from
+    # the checkpoint's up to there ran twice, as the restarted ranks' optimizers counted them.
+    fb = o.fallback
+    assert fb.failed_at_step in (16, 17) and o.steps_recomputed == fb.failed_at_step - fb.restored_step, o
+
+
+async def test_max_restarts_bounds_the_restarts(client: Client, tmp_path: Path) -> None:
+    """With --max-restarts 0 the first failure ends the job, recorded, instead of restarting it."""
+    args = ("--steps", "40", "--width", "64", "--ckpt", str(tmp_path / "ckpt.pt"))
+    job = spec(
+        tmp_path, "unmodified-bounded", spares=0, script=SCRIPT, args=args, agent=False, max_restarts=0
+    )
+    result = await run_with(client, job, [("kill", 1, 8)])
+    assert not result.ok and result.restarts == 0
+    assert result.error and "--max-restarts" in result.error
