@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from job_agent import loop, wire
-from job_agent.ddp import Wrappers, placeholder_group
+from job_agent.ddp import NotReplicas, Wrappers, check_same_start, placeholder_group
 from job_agent.handover import receive, serve
 from job_agent.link import CoordinatorLink, exit_now
 from job_agent.loop import CollectiveFailure, Step, step_failure
@@ -278,6 +278,8 @@ class RankAgent:
             )
             if self._wrappers is not None:
                 self._wrappers.regroup(first=generation == 0)
+            if generation == 0 and self._wrappers is not None and not self._wrappers.modules:
+                self._same_start()
         except (dist.DistStoreError, RuntimeError) as e:
             reason = f"generation {generation} did not form: {e}"
         else:
@@ -295,6 +297,15 @@ class RankAgent:
         layout = self._tracked.layout()
         self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
         return True
+
+    def _same_start(self) -> None:
+        assert self._tracked is not None
+        try:
+            model = TrackedState(self._tracked.model)  # the model alone: an extra may be the rank's own
+            check_same_start(self._tracked.layout().shard, model.snapshot(-1).digest())
+        except NotReplicas as e:  # the script's setup, named in the job's result
+            step_failure(-1, e, self._send)
+            raise
 
     def _drop_group(self) -> None:
         if not dist.is_initialized():

@@ -42,6 +42,26 @@ def placeholder_group(rank: int, world_size: int) -> None:
     dist.init_process_group("fake", rank=max(rank, 0), world_size=world_size, store=dist.HashStore())
 
 
+class NotReplicas(ValueError):
+    """Ranks meant to be replicas started from different states: the run could not be replayed."""
+
+
+def check_same_start(shard: str, digest: str) -> None:
+    """Compare this rank's initial state with its replicas' (ranks holding the same shard), as the job's
+    group first forms. A script that leaves each rank's initial weights to chance trains replicas that
+    were never one state: no spare could stand in for one of them, and the run never replays."""
+    mine = (shard, digest)
+    every: list[tuple[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    odd = [r for r, other in enumerate(every) if other and other[0] == shard and other[1] != digest]
+    if odd:
+        raise NotReplicas(
+            f"rank {dist.get_rank()} started from another state than rank(s) {odd}, which hold the same"
+            " shard: seed the model the same on every rank before building it (or wrap it in DDP, which"
+            " starts every rank from rank 0's weights)"
+        )
+
+
 class Wrappers:
     """The `DistributedDataParallel` modules in a tracked model."""
 

@@ -1,0 +1,31 @@
+"""Replicas that never were one state: a script whose ranks build their model from different seeds (and
+reduce gradients with the agent, not DDP, so nothing starts them from rank 0's weights) is refused as the
+job's group first forms, with the fix named in the job's result; seeded alike, the same script runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from tests.integration.conftest import ROOT, run_with, spec
+from torchpass.job import JobState
+
+pytestmark = pytest.mark.integration
+
+UNSEEDED = ROOT / "tests" / "integration" / "unseeded.py"
+
+
+async def test_ranks_starting_from_different_weights_are_refused(client: Client, tmp_path: Path) -> None:
+    job = spec(tmp_path / "a", "unseeded", spares=0, script=UNSEEDED, args=())
+    result = await run_with(client, job, timeout=90)
+    assert result.status is JobState.USER_ERROR and result.error, result.error
+    assert "started from another state" in result.error and "seed the model" in result.error
+    assert not result.incidents
+
+
+async def test_ranks_seeded_alike_start_as_replicas(client: Client, tmp_path: Path) -> None:
+    job = spec(tmp_path / "b", "seeded", spares=0, script=UNSEEDED, args=("--seeded",))
+    result = await run_with(client, job, timeout=90)
+    assert result.ok and result.final_digest, result.error

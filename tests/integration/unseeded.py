@@ -1,0 +1,30 @@
+"""A data-parallel script that builds its model before seeding it the same on every rank (pass
+`--seeded` for the fix): each rank starts from its own weights."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from job_agent import RankAgent
+
+
+def main() -> None:
+    agent = RankAgent()
+    torch.manual_seed(0 if "--seeded" in sys.argv else 1000 + agent.rank)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    agent.track(model, opt)
+    for step in agent.steps(5):
+        with step:
+            x = torch.randn(8, 16)
+            opt.zero_grad()
+            F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            agent.all_reduce_gradients()
+            opt.step()
+
+
+if __name__ == "__main__":
+    main()
