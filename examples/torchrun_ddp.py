@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,19 +29,22 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--width", type=int, default=128)
+    p.add_argument("--depth", type=int, default=1, help="hidden Linear(width, width) layers")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--ckpt", required=True, help="checkpoint path (resumed from when it exists)")
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
     args = p.parse_args()
 
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank()
     device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(args.width, args.width), torch.nn.GELU(), torch.nn.Linear(args.width, 1)
-    ).to(device)
+    layers: list[torch.nn.Module] = []
+    for _ in range(args.depth):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
+    net = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(device)
     model = DDP(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     start = 0
@@ -65,15 +69,23 @@ def main() -> None:
         for i, (xb, yb) in enumerate(loader):
             if i < skip:  # resuming mid-epoch: the batches before the checkpoint's step were done
                 continue
+            _log(args.step_log, rank, step, "begin")
             opt.zero_grad(set_to_none=True)
             F.mse_loss(model(xb.to(device)), yb.to(device)).backward()
             opt.step()
             if rank == 0 and (step + 1) % args.ckpt_every == 0:
                 torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, args.ckpt)
+            _log(args.step_log, rank, step, "end")
             step += 1
             if step >= args.steps:
                 break
     dist.destroy_process_group()
+
+
+def _log(path: str | None, rank: int, step: int, event: str) -> None:
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{rank} {step} {os.getpid()} {time.time():.6f} {event}\n")
 
 
 if __name__ == "__main__":
