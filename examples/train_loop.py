@@ -29,6 +29,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--samples", type=int, default=1024)
+    p.add_argument("--stop-at", type=int, default=-1, help="stop early after this step (a `break`)")
     args = p.parse_args()
 
     agent = RankAgent()  # torchpass
@@ -55,6 +56,8 @@ def main() -> None:
             agent.all_reduce_gradients()  # torchpass
             opt.step()
             sched.step()
+        if step.k == args.stop_at:  # early stopping: every rank breaks at the same step
+            break
 
 
 if __name__ == "__main__":

@@ -189,7 +189,13 @@ def steps(agent: LoopAgent, total: int, data: Iterable[Any] | None) -> Iterator[
         batch = None if batches is None else batches.at(k, agent.rank, agent.world_size)
         agent._enter_step(k)
         step = Step(k, batch, agent._send, agent._after_step)
-        yield step
+        try:
+            yield step
+        except GeneratorExit:  # `break`: the job ends here, after this step (every rank must break at it)
+            if step.entered and step.failure is None:
+                agent._complete_step(k)
+            agent._finish()
+            raise
         if not step.entered:
             raise RuntimeError(f"step {k} was not entered: write the loop's body under `with step:`")
         if step.failure is not None:

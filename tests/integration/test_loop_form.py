@@ -47,3 +47,13 @@ async def test_a_different_data_order_is_not_bitwise_equal(
     job = spec(tmp_path, "loop-other", spares=0, script=LOOP, args=(*ARGS, "--samples", "1040"))
     result = await run_with(client, job)
     assert result.ok and result.final_digest != loop_reference.final_digest
+
+
+async def test_a_break_ends_the_job_after_that_step(client: Client, tmp_path: Path) -> None:
+    """Early stopping: a `break` after step 30 finishes the job there, in the state of a run of 31 steps."""
+    short = (*ARGS[2:], "--steps", "31")
+    stopped = spec(tmp_path / "a", "loop-break", spares=0, script=LOOP, args=(*ARGS, "--stop-at", "30"))
+    result = await run_with(client, stopped)
+    assert result.ok and result.steps_completed == 31, result.error
+    plain = await run_with(client, spec(tmp_path / "b", "loop-31", spares=0, script=LOOP, args=short))
+    assert plain.ok and result.final_digest == plain.final_digest
