@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
     torch.save = counter.save
     link.send(wire.Ready(completed=-1, steps=0))
     _await_group(link)
-    sys.argv = [argv[0], *argv[1:]]
+    sys.argv = list(argv)
     sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as `python script.py` would
     try:
         runpy.run_path(argv[0], run_name="__main__")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.jobs import request, wait_until_ready
+from job_agent.launcher import free_port
 from torchpass.contract_models import DEVELOPMENT_BANNER, Standing
 from torchpass.dev.hosts import Fabric, fabric
 from torchpass.dev.server import start_dev_server
@@ -49,12 +49,6 @@ NODE_LOSS = ("node0", 160)  # the node holding ranks 0 and 1, lost whole at this
 FAILURES = len(INJECT) + 1
 CONTRACT = ContractRef(customer_id="demo-customer", contract_id="demo-contract")
 JOB = "demo-migrate"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spec(
@@ -174,7 +168,7 @@ async def _standing(client: Client) -> Standing:
 
 async def main() -> int:
     keep = "--keep" in sys.argv[1:]
-    ui_port = _free_port()
+    ui_port = free_port("127.0.0.1")
     env = await start_dev_server(ui_port)
     ui = f"http://127.0.0.1:{ui_port}"
     address = env.client.service_client.config.target_host
