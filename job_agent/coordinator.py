@@ -71,7 +71,9 @@ class Coordinator:
             (self._prior.control_port, self._prior.store_port) if self._prior else (0, 0)
         )
         self.roster = Roster()
-        self.nodes = NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare) if spec.nodes else None
+        self.nodes = (
+            NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare, spec.job_dir) if spec.nodes else None
+        )
         self.launcher = launcher or self.nodes or LocalLauncher(*command(spec))
         self._spawned = 0
         self._done = asyncio.get_running_loop().create_future()

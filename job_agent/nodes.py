@@ -15,7 +15,9 @@ whose connection closed has lost them all: each counts as killed.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import socket
 import threading
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 from job_agent import wire
 from job_agent.channel import cut, send
@@ -35,6 +38,7 @@ from torchpass.errors import ErrorType
 from torchpass.job import JobSpec
 
 _KILLED = -int(signal.SIGKILL)
+MAX_ROLL = 4096  # node names read back from a lost coordinator's roll
 log = logging.getLogger("torchpass.coordinator")
 
 
@@ -57,8 +61,12 @@ class NodeLauncher(Launcher):
     """Processes on the job's node agents. Touched on the coordinator's loop, and by `shutdown` from a
     thread: a lock keeps the two apart."""
 
-    def __init__(self, job_id: str, expected: int, is_spare: Callable[[str], bool]) -> None:
+    def __init__(
+        self, job_id: str, expected: int, is_spare: Callable[[str], bool], job_dir: Path | None = None
+    ) -> None:
         self.job_id = job_id
+        # The names of the nodes that joined, spare nodes included: a restarted coordinator waits for them.
+        self._roll = job_dir / "nodes.json" if job_dir is not None else None
         self.expected = expected
         self._is_spare = is_spare  # a spare given a slot is a rank now: its node is a spare short
         self.nodes: dict[str, Node] = {}
@@ -89,7 +97,27 @@ class NodeLauncher(Launcher):
             node = Node(hello.node, hello.host, hello.slots, hello.spares, first, conn)
             self.nodes[node.name] = node
             self._by_conn[conn] = node
+            self._write_roll()
             return None
+
+    def _write_roll(self) -> None:
+        if self._roll is None:
+            return
+        tmp = self._roll.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self.nodes)))
+        os.replace(tmp, self._roll)
+
+    def roll(self) -> set[str]:
+        """The nodes a lost coordinator of this job had (empty when it left no readable roll)."""
+        if self._roll is None:
+            return set()
+        try:
+            names = json.loads(self._roll.read_text())
+        except (OSError, ValueError):
+            return set()
+        if not isinstance(names, list):
+            return set()
+        return {n for n in names[:MAX_ROLL] if isinstance(n, str)}
 
     def _rejoin(self, conn: socket.socket, hello: wire.NodeHello) -> str | None:
         """A node back to a restarted coordinator, with what it runs (`job_agent.takeback`). Refused by a

@@ -95,6 +95,12 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
     """Wait for the job's nodes and processes to rejoin; the losses to report once the job trains again
     (slots whose rank ended or never came back), or None when no node rejoined."""
     nodes.rejoining = True
+    known = nodes.roll()  # spare nodes too: closing the door on one would fence its warm spares
+
+    def every_node() -> bool:
+        back = nodes.joined()
+        return sum(1 for n in back if n.slots) >= nodes.expected and known <= {n.name for n in back}
+
     try:
         try:
             await c.changes.wait_for(lambda: bool(nodes.joined()), FIRST_NODE_WAIT, "a node to rejoin")
@@ -102,9 +108,7 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
             return None
         with contextlib.suppress(TimeoutError):
             await c.changes.wait_for(
-                lambda: sum(1 for n in nodes.joined() if n.slots) >= nodes.expected,
-                timedelta(seconds=c.spec.node_timeout),
-                "every node to rejoin",
+                every_node, timedelta(seconds=c.spec.node_timeout), "every node to rejoin"
             )
     finally:
         nodes.rejoining = False
