@@ -32,12 +32,13 @@ import torch.distributed.distributed_c10d as c10d
 
 from job_agent import loop, wire
 from job_agent.ddp import NotReplicas, Wrappers, check_same_start, placeholder_group
+from job_agent.fsdp import Sharded
 from job_agent.handover import receive, serve
 from job_agent.link import CoordinatorLink, exit_now
 from job_agent.loop import CollectiveFailure, Step, step_failure
 from job_agent.settings import AgentSettings
 from job_agent.sever import GroupSockets
-from job_agent.state import Stateful, TrackedState
+from job_agent.state import Stateful, TrackedState, shard_file
 from job_agent.store import STORE_PREFIX, RendezvousStore
 from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize, pick_device, step_seed
 
@@ -83,6 +84,7 @@ class RankAgent:
         self._group_sockets = GroupSockets()
         self._link.on_abort = lambda: self._group_sockets.abort(nccl=self.device.type == "cuda")
         self._wrappers: Wrappers | None = None
+        self._sharded: Sharded | None = None
         self._at = -1  # the last step this rank said it reached the collective in
         placeholder_group(self.slot, self.world_size)  # `DDP(model)` before the job's group forms
 
@@ -104,6 +106,7 @@ class RankAgent:
         self._grad_buckets = None
         try:
             self._wrappers = Wrappers(model, self._at_collective)
+            self._sharded = Sharded(model, self._at_collective)
         except ValueError as e:  # what will not replay: the job's result names it, not only the log
             step_failure(-1, e, self._send)
             raise
@@ -114,8 +117,12 @@ class RankAgent:
         gc.freeze()
         if self.is_spare:
             self._tracked.warm()  # touch the memory now, receive into it in place later
-        elif self.settings.restore is not None:
-            self.completed_step = self._tracked.load_checkpoint(self.settings.restore)
+        elif self.settings.restore is not None:  # a sharded job's ranks each restore their own shard
+            sharded = bool(self._sharded.modules)
+            if sharded:  # its optimizer's state made now, as the DTensors the checkpoint's shards go into
+                self._tracked.warm()
+            restore = shard_file(self.settings.restore, self.slot * sharded)
+            self.completed_step = self._tracked.load_checkpoint(restore)
 
     def all_reduce_gradients(self) -> None:
         """Average gradients over the data-parallel group, in a fixed order (bitwise reproducible)."""
@@ -204,8 +211,9 @@ class RankAgent:
         # leave peers blocked until the group timeout).
         self._drop_group()
         if in_flight is not None:  # the step is done again from where it began
-            assert self._tracked is not None
+            assert self._tracked is not None and self._sharded is not None
             self._tracked.buffers.restore()
+            self._sharded.reset()
         self._frozen = True
         self._send(wire.Frozen(completed=self.completed_step, in_flight=in_flight, reason=reason[:4000]))
         self._obey_until_regrouped()
@@ -276,6 +284,8 @@ class RankAgent:
                 world_size=world_size,
                 timeout=self._coll_timeout,
             )
+            if self._sharded is not None:
+                self._sharded.regroup()
             if self._wrappers is not None:
                 self._wrappers.regroup(first=generation == 0)
             if generation == 0 and self._wrappers is not None and not self._wrappers.modules:
@@ -318,9 +328,10 @@ class RankAgent:
 
     def _maybe_checkpoint(self, step: int) -> None:
         s, every = self.settings, self.settings.checkpoint_every
-        if self.slot == 0 and every and s.checkpoint_dir and (step + 1) % every == 0:
+        sharded = self._sharded is not None and bool(self._sharded.modules)  # each rank saves its shard
+        if (self.slot == 0 or sharded) and every and s.checkpoint_dir and (step + 1) % every == 0:
             assert self._tracked is not None
-            path = self._tracked.save_rotated(s.checkpoint_dir, step, s.keep_checkpoints)
+            path = self._tracked.save_rotated(s.checkpoint_dir, step, s.keep_checkpoints, self.slot)
             self._send(wire.CheckpointSaved(step=step, path=str(path)))
 
     def _finish(self) -> None:

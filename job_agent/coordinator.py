@@ -28,7 +28,7 @@ from job_agent.launcher import Launcher, LocalLauncher, agent_env, command, free
 from job_agent.members import Member, MemberState, Roster
 from job_agent.nodes import NodeLauncher, admit_node, wait_for_nodes
 from job_agent.progress import StepTracker
-from job_agent.resume import ProgressFile
+from job_agent.resume import Checkpoints, ProgressFile
 from job_agent.spares import LocalSparePool, SparePool
 from job_agent.store import STORE_PREFIX, StoreServer
 from job_agent.takeback import prior_coordinator, take_back
@@ -61,7 +61,7 @@ class Coordinator:
         self.state = JobState.STARTING
         self._launching = False
         self.error: str | None = None
-        self.checkpoints: list[tuple[int, str]] = []
+        self.checkpoints = Checkpoints()
         self._generation = -1
         self.restarts, self._launch = 0, (0, 0)
         # A lost coordinator's multi-node job may still train: its secret and ports, to take it back.
@@ -302,7 +302,8 @@ class Coordinator:
                 if self.roster.finished(self.world_size):
                     self.fail(None, JobState.FINISHED)
             case wire.CheckpointSaved(step=step, path=path):
-                self.checkpoints.append((step, path))
+                sharded = m.layout is not None and m.layout.parallelism == "sharded"
+                self.checkpoints.saved(m.slot, step, path, sharded, self.world_size)
             case wire.UserError(step=step, traceback=tb):
                 self.fail(user_error(m.slot, step, tb), state=JobState.USER_ERROR)
             case wire.Hello() | wire.NodeHello() | wire.Inject() | wire.Drain() | wire.StatusRequest():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections import Counter
 from typing import Protocol
@@ -53,9 +54,23 @@ def diverged(ranks: list[Member]) -> str | None:
     )
 
 
+def final_digest(ranks: list[Member]) -> str | None:
+    """The job's final state as one digest: the ranks' own when they all hold one state (data parallel);
+    for a sharded job, one over each shard's digest in the order of the first slot holding it. None when
+    some shard's replicas disagree or some rank reported none."""
+    shards: dict[str | None, set[str]] = {}
+    for m in sorted(ranks, key=lambda m: m.slot):
+        shards.setdefault(m.layout.shard if m.layout else None, set()).add(m.digest or "")
+    if any(len(d) != 1 or "" in d for d in shards.values()):
+        return None
+    digests = [d.pop() for d in shards.values()]
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
+
+
 def job_result(job: Ended) -> JobResult:
     ranks, incidents = job.roster.ranks(), job.incidents
-    digests = {m.digest for m in ranks if m.digest}
     state, error = job.state, job.error
     if state is JobState.FINISHED and (why := diverged(ranks)):
         state, error = JobState.FAILED, why
@@ -63,7 +78,7 @@ def job_result(job: Ended) -> JobResult:
         job_id=job.spec.job_id,
         status=state if state in (JobState.FINISHED, JobState.USER_ERROR) else JobState.FAILED,
         steps_completed=max((m.completed for m in ranks), default=-1) + 1,
-        final_digest=digests.pop() if len(digests) == 1 else None,
+        final_digest=final_digest(ranks),
         generation=job.generation,
         steps_recomputed=len(job.progress.recomputed),
         incidents=tuple(incidents.outcomes),

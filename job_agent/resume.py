@@ -47,6 +47,9 @@ class ProgressFile:
         self._path.unlink(missing_ok=True)
 
 
+MAX_PENDING_SHARDS = 16
+
+
 def latest_checkpoint(job_dir: Path) -> tuple[int, Path] | None:
     """The job's latest fallback checkpoint and its step (from its name, `step-<step>.pt`)."""
     found = []
@@ -103,3 +106,29 @@ def start_fresh(job_dir: Path) -> None:
     for name in (PROGRESS, "result.json"):
         with contextlib.suppress(FileNotFoundError):
             (job_dir / name).unlink()
+
+
+class Checkpoints(list[tuple[int, str]]):
+    """The job's complete fallback checkpoints, oldest first, as (step, rank 0's file). A data-parallel
+    job's is rank 0's file alone; a sharded job's is complete once every rank said it saved its shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._shards: dict[int, tuple[set[int], str | None]] = {}
+
+    def saved(self, slot: int, step: int, path: str, sharded: bool, world_size: int) -> None:
+        if not sharded:
+            if slot == 0:
+                self.append((step, path))
+            return
+        if self and step <= self[-1][0]:
+            return
+        slots, first = self._shards.setdefault(step, (set(), None))
+        slots.add(slot)
+        first = path if slot == 0 else first
+        self._shards[step] = (slots, first)
+        if len(slots) >= world_size and first is not None:
+            self.append((step, first))
+            self._shards = {k: v for k, v in self._shards.items() if k > step}
+        while len(self._shards) > MAX_PENDING_SHARDS:  # ranks that never all save: forget the oldest
+            del self._shards[min(self._shards)]

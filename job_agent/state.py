@@ -34,18 +34,27 @@ class StateMismatch(Exception):
     """The donor's state does not fit the receiver's model (different architecture or optimizer)."""
 
 
-def _flatten(obj: Any, path: str, out: list[tuple[str, torch.Tensor]]) -> Any:
-    """Replace every tensor by a placeholder, collecting (path, tensor) in a stable order."""
+def _dtensor_type() -> Any:
+    # No DTensor can exist unless the script imported its module (importing it here costs ~1 s).
+    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+
+
+def _flatten(obj: Any, path: str, out: list[tuple[str, torch.Tensor]], sharded: dict[str, Any]) -> Any:
+    """Replace every tensor by a placeholder, collecting (path, tensor) in a stable order. A DTensor (an
+    FSDP shard) is collected as its local tensor, the part this rank holds, and kept in `sharded`."""
     if isinstance(obj, torch.Tensor):
+        if (dtensor := _dtensor_type()) is not None and isinstance(obj, dtensor):
+            sharded[path] = obj
+            obj = obj._local_tensor.detach()  # the same memory: received into in place
         out.append((path, obj))
         return {_TENSOR: path}
     if isinstance(obj, Mapping):
         if all(isinstance(k, str) for k in obj):
-            return {k: _flatten(v, f"{path}.{k}", out) for k, v in obj.items()}
+            return {k: _flatten(v, f"{path}.{k}", out, sharded) for k, v in obj.items()}
         # Optimizer state is keyed by parameter index: keep the keys' types through JSON.
-        return {_MAP: [[k, _flatten(v, f"{path}.{k}", out)] for k, v in obj.items()]}
+        return {_MAP: [[k, _flatten(v, f"{path}.{k}", out, sharded)] for k, v in obj.items()]}
     if isinstance(obj, list | tuple):
-        return [_flatten(v, f"{path}.{i}", out) for i, v in enumerate(obj)]
+        return [_flatten(v, f"{path}.{i}", out, sharded) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     raise TypeError(f"cannot transfer {type(obj).__name__} at {path}: use tensors, numbers, strings")
@@ -153,18 +162,38 @@ class TrackedState:
         self.optimizer = optimizer
         self.extras = dict(extras or {})
         self.buffers = StepBuffers(model)
+        self._sharded: dict[str, Any] = {}  # path -> this rank's DTensor there, as of the last snapshot
 
     def snapshot(self, step: int) -> Snapshot:
         tensors: list[tuple[str, torch.Tensor]] = []
+        sharded = self._sharded = {}
         header = {
             "step": step,
-            "model": _flatten(self.model.state_dict(), "model", tensors),
-            "optimizer": _flatten(self.optimizer.state_dict(), "optimizer", tensors)
+            "model": _flatten(self.model.state_dict(), "model", tensors, sharded),
+            "optimizer": _flatten(self.optimizer.state_dict(), "optimizer", tensors, sharded)
             if self.optimizer is not None
             else None,
-            "extras": {k: _flatten(v.state_dict(), f"extras.{k}", tensors) for k, v in self.extras.items()},
+            "extras": {
+                k: _flatten(v.state_dict(), f"extras.{k}", tensors, sharded) for k, v in self.extras.items()
+            },
         }
         return Snapshot(header, tensors)
+
+    def _as_held(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Received or restored local tensors, each made the DTensor this rank's own state has there."""
+        self.snapshot(-1)  # fills self._sharded
+        out = dict(tensors)
+        for path, own in self._sharded.items():
+            if path in out:
+                out[path] = type(own).from_local(
+                    out[path],
+                    own.device_mesh,
+                    own.placements,
+                    run_check=False,
+                    shape=own.shape,
+                    stride=own.stride(),
+                )
+        return out
 
     def receive_targets(self, manifest: Sequence[TensorEntry]) -> list[torch.Tensor]:
         """Tensors to receive into, in manifest order: our own where they match, new ones otherwise."""
@@ -186,8 +215,7 @@ class TrackedState:
         """Which shard of the model this rank holds, from its own parameters: the names, dtypes and shapes
         of every entry of the model's state, and for a DTensor its placements and this rank's coordinate
         on the sharded mesh dimensions. Ranks that hold the same shard are replicas of each other."""
-        # No DTensor can exist unless the script imported its module (importing it here costs ~1 s).
-        dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        dtensor = _dtensor_type()
         entries: list[list[Any]] = []
         sharded = False
         for name, t in self.model.state_dict().items():
@@ -205,6 +233,7 @@ class TrackedState:
 
     def load(self, header: dict[str, Any], tensors: Mapping[str, torch.Tensor]) -> int:
         """Install a received or restored state; returns its step."""
+        tensors = self._as_held(tensors)
         try:
             self.model.load_state_dict(_unflatten(header["model"], tensors))
             if self.optimizer is not None and header["optimizer"] is not None:
@@ -243,14 +272,26 @@ class TrackedState:
             torch.save({"header": snap.header, "tensors": dict(snap.tensors)}, f)
         os.replace(tmp, path)
 
-    def save_rotated(self, directory: Path, step: int, keep: int) -> Path:
-        """Save step `step` in `directory`, keeping the latest `keep` checkpoints there."""
-        path = directory / f"step-{step:08d}.pt"
+    def save_rotated(self, directory: Path, step: int, keep: int, slot: int = 0) -> Path:
+        """Save step `step` in `directory`, keeping the latest `keep` checkpoints there. A sharded job's
+        ranks each save their own shard, beside rank 0's file (`shard_file`)."""
+        path = shard_file(directory / f"step-{step:08d}.pt", slot)
         self.save_checkpoint(path, step)
-        for old in sorted(directory.glob("step-*.pt"))[:-keep]:
+        mine = sorted(p for p in directory.glob("step-*.pt") if _slot_of(p) == slot)
+        for old in mine[:-keep]:
             old.unlink(missing_ok=True)
         return path
 
     def load_checkpoint(self, path: Path) -> int:
         data = torch.load(path, weights_only=True, map_location="cpu")
         return self.load(data["header"], data["tensors"])
+
+
+def shard_file(path: Path, slot: int) -> Path:
+    """Where rank `slot` of a sharded job keeps its shard of the checkpoint whose rank-0 file is `path`."""
+    return path.with_name(f"{path.name.removesuffix('.pt')}.rank-{slot}.pt") if slot else path
+
+
+def _slot_of(path: Path) -> int:
+    _, _, rank = path.name.removesuffix(".pt").partition(".rank-")
+    return int(rank) if rank.isdigit() else 0

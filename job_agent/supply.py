@@ -77,6 +77,13 @@ class Supplier:
             ]
             if not need:
                 break
+            shard = self._one_shard(need)
+            donors = [d for d in donors if job.roster.shards.get(d) == shard]
+            if not donors:
+                raise IncidentError(
+                    ErrorType.TRANSFER_FAILED,
+                    f"no healthy replica of rank {need[0]}'s shard holds step {target}",
+                )
             if sup.moves > MAX_REPLANS:
                 raise IncidentError(
                     ErrorType.TRANSFER_FAILED, f"gave up after {sup.moves} transfers, each losing a process"
@@ -169,6 +176,17 @@ class Supplier:
             m.slot, m.role = slot, Role.RANK
             m.send(Assign(slot=slot))
         return taken
+
+    def _one_shard(self, need: list[int]) -> str | None:
+        """The shard the slots needing the state hold (the one shard of a data-parallel job). Slots of
+        several shards at once (each with a replica left) are not moved in one recovery yet."""
+        shards = {self.job.roster.shards.get(s) for s in need}
+        if len(shards) > 1:
+            raise IncidentError(
+                ErrorType.TRANSFER_FAILED,
+                f"ranks {need} hold {len(shards)} different shards: one recovery moves one shard's state",
+            )
+        return shards.pop()
 
     def _donors(self, slots: list[int]) -> list[Member]:
         """The replicas to take the state from at once: one per node (a node's link is what limits its

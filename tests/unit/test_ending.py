@@ -4,7 +4,7 @@ used to finish "ok" with no digest; shards of a sharded model are compared withi
 from __future__ import annotations
 
 from job_agent import wire
-from job_agent.ending import diverged
+from job_agent.ending import diverged, final_digest
 from job_agent.members import Member
 
 
@@ -29,3 +29,21 @@ def test_shards_are_compared_within_their_replicas() -> None:
     ranks[3].digest = "c"
     why = diverged(ranks)
     assert why is not None and "rank(s) 1, 3 differ" not in why and ("rank(s) 1" in why or "rank(s) 3" in why)
+
+
+def test_a_data_parallel_jobs_final_digest_is_its_replicas_one_digest() -> None:
+    assert final_digest([_rank(s, "a") for s in range(4)]) == "a"
+    assert final_digest([_rank(0, "a"), _rank(1, "b")]) is None  # replicas that disagree have no one state
+    assert final_digest([_rank(0, "a"), _rank(1, "")]) is None  # a rank that reported none
+
+
+def test_a_sharded_jobs_final_digest_covers_every_shard_in_slot_order() -> None:
+    ranks = [_rank(0, "a", "x"), _rank(1, "b", "y"), _rank(2, "a", "x"), _rank(3, "b", "y")]
+    whole = final_digest(ranks)
+    assert whole is not None and whole not in ("a", "b")
+    assert final_digest(list(reversed(ranks))) == whole  # the slots' order, not the roster's
+    ranks[3].digest = "c"
+    other = final_digest(ranks)
+    assert other is None  # shard y's replicas disagree
+    ranks[1].digest = ranks[3].digest = "c"
+    assert final_digest(ranks) not in (None, whole)  # another shard state, another digest

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from job_agent import wire
-from job_agent.state import TrackedState
+from job_agent.state import TrackedState, shard_file
 from job_agent.stripes import receive_state
 from job_agent.transport import StateServer, TransferError
 
@@ -172,3 +172,61 @@ def test_strays_before_the_receiver_are_skipped_and_the_transfer_goes_on() -> No
     out["thread"].join(10)
     assert "error" not in out and stats.digest == again.digest == out["digest"]
     assert time.monotonic() - t0 < AUTH_TIMEOUT.total_seconds() + 5
+
+
+def test_each_rank_of_a_sharded_job_keeps_its_own_shard_files_rotated(tmp_path) -> None:
+    """Rank 0's file is the checkpoint's name; every other rank's shard is beside it, and each rank keeps
+    its own latest `keep` (one rank's files never push another's out)."""
+    a = _trained(0)
+    for step in (19, 39, 59):
+        for slot in (0, 1, 2):
+            a.save_rotated(tmp_path, step, keep=2, slot=slot)
+    names = sorted(p.name for p in tmp_path.glob("step-*.pt"))
+    assert names == [
+        "step-00000039.pt",
+        "step-00000039.rank-1.pt",
+        "step-00000039.rank-2.pt",
+        "step-00000059.pt",
+        "step-00000059.rank-1.pt",
+        "step-00000059.rank-2.pt",
+    ]
+    assert (
+        shard_file(tmp_path / "step-00000059.pt", 2).exists()
+        and shard_file(tmp_path / "x.pt", 0).name == "x.pt"
+    )
+
+
+def test_a_sharded_state_moves_as_its_local_shards_and_loads_back_as_dtensors(tmp_path) -> None:
+    """FSDP2 on a one-rank mesh: the snapshot holds each DTensor's local tensor (the same memory, so a
+    receiver takes it in place), and a checkpoint loads back into the DTensors, optimizer state included."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+
+        def build(seed: int) -> TrackedState:
+            torch.manual_seed(seed)
+            model = fully_shard(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)), mesh=mesh)
+            opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            return TrackedState(model, opt)
+
+        a, b = build(0), build(1)
+        snap = a.snapshot(5)
+        assert snap.tensors and not any(isinstance(t, DTensor) for _, t in snap.tensors)
+        weight = next(p for p in a.model.parameters())
+        assert any(t.data_ptr() == weight._local_tensor.data_ptr() for _, t in snap.tensors)  # no copy
+        a.save_checkpoint(tmp_path / "c.pt", 5)
+        assert b.snapshot(5).digest() != snap.digest()
+        assert b.load_checkpoint(tmp_path / "c.pt") == 5
+        assert b.snapshot(5).digest() == snap.digest()
+        assert all(isinstance(p, DTensor) for p in b.model.parameters())
+        assert all(isinstance(v, DTensor) for s in b.optimizer.state.values() for v in s.values() if v.dim())
+    finally:
+        dist.destroy_process_group()

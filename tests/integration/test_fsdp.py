@@ -1,0 +1,87 @@
+"""FSDP2 and HSDP under real failures (`examples/train_fsdp.py`, 4 ranks, gloo on CPU): the script's device
+mesh re-made on every re-formed group, a lost rank's shard rebuilt from its replica in the other replica
+group, and the final state (every shard's digest) bitwise equal to the same script never failed. Where no
+replica is left (plain FSDP2, or both replicas of one HSDP shard lost) the incident is the brief's
+"failures exceeding parallelism redundancy" and the job restarts from its sharded checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from job_agent import wire
+from tests.integration.conftest import ROOT, run_with, spec
+from tests.integration.test_live_migration import assert_migrated_live
+from torchpass.job import JobResult, JobState
+from torchpass.outcome import Disposition
+
+pytestmark = pytest.mark.integration
+
+FSDP_SCRIPT = ROOT / "examples" / "train_fsdp.py"
+HSDP = ("--steps", "50", "--replicas", "2")
+FSDP = ("--steps", "50", "--replicas", "1")
+
+
+async def _reference(client: Client, where: Path, job_id: str, args: tuple[str, ...]) -> JobResult:
+    result = await run_with(client, spec(where, job_id, spares=0, script=FSDP_SCRIPT, args=args))
+    assert result.ok and result.final_digest and not result.incidents, result.error
+    return result
+
+
+@pytest.fixture(scope="module")
+async def hsdp_reference(client: Client, tmp_path_factory: pytest.TempPathFactory) -> JobResult:
+    return await _reference(client, tmp_path_factory.mktemp("hsdp-ref"), "hsdp-reference", HSDP)
+
+
+async def test_hsdp_survives_a_kill_and_a_hang_live_and_bitwise_exact(
+    client: Client, hsdp_reference: JobResult, tmp_path: Path
+) -> None:
+    job = spec(tmp_path, "hsdp-kill-hang", script=FSDP_SCRIPT, args=HSDP)
+    result = await run_with(client, job, [("kill", 3, 17), ("hang", 0, 33)])
+    assert_migrated_live(result, hsdp_reference, 2)
+    assert [o.lost_slots for o in result.incidents] == [(3,), (0,)]
+    for o in result.incidents:  # each shard from its replica in the other replica group
+        assert o.proof is not None and o.proof.donor_slot == {3: 1, 0: 2}[o.lost_slots[0]], o.proof
+
+
+async def test_both_replicas_of_a_shard_lost_is_disqualified_and_restarts_from_the_checkpoint(
+    client: Client, hsdp_reference: JobResult, tmp_path: Path
+) -> None:
+    """Ranks 1 and 3 hold the two replicas of shard 1: both killed at one step, no replica is left. The
+    incident is disqualified with the brief's reason and the job restarts from its checkpoint (every rank's
+    shard of it), ending bitwise equal with the steps done again counted."""
+    job = spec(tmp_path, "hsdp-both", script=FSDP_SCRIPT, args=HSDP)
+    kills = [wire.Inject(action=wire.InjectAction.KILL, slot=s, after_step=27) for s in (1, 3)]
+    result = await run_with(client, job, kills)
+    assert result.ok, result.error
+    (o,) = result.incidents
+    assert o.disposition is Disposition.FALLBACK_RESTART and not o.classification.qualifying, o
+    assert "exceeding parallelism redundancy" in o.classification.reason, o.classification
+    assert set(o.lost_slots) == {1, 3}
+    assert o.fallback is not None and o.fallback.restored_step == 19, o.fallback  # checkpoint every 20
+    assert result.steps_recomputed == o.steps_recomputed > 0
+    assert result.final_digest == hsdp_reference.final_digest
+
+
+async def test_plain_fsdp_has_no_replica_so_a_kill_restarts_from_the_checkpoint(
+    client: Client, tmp_path: Path
+) -> None:
+    reference = await _reference(client, tmp_path / "ref", "fsdp-reference", FSDP)
+    job = spec(tmp_path / "run", "fsdp-kill", script=FSDP_SCRIPT, args=FSDP)
+    result = await run_with(client, job, [("kill", 2, 25)])
+    assert result.ok, result.error
+    (o,) = result.incidents
+    assert o.disposition is Disposition.FALLBACK_RESTART and not o.classification.qualifying, o
+    assert "exceeding parallelism redundancy" in o.classification.reason
+    assert result.final_digest == reference.final_digest
+
+
+async def test_uneven_sharding_is_refused_at_track(client: Client, tmp_path: Path) -> None:
+    """A width of 30 over 4 shards: a spare could not hold every shard, so `track()` refuses, and the job
+    ends as a user error that says why, before training."""
+    job = spec(tmp_path, "fsdp-uneven", spares=0, script=FSDP_SCRIPT, args=(*FSDP, "--width", "30"))
+    result = await run_with(client, job)
+    assert result.status is JobState.USER_ERROR and result.error, result
+    assert "unevenly over 4 ranks" in result.error and "before training" in result.error, result.error
