@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +38,7 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=2, help="micro-batches a step (no_sync but the last)")
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--bucket-mb", type=float, default=0.05)
+    p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
     args = p.parse_args()
 
     agent = RankAgent()  # torchpass: in place of dist.init_process_group()
@@ -57,6 +60,7 @@ def main() -> None:
 
     for step in agent.steps(args.steps, data=loader):  # torchpass: `for x, y in loader:` before
         with step:  # torchpass: a peer lost in here -> this step is done again, same batch
+            _log(args.step_log, agent.rank, step.k, "begin")
             x, y = (t.to(agent.device) for t in step.batch)
             opt.zero_grad(set_to_none=True)
             micro = list(zip(x.chunk(args.accum), y.chunk(args.accum), strict=True))
@@ -66,6 +70,13 @@ def main() -> None:
                     (F.mse_loss(model(mx), my) / len(micro)).backward()
             opt.step()
             sched.step()
+            _log(args.step_log, agent.rank, step.k, "end")
+
+
+def _log(path: str | None, rank: int, step: int, event: str) -> None:
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{rank} {step} {os.getpid()} {time.time():.6f} {event}\n")
 
 
 if __name__ == "__main__":

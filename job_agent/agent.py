@@ -86,6 +86,7 @@ class RankAgent:
         self._wrappers: Wrappers | None = None
         self._sharded: Sharded | None = None
         self._at = -1  # the last step this rank said it reached the collective in
+        self._verify_at = -1  # the step whose entry reports this rank's state digest (after a recovery)
         placeholder_group(self.slot, self.world_size)  # `DDP(model)` before the job's group forms
 
     @property
@@ -192,9 +193,11 @@ class RankAgent:
         self._obey_until_regrouped()
 
     def _enter_step(self, step: int) -> None:
-        self._send(wire.Step(k=step))
-        self._at = -1
         assert self._tracked is not None and self._wrappers is not None
+        every = self.settings.verify_every
+        check = step > 0 and (step == self._verify_at or (bool(every) and step % every == 0))
+        self._send(wire.Step(k=step, digest=self._tracked.snapshot(step - 1).digest() if check else None))
+        self._at = -1
         self._tracked.buffers.keep()
         torch.manual_seed(step_seed(self.settings.seed, step, self.slot))
 
@@ -305,6 +308,7 @@ class RankAgent:
             return False
         assert self._tracked is not None
         layout = self._tracked.layout()
+        self._verify_at = self.completed_step + 2 if generation else -1  # once the redone step is done
         self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
         return True
 

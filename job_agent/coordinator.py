@@ -28,6 +28,7 @@ from job_agent.launcher import Launcher, LocalLauncher, agent_env, command, free
 from job_agent.members import Member, MemberState, Roster
 from job_agent.nodes import NodeLauncher, admit_node, wait_for_nodes
 from job_agent.progress import StepTracker
+from job_agent.replicas import ReplicaChecks
 from job_agent.resume import Checkpoints, ProgressFile
 from job_agent.spares import LocalSparePool, SparePool
 from job_agent.store import STORE_PREFIX, StoreServer
@@ -67,10 +68,9 @@ class Coordinator:
         # A lost coordinator's multi-node job may still train: its secret and ports, to take it back.
         self._prior = prior_coordinator(spec)
         self._secret = self._prior.secret if self._prior else secrets.token_bytes(32)
-        control_port, store_port = (
-            (self._prior.control_port, self._prior.store_port) if self._prior else (0, 0)
-        )
+        control_port, store_port = (p.control_port, p.store_port) if (p := self._prior) else (0, 0)
         self.roster = Roster()
+        self.replicas = ReplicaChecks(self.job_id, self.world_size, self.roster, self.add_evidence)
         self.nodes = (
             NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare, spec.job_dir) if spec.nodes else None
         )
@@ -289,8 +289,9 @@ class Coordinator:
             self.progress.entered(m.slot, frame.k, m.completed)
         m.observe(frame, time.monotonic(), ts)
         match frame:
-            case wire.Step():
+            case wire.Step(k=k, digest=digest):
                 self._injector.on_step(m)
+                self.replicas.reported(m.slot, k, digest)
             case wire.Ready(layout=layout) | wire.Joined(layout=layout):
                 self.roster.record_layout(m, layout)
                 if m.role is Role.SPARE:
@@ -302,8 +303,7 @@ class Coordinator:
                 if self.roster.finished(self.world_size):
                     self.fail(None, JobState.FINISHED)
             case wire.CheckpointSaved(step=step, path=path):
-                sharded = m.layout is not None and m.layout.parallelism == "sharded"
-                self.checkpoints.saved(m.slot, step, path, sharded, self.world_size)
+                self.checkpoints.saved(m, step, path, self.world_size)
             case wire.UserError(step=step, traceback=tb):
                 self.fail(user_error(m.slot, step, tb), state=JobState.USER_ERROR)
             case wire.Hello() | wire.NodeHello() | wire.Inject() | wire.Drain() | wire.StatusRequest():

@@ -46,6 +46,7 @@ def agent_env(
         "TORCHPASS_SECRET_FILE": str(spec.job_dir / "secret"),
         "TORCHPASS_CHECKPOINT_DIR": str(spec.job_dir / "checkpoints"),
         "TORCHPASS_CHECKPOINT_EVERY": str(spec.checkpoint_every),
+        "TORCHPASS_VERIFY_EVERY": str(spec.verify_every),
         "TORCHPASS_KEEP_CHECKPOINTS": str(spec.keep_checkpoints),
         "TORCHPASS_SEED": str(spec.seed),
         "TORCHPASS_THREADS": str(spec.threads),

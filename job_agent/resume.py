@@ -16,9 +16,13 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from job_agent.jobs import refuse_if_running, registered_pid
 from torchpass.job import JobState, Resumed
+
+if TYPE_CHECKING:
+    from job_agent.members import Member
 
 PROGRESS = "progress.json"
 _CHECKPOINT = "step-*.pt"
@@ -116,7 +120,8 @@ class Checkpoints(list[tuple[int, str]]):
         super().__init__()
         self._shards: dict[int, tuple[set[int], str | None]] = {}
 
-    def saved(self, slot: int, step: int, path: str, sharded: bool, world_size: int) -> None:
+    def saved(self, m: Member, step: int, path: str, world_size: int) -> None:
+        slot, sharded = m.slot, m.layout is not None and m.layout.parallelism == "sharded"
         if not sharded:
             if slot == 0:
                 self.append((step, path))

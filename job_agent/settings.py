@@ -26,6 +26,7 @@ class AgentSettings(BaseSettings):
     restore: Path | None = Field(default=None, description="checkpoint to restart from")
     checkpoint_dir: Path | None = None
     checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints; 0: never")
+    verify_every: int = Field(default=0, ge=0, description="steps between replica digest checks; 0: never")
     keep_checkpoints: int = Field(default=2, ge=1, description="the latest checkpoints kept")
     seed: int = 0
     threads: int = Field(default=1, gt=0, description="torch.set_num_threads, the same on every rank")

@@ -67,10 +67,11 @@ class Heartbeat(_Frame):
 
 
 class Step(_Frame):
-    """The rank enters step k (so it completed k - 1)."""
+    """The rank enters step k (so it completed k - 1); on a check's step, with its state's digest."""
 
     t: Literal["step"] = "step"
     k: NonNegativeInt
+    digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 class Collective(_Frame):

@@ -95,6 +95,7 @@ ROW_TITLE: dict[Category, str] = {
 }
 
 MAX_REASON = 4000  # a reason names the kinds and domains it saw: a node with 256 reports stays readable
+SDC_REASON = "silent data corruption"
 NO_SPARE_REASON = "no spare available (failures due to spare resources not being available)"
 NO_AGENT_REASON = (
     "not configured for live migration: the script runs without the torchpass agent (--no-agent), so only"
@@ -149,6 +150,12 @@ def classify(inp: ClassifyInput) -> Classification:
     )
 
 
+def resyncs(c: Classification) -> bool:
+    """Whether the only reason an incident is unable to recover is a replica that differs from its
+    shard's majority (the other reasons come first): the majority's state rebuilds it, live."""
+    return c.kind is K.SILENT_DATA_CORRUPTION and c.reason.startswith(unable_to_recover(SDC_REASON).reason)
+
+
 def unable_to_recover(reason: str) -> Classification:
     """The disqualifying 'Unable to recover' row with its specific reason."""
     return _disqualified(Category.UNABLE_TO_RECOVER, reason)
@@ -186,8 +193,8 @@ def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
         yield "node 0 failures with Slurm: slot 0 runs on the allocation's first node"
     if not inp.spare_available:
         yield NO_SPARE_REASON
-    if any(e.kind is K.SILENT_DATA_CORRUPTION for e in inp.evidence):
-        yield "silent data corruption: no replica's state can be trusted to rebuild from"
+    if corrupt := [e for e in inp.evidence if e.kind is K.SILENT_DATA_CORRUPTION]:
+        yield f"{SDC_REASON}: {corrupt[0].detail}"
 
 
 def _holders(inp: ClassifyInput, shard: str) -> set[int]:

@@ -18,10 +18,16 @@ class RecoveryAction(StrEnum):
     NOTHING = "nothing"
 
 
-def plan_recovery(classification: Classification, confirm: ConfirmResult) -> RecoveryAction:
-    """Nothing for a false alarm; a checkpoint restart where live migration cannot help; else migrate."""
+def plan_recovery(
+    classification: Classification, confirm: ConfirmResult, resync: bool = False
+) -> RecoveryAction:
+    """Nothing for a false alarm; a checkpoint restart where live migration cannot help; else migrate.
+    `resync`: a replica found corrupted, with a healthy majority of its shard to rebuild it from, is
+    migrated live (the brief's table still does not count it)."""
     if not confirm.confirmed:
         return RecoveryAction.NOTHING
+    if resync:
+        return RecoveryAction.MIGRATE
     if classification.category in (Category.UNABLE_TO_RECOVER, Category.SHARED_INFRASTRUCTURE):
         return RecoveryAction.FALLBACK
     return RecoveryAction.MIGRATE

@@ -39,6 +39,9 @@ class JobSpec(Model):
         default=300.0, gt=0, description="seconds a frozen rank waits for its instructions before it stops"
     )
     checkpoint_every: int = Field(default=50, ge=0)
+    verify_every: int = Field(
+        default=100, ge=0, description="steps between comparisons of the replicas' state digests; 0: never"
+    )
     keep_checkpoints: int = Field(
         default=2, ge=1, le=1000, description="fallback checkpoints kept while the job runs (the latest)"
     )

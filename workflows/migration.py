@@ -21,7 +21,7 @@ from temporalio.common import RawValue, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.classify import classify_input, unclassified
+    from torchpass.classify import classify_input, resyncs, unclassified
     from torchpass.decisions import RecoveryAction, plan_recovery
     from torchpass.errors import ErrorType
     from torchpass.ids import (
@@ -80,6 +80,8 @@ RETRY_POLICY = retry_policy(MIGRATION_RETRY)
 MEASURED = "measured-outcome"
 # Incidents the job handled itself while the control plane was away are filed, not run again.
 LOCAL = "local-recovery"
+# A replica found corrupted is rebuilt from the majority of its shard, live (before: a checkpoint restart).
+RESYNC = "resync-from-majority"
 
 # A flapping detector must not grow the history without bound; a real incident has a handful of reports.
 MAX_EVIDENCE = 256
@@ -171,7 +173,8 @@ class MigrationWorkflow:
             # The job did not answer: live migration needs it, a restart may still work.
             ending = await self._fall_back(ref, confirm_error or "confirm failed")
         else:
-            action = plan_recovery(classification, confirm)
+            resync = resyncs(classification) and workflow.patched(RESYNC)
+            action = plan_recovery(classification, confirm, resync)
             if action is RecoveryAction.MIGRATE:
                 classification, ending = await self._migrate(ref, evidence, confirm, classification)
             elif action is RecoveryAction.FALLBACK:

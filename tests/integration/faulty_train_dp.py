@@ -5,6 +5,8 @@ environment (so the ranks restarted after the fault behave):
   after `load_state_dict` (as a buggy load hook would): the bytes arrived intact, the state it holds
   does not match the donor's.
 - FAULT_SKIP_ONCE with FAULT_SKIP_SLOT: after the next re-formed world, that rank skips a step.
+- FAULT_FLIP_ONCE with FAULT_FLIP_SLOT and FAULT_FLIP_STEP: that rank's memory goes bad once it completed
+  that step (one parameter's value changes, as a flipped bit would): silent data corruption.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ class FaultyAgent(RankAgent):
         if _once("FAULT_CORRUPT_ONCE"):
             with torch.no_grad():
                 next(module.parameters()).view(-1)[0] += 1.0
+
+    def _complete_step(self, step: int) -> None:
+        super()._complete_step(step)
+        flip = (os.environ.get("FAULT_FLIP_SLOT"), os.environ.get("FAULT_FLIP_STEP"))
+        if flip == (str(self.slot), str(step)) and _once("FAULT_FLIP_ONCE"):
+            assert self._tracked is not None
+            with torch.no_grad():
+                next(self._tracked.model.parameters()).view(-1)[3] *= -1.0
 
     def _regroup(self, generation: int, world_size: int) -> bool:
         formed = super()._regroup(generation, world_size)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from job_agent import wire
 from job_agent.jobs import JobIdInUse, register_job, registered_jobs, unregister_job
+from job_agent.members import Member
 from job_agent.progress import StepTracker
 from job_agent.resume import MAX_PENDING_SHARDS, PROGRESS, Checkpoints, ProgressFile, prepare, resume_point
 from torchpass.job import JobResult, JobState
@@ -106,26 +108,32 @@ def test_a_lost_job_stays_listed_and_says_so(tmp_path: Path) -> None:
     assert registered_jobs(tmp_path)[0]["alive"] is False
 
 
+def _rank(slot: int, sharded: bool) -> Member:
+    m = Member(agent_id=f"r{slot}", role=wire.Role.RANK, slot=slot, pid=slot, node="n")
+    m.layout = wire.ShardLayout(shard=f"s{slot}", parallelism="sharded" if sharded else "data_parallel")
+    return m
+
+
 def test_a_data_parallel_checkpoint_is_rank_0s_file() -> None:
     c = Checkpoints()
-    c.saved(1, 19, "/c/step-19.rank-1.pt", sharded=False, world_size=4)  # no other rank saves one
-    c.saved(0, 19, "/c/step-19.pt", sharded=False, world_size=4)
+    c.saved(_rank(1, False), 19, "/c/step-19.rank-1.pt", 4)  # no other rank saves one
+    c.saved(_rank(0, False), 19, "/c/step-19.pt", 4)
     assert list(c) == [(19, "/c/step-19.pt")]
 
 
 def test_a_sharded_checkpoint_counts_once_every_rank_saved_its_shard() -> None:
     c = Checkpoints()
     for slot in (0, 2, 1):
-        c.saved(slot, 19, f"/c/{slot}", sharded=True, world_size=4)
+        c.saved(_rank(slot, True), 19, f"/c/{slot}", 4)
     assert not c  # rank 3 may have died before saving its shard: not a checkpoint to restart from
-    c.saved(3, 19, "/c/3", sharded=True, world_size=4)
+    c.saved(_rank(3, True), 19, "/c/3", 4)
     assert list(c) == [(19, "/c/0")]  # rank 0's file: each rank finds its own beside it
-    c.saved(3, 19, "/c/3", sharded=True, world_size=4)  # said again: counted once
+    c.saved(_rank(3, True), 19, "/c/3", 4)  # said again: counted once
     assert len(c) == 1
 
 
 def test_pending_sharded_checkpoints_are_bounded() -> None:
     c = Checkpoints()
     for step in range(MAX_PENDING_SHARDS * 3):
-        c.saved(1, step, "/c/1", sharded=True, world_size=2)  # rank 0 never saves
+        c.saved(_rank(1, True), step, "/c/1", 2)  # rank 0 never saves
     assert not c and len(c._shards) <= MAX_PENDING_SHARDS

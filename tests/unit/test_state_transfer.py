@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -211,7 +212,8 @@ def test_a_sharded_state_moves_as_its_local_shards_and_loads_back_as_dtensors(tm
 
         def build(seed: int) -> TrackedState:
             torch.manual_seed(seed)
-            model = fully_shard(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)), mesh=mesh)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+            fully_shard(model, mesh=mesh)
             opt = torch.optim.AdamW(model.parameters(), lr=0.1)
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
@@ -220,13 +222,14 @@ def test_a_sharded_state_moves_as_its_local_shards_and_loads_back_as_dtensors(tm
         a, b = build(0), build(1)
         snap = a.snapshot(5)
         assert snap.tensors and not any(isinstance(t, DTensor) for _, t in snap.tensors)
-        weight = next(p for p in a.model.parameters())
+        weight: Any = next(p for p in a.model.parameters())
         assert any(t.data_ptr() == weight._local_tensor.data_ptr() for _, t in snap.tensors)  # no copy
         a.save_checkpoint(tmp_path / "c.pt", 5)
         assert b.snapshot(5).digest() != snap.digest()
         assert b.load_checkpoint(tmp_path / "c.pt") == 5
         assert b.snapshot(5).digest() == snap.digest()
         assert all(isinstance(p, DTensor) for p in b.model.parameters())
+        assert b.optimizer is not None
         assert all(isinstance(v, DTensor) for s in b.optimizer.state.values() for v in s.values() if v.dim())
     finally:
         dist.destroy_process_group()

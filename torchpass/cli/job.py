@@ -54,6 +54,12 @@ def register(sub: Any) -> None:
         help="replicas (one per node) a receiving rank takes slices of the state from at once",
     )
     r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
+    r.add_argument(
+        "--verify-every",
+        type=int,
+        default=100,
+        help="steps between comparisons of the replicas' state digests (and after each recovery); 0: never",
+    )
     r.add_argument("--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)")
     r.add_argument("--keep-checkpoints-after", action="store_true", help="keep them once the job finished")
     r.add_argument(
@@ -186,6 +192,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "node_timeout": args.node_timeout,
         "stripe_donors": args.stripe_donors,
         "checkpoint_every": args.checkpoint_every,
+        "verify_every": args.verify_every,
         "keep_checkpoints": args.keep_checkpoints,
         "keep_checkpoints_after": args.keep_checkpoints_after,
         "fresh": args.fresh,
