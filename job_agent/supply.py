@@ -77,7 +77,7 @@ class Supplier:
             ]
             if not need:
                 break
-            shard = self._one_shard(need)
+            shard = self._one_shard(need, donors)
             donors = [d for d in donors if job.roster.shards.get(d) == shard]
             if not donors:
                 raise IncidentError(
@@ -177,14 +177,19 @@ class Supplier:
             m.send(Assign(slot=slot))
         return taken
 
-    def _one_shard(self, need: list[int]) -> str | None:
-        """The shard the slots needing the state hold (the one shard of a data-parallel job). Slots of
-        several shards at once (each with a replica left) are not moved in one recovery yet."""
+    def _one_shard(self, need: list[int], donors: list[int]) -> str | None:
+        """The shard the slots needing the state hold (the one shard of a data-parallel job). A slot whose
+        rank never reported its shard (lost while the coordinator was away) holds the job's only one, if it
+        has only one. Slots of several shards at once (each with a replica left) are not moved in one
+        recovery yet."""
         shards = {self.job.roster.shards.get(s) for s in need}
-        if len(shards) > 1:
+        held = {self.job.roster.shards.get(d) for d in donors}
+        if shards == {None} and len(held) == 1:
+            return held.pop()
+        if len(shards) > 1 or None in shards:
             raise IncidentError(
                 ErrorType.TRANSFER_FAILED,
-                f"ranks {need} hold {len(shards)} different shards: one recovery moves one shard's state",
+                f"ranks {need} hold {len(shards)} different or unknown shards: one recovery moves one shard",
             )
         return shards.pop()
 
