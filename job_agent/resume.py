@@ -55,13 +55,20 @@ MAX_PENDING_SHARDS = 16
 
 
 def latest_checkpoint(job_dir: Path) -> tuple[int, Path] | None:
-    """The job's latest fallback checkpoint and its step (from its name, `step-<step>.pt`)."""
-    found = []
+    """The job's latest fallback checkpoint and its step (from its name, `step-<step>.pt`). A sharded
+    job's (`step-<step>.rank-<r>.pt` beside it for every other rank) counts only with every rank's shard:
+    a rank lost before it saved leaves that step incomplete, and the one before is taken."""
+    found: list[tuple[int, Path]] = []
+    shards: dict[int, set[int]] = {}
     for path in (job_dir / "checkpoints").glob(_CHECKPOINT):
-        number = path.stem.removeprefix("step-")
-        if number.isdigit():
+        number, _, rank = path.name.removesuffix(".pt").removeprefix("step-").partition(".rank-")
+        if number.isdigit() and not rank:
             found.append((int(number), path))
-    return max(found, default=None)
+        elif number.isdigit() and rank.isdigit():
+            shards.setdefault(int(number), set()).add(int(rank))
+    world = 1 + max((max(r) for r in shards.values()), default=0)
+    complete = [(n, p) for n, p in found if shards.get(n, set()) == set(range(1, world))]
+    return max(complete, default=None)
 
 
 def prepare(job_dir: Path, fresh: bool) -> Resumed | None:

@@ -14,7 +14,15 @@ from job_agent import wire
 from job_agent.jobs import JobIdInUse, register_job, registered_jobs, unregister_job
 from job_agent.members import Member
 from job_agent.progress import StepTracker
-from job_agent.resume import MAX_PENDING_SHARDS, PROGRESS, Checkpoints, ProgressFile, prepare, resume_point
+from job_agent.resume import (
+    MAX_PENDING_SHARDS,
+    PROGRESS,
+    Checkpoints,
+    ProgressFile,
+    latest_checkpoint,
+    prepare,
+    resume_point,
+)
 from torchpass.job import JobResult, JobState
 
 DEAD = 2**22 + 7  # no such process
@@ -137,3 +145,15 @@ def test_pending_sharded_checkpoints_are_bounded() -> None:
     for step in range(MAX_PENDING_SHARDS * 3):
         c.saved(_rank(1, True), step, "/c/1", 2)  # rank 0 never saves
     assert not c and len(c._shards) <= MAX_PENDING_SHARDS
+
+
+def test_a_sharded_checkpoint_is_resumed_from_only_with_every_ranks_shard(tmp_path: Path) -> None:
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for name in ("step-00000019.pt", "step-00000019.rank-1.pt", "step-00000019.rank-2.pt"):
+        (d / name).touch()
+    for name in ("step-00000039.pt", "step-00000039.rank-2.pt"):  # rank 1 lost before it saved step 39
+        (d / name).touch()
+    assert latest_checkpoint(tmp_path) == (19, d / "step-00000019.pt")
+    (d / "step-00000039.rank-1.pt").touch()
+    assert latest_checkpoint(tmp_path) == (39, d / "step-00000039.pt")
