@@ -68,6 +68,7 @@ class Supply:
     )  # slot: agent, account, donor
     served: list[tuple[int, wire.Served]] = field(default_factory=list)  # donor slot and its account
     moves: int = 0
+    shards: set[str | None] = field(default_factory=set)  # the shards moved (one, data parallel)
 
 
 @dataclass

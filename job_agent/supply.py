@@ -77,19 +77,22 @@ class Supplier:
             ]
             if not need:
                 break
-            shard = self._one_shard(need, donors)
-            donors = [d for d in donors if job.roster.shards.get(d) == shard]
+            shard, shards = self._shard_of(need, donors), job.roster.shards
+            one = len({shards.get(d) for d in donors}) == 1  # data parallel: every slot holds that shard
+            need = [s for s in need if shards.get(s) == shard or (one and s not in shards)]  # a shard a move
+            donors = [d for d in donors if shards.get(d) == shard]
             if not donors:
                 raise IncidentError(
                     ErrorType.TRANSFER_FAILED,
                     f"no healthy replica of rank {need[0]}'s shard holds step {target}",
                 )
-            if sup.moves > MAX_REPLANS:
+            if sup.moves - len(sup.shards) > MAX_REPLANS:
                 raise IncidentError(
                     ErrorType.TRANSFER_FAILED, f"gave up after {sup.moves} transfers, each losing a process"
                 )
             sources, targets = self._donors(donors), [self._member(s) for s in need]
-            sup.moves += 1  # a move after the first is the plan re-made around a loss
+            sup.moves += 1  # a move after each shard's first is the plan re-made around a loss
+            sup.shards.add(shard)
             job.on_transfer(sources[0], targets)
             try:
                 moved = await job.transport.move(sources, targets, self.transfer_timeout, tick)
@@ -110,7 +113,7 @@ class Supplier:
             # A donor lost while the others finished its slices is a loss of this recovery: the next round
             # gives its slot a spare and the state.
             inc.lost.update(m.slot for m in sources if not m.alive)
-        proof = self._proof(inc, target, sup.got, sup.served, max(0, sup.moves - 1))
+        proof = self._proof(inc, target, sup.got, sup.served, max(0, sup.moves - max(1, len(sup.shards))))
         problems = transfer_problems(proof, target)
         if problems:
             raise mismatch(problems)
@@ -162,6 +165,7 @@ class Supplier:
             replans=replans,
             lost_during=tuple(sorted(inc.lost - inc.confirmed)),
             donor_digests={d: x.digest for d, x in served},
+            donor_shards={d: self.job.roster.shards.get(d, "") for d, _ in served},
         )
 
     async def _assign_spares(self, inc: Incident) -> dict[int, Member]:
@@ -177,21 +181,19 @@ class Supplier:
             m.send(Assign(slot=slot))
         return taken
 
-    def _one_shard(self, need: list[int], donors: list[int]) -> str | None:
-        """The shard the slots needing the state hold (the one shard of a data-parallel job). A slot whose
-        rank never reported its shard (lost while the coordinator was away) holds the job's only one, if it
-        has only one. Slots of several shards at once (each with a replica left) are not moved in one
-        recovery yet."""
-        shards = {self.job.roster.shards.get(s) for s in need}
+    def _shard_of(self, need: list[int], donors: list[int]) -> str | None:
+        """The shard to move next: the first slot's (a data-parallel job has one). A slot whose rank never
+        reported its shard (lost while the coordinator was away) holds the job's only one, if it has one."""
+        shard = self.job.roster.shards.get(need[0])
         held = {self.job.roster.shards.get(d) for d in donors}
-        if shards == {None} and len(held) == 1:
+        if shard is None and len(held) == 1:
             return held.pop()
-        if len(shards) > 1 or None in shards:
+        if shard is None:
             raise IncidentError(
                 ErrorType.TRANSFER_FAILED,
-                f"ranks {need} hold {len(shards)} different or unknown shards: one recovery moves one shard",
+                f"rank {need[0]} never reported its shard and the replicas hold several",
             )
-        return shards.pop()
+        return shard
 
     def _donors(self, slots: list[int]) -> list[Member]:
         """The replicas to take the state from at once: one per node (a node's link is what limits its

@@ -19,6 +19,13 @@ def _short(digest: str) -> str:
     return digest[:16] or "(none)"
 
 
+def _sent_to(proof: TransferProof, slot: int) -> str:
+    """The state receiver `slot` was to get: its own donor's (a sharded job's lost ranks of several shards
+    each take their shard's), else the donor's."""
+    donor = proof.donor_of.get(slot)
+    return proof.donor_digests.get(donor, proof.donor_digest) if donor is not None else proof.donor_digest
+
+
 def transfer_problems(proof: TransferProof, target_step: int) -> list[str]:
     """Every receiver installed exactly the donor's bytes at the frozen step; every survivor holds it."""
     problems = []
@@ -28,26 +35,29 @@ def transfer_problems(proof: TransferProof, target_step: int) -> list[str]:
     for slot in sorted(set(proof.receiver_slots) - accounted):
         problems.append(f"rank {slot} gave no account of the state it installed")
     for r in proof.receivers:
-        if r.stream_digest != proof.donor_digest:
+        sent = _sent_to(proof, r.slot)
+        if r.stream_digest != sent:
             problems.append(
                 f"rank {r.slot} received bytes hashing to {_short(r.stream_digest)}, the donor sent "
-                f"{_short(proof.donor_digest)}"
+                f"{_short(sent)}"
             )
-        if r.installed_digest != proof.donor_digest:
+        if r.installed_digest != sent:
             problems.append(
                 f"rank {r.slot} holds state hashing to {_short(r.installed_digest)} once installed, the "
-                f"donor's is {_short(proof.donor_digest)}"
+                f"donor's is {_short(sent)}"
             )
         if r.installed_step != target_step:
             problems.append(f"rank {r.slot} holds step {r.installed_step} once installed, not {target_step}")
     for slot, step in sorted(proof.survivor_steps.items()):
         if step != target_step:
             problems.append(f"rank {slot} holds step {step}, not {target_step}, and received nothing")
+    first = {proof.donor_shards.get(proof.donor_slot, ""): proof.donor_digest}
     for slot, digest in sorted(proof.donor_digests.items()):
-        if digest != proof.donor_digest:
+        expected = first.setdefault(proof.donor_shards.get(slot, ""), digest)  # replicas of one shard agree
+        if digest != expected:
             problems.append(
                 f"donor rank {slot} holds state hashing to {_short(digest)}, the donor's is "
-                f"{_short(proof.donor_digest)}: the replicas differ"
+                f"{_short(expected)}: the replicas differ"
             )
     for r in proof.receivers:
         problems += stripe_problems(proof, r)
@@ -71,7 +81,7 @@ def stripe_problems(proof: TransferProof, r: ReceiverProof) -> list[str]:
             problems.append(f"{where} hashes to {_short(s.digest)}, its donor sent {_short(s.sent_digest)}")
         if s.donor not in donors:
             problems.append(f"{where} came from rank {s.donor}, no donor of this recovery")
-        if s.donor_digest != proof.donor_digest:
+        if s.donor_digest != _sent_to(proof, r.slot):
             problems.append(
                 f"{where} came from rank {s.donor} holding {_short(s.donor_digest)}, not the donor's state"
             )

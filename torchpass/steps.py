@@ -125,6 +125,11 @@ class TransferProof(Model):
     donor_digests: dict[int, str] = Field(
         default_factory=dict, description="slot -> digest of its whole state, each donor that served"
     )
+    donor_shards: dict[int, str] = Field(
+        default_factory=dict,
+        description="donor slot -> the shard it served (a sharded job's lost ranks of several shards each"
+        " take their own shard's state); empty: one state for all",
+    )
 
 
 class TransferResult(Model):

@@ -46,6 +46,26 @@ async def test_hsdp_survives_a_kill_and_a_hang_live_and_bitwise_exact(
         assert o.proof is not None and o.proof.donor_slot == {3: 1, 0: 2}[o.lost_slots[0]], o.proof
 
 
+async def test_a_whole_replica_group_lost_is_migrated_live_each_shard_from_its_own_replica(
+    client: Client, hsdp_reference: JobResult, tmp_path: Path
+) -> None:
+    """Ranks 0 and 1 (one replica group: a node, in the usual layout) killed at one step: two shards lost,
+    each with a replica left in the other group. One recovery moves both, each receiver from its own
+    shard's replica, and the proof holds each to its own donor's state."""
+    job = spec(tmp_path, "hsdp-group", spares=2, script=FSDP_SCRIPT, args=HSDP)
+    kills = [wire.Inject(action=wire.InjectAction.KILL, slot=s, after_step=23) for s in (0, 1)]
+    result = await run_with(client, job, kills)
+    assert result.ok, result.error
+    (o,) = result.incidents
+    assert o.disposition is Disposition.MIGRATED and o.success and set(o.lost_slots) == {0, 1}, o
+    assert o.proof is not None and o.proof.donor_of == {0: 2, 1: 3} and o.proof.replans == 0, o.proof
+    for r in o.proof.receivers:  # each holds what its own donor served, as each computed it
+        assert r.installed_digest == o.proof.donor_digests[o.proof.donor_of[r.slot]]
+    assert o.proof.receivers[0].installed_digest != o.proof.receivers[1].installed_digest  # two shards
+    assert o.steps_recomputed == 0 == result.steps_recomputed
+    assert result.final_digest == hsdp_reference.final_digest
+
+
 async def test_both_replicas_of_a_shard_lost_is_disqualified_and_restarts_from_the_checkpoint(
     client: Client, hsdp_reference: JobResult, tmp_path: Path
 ) -> None:
