@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import time
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -38,6 +41,10 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=2, help="micro-batches a step (no_sync but the last)")
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--bucket-mb", type=float, default=0.05)
+    p.add_argument("--compile", action="store_true", help="torch.compile the DDP-wrapped model")
+    p.add_argument("--comm-hook", choices=["fp16", "powersgd"], help="DDP communication hook")
+    p.add_argument("--noise", type=float, default=0.0, help="input noise from the script's own generator")
+    p.add_argument("--noise-untracked", action="store_true", help="leave that generator untracked (tests)")
     p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
     args = p.parse_args()
 
@@ -48,7 +55,13 @@ def main() -> None:
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(agent.device)
     model = DDP(model, bucket_cap_mb=args.bucket_mb)  # several buckets even for a small model
+    if args.comm_hook == "fp16":  # stateless (state=None): it reduces over whatever the default group is
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "powersgd":  # stateful: refused by the agent, with the reason
+        model.register_comm_hook(powerSGD.PowerSGDState(process_group=None), powerSGD.powerSGD_hook)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if args.compile:  # as PyTorch's DDP notes show: compile the wrapper; the agent finds DDP inside
+        model = torch.compile(model)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
     loader = DataLoader(
         dataset(args.samples, args.width),
@@ -56,12 +69,17 @@ def main() -> None:
         sampler=DistributedSampler(dataset(args.samples, args.width)),
         drop_last=True,
     )
-    agent.track(model, opt, sched=sched)  # torchpass
+    noise = torch.Generator().manual_seed(5)  # a random stream the script keeps of its own
+    extras = {} if args.noise_untracked else {"noise": noise}
+    agent.track(model, opt, sched=sched, **extras)  # torchpass
 
     for step in agent.steps(args.steps, data=loader):  # torchpass: `for x, y in loader:` before
         with step:  # torchpass: a peer lost in here -> this step is done again, same batch
             _log(args.step_log, agent.rank, step.k, "begin")
             x, y = (t.to(agent.device) for t in step.batch)
+            if args.noise:  # augmentation: noise from the script's generator, a flip from Python's `random`
+                x = x + args.noise * torch.randn(x.shape, generator=noise).to(agent.device)
+                x = x.flip(0) if random.random() < 0.5 else x
             opt.zero_grad(set_to_none=True)
             micro = list(zip(x.chunk(args.accum), y.chunk(args.accum), strict=True))
             for i, (mx, my) in enumerate(micro):

@@ -36,9 +36,10 @@ from job_agent.fsdp import Sharded
 from job_agent.handover import receive, serve
 from job_agent.link import CoordinatorLink, exit_now
 from job_agent.loop import CollectiveFailure, Step, step_failure
+from job_agent.rngs import as_stateful, seed_globals
 from job_agent.settings import AgentSettings
 from job_agent.sever import GroupSockets
-from job_agent.state import Stateful, TrackedState, shard_file
+from job_agent.state import TrackedState, shard_file
 from job_agent.store import STORE_PREFIX, RendezvousStore
 from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize, pick_device, step_seed
 
@@ -100,10 +101,16 @@ class RankAgent:
     # --- adoption API ------------------------------------------------------------------------------
 
     def track(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **extras: Stateful
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **extras: Any
     ) -> None:
-        """Register the state that must survive a migration (model, optimizer, scheduler, scaler...)."""
-        self._tracked = TrackedState(model, optimizer, extras)
+        """Register the state that must survive a migration (model, optimizer, scheduler, scaler, the
+        script's own random streams...)."""
+        try:
+            held = {name: as_stateful(name, obj) for name, obj in extras.items()}
+        except TypeError as e:
+            step_failure(-1, e, self._send)
+            raise
+        self._tracked = TrackedState(model, optimizer, held)
         self._grad_buckets = None
         try:
             self._wrappers = Wrappers(model, self._at_collective)
@@ -199,7 +206,7 @@ class RankAgent:
         self._send(wire.Step(k=step, digest=self._tracked.snapshot(step - 1).digest() if check else None))
         self._at = -1
         self._tracked.buffers.keep()
-        torch.manual_seed(step_seed(self.settings.seed, step, self.slot))
+        seed_globals(step_seed(self.settings.seed, step, self.slot))
 
     def _after_step(self) -> None:
         assert self._wrappers is not None

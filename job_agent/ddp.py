@@ -62,11 +62,29 @@ def check_same_start(shard: str, digest: str) -> None:
         )
 
 
+def running_statistics(model: torch.nn.Module) -> list[str]:
+    """The batch norms in `model` keeping running statistics of their own rank's batches, named."""
+    return [
+        f"{name or 'the model'} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+        and m.track_running_stats
+        and not isinstance(m, torch.nn.SyncBatchNorm)
+    ]
+
+
 class Wrappers:
     """The `DistributedDataParallel` modules in a tracked model."""
 
     def __init__(self, model: torch.nn.Module, at_collective: Callable[[], None]) -> None:
         self.modules = [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
+        if not self.modules and (stats := running_statistics(model)):
+            raise ValueError(
+                f"{stats[0]} keeps running statistics that each rank updates from its own batches, and"
+                " no DDP wrapper gives every rank rank 0's: the replicas would differ and no spare could"
+                " take a rank's over. Wrap the model in DistributedDataParallel (broadcast_buffers=True,"
+                " the default), use SyncBatchNorm, or build it with track_running_stats=False"
+            )
         for ddp in self.modules:
             if not ddp.broadcast_buffers and any(True for _ in ddp.module.buffers()):
                 raise ValueError(
@@ -74,6 +92,13 @@ class Wrappers:
                     " BatchNorm's running statistics) its own, so the replicas differ and a spare could"
                     " not take a lost rank's over: keep broadcast_buffers=True (the default) or use"
                     " SyncBatchNorm"
+                )
+            if any(state is not None for _, state in getattr(ddp, "_comm_hooks", ())):
+                raise ValueError(
+                    "a DistributedDataParallel communication hook registered with a state (PowerSGD's"
+                    " holds its process group and each rank's error feedback) cannot follow the group"
+                    " re-formed after a failure nor move to a spare: register a stateless hook"
+                    " (register_comm_hook(None, hook): allreduce, fp16 compression) or none"
                 )
             ddp.register_forward_hook(self._hook(ddp, at_collective))
 

@@ -130,23 +130,29 @@ class Snapshot:
 
 
 class StepBuffers:
-    """The model's persistent buffers as a step began (BatchNorm's running statistics and counter): a
-    forward changes them before the step's collective, so a step done again must start from these, not
-    from what the failed try left (which would count its batch twice)."""
+    """The model's persistent buffers as a step began (BatchNorm's running statistics and counter), and
+    the positions of the script's own random streams: a forward changes them before the step's
+    collective, so a step done again must start from these, not from what the failed try left (which
+    would count its batch twice, or draw other numbers)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, streams: Sequence[Stateful] = ()) -> None:
         persistent = {id(t) for t in model.state_dict(keep_vars=True).values()}
         self._buffers = [b for b in model.buffers() if id(b) in persistent]
         self._saved = [torch.empty_like(b) for b in self._buffers]
+        self._streams = list(streams)
+        self._positions: list[dict[str, Any]] = []
 
     def keep(self) -> None:
         for saved, b in zip(self._saved, self._buffers, strict=True):
             saved.copy_(b)
+        self._positions = [s.state_dict() for s in self._streams]
 
     def restore(self) -> None:
         with torch.no_grad():
             for saved, b in zip(self._saved, self._buffers, strict=True):
                 b.copy_(saved)
+        for stream, position in zip(self._streams, self._positions, strict=True):
+            stream.load_state_dict(position)
 
 
 class TrackedState:
@@ -161,7 +167,8 @@ class TrackedState:
         self.model = model
         self.optimizer = optimizer
         self.extras = dict(extras or {})
-        self.buffers = StepBuffers(model)
+        streams = [v for v in self.extras.values() if getattr(v, "rewound_each_step", False)]
+        self.buffers = StepBuffers(model, streams)
         self._sharded: dict[str, Any] = {}  # path -> this rank's DTensor there, as of the last snapshot
 
     def snapshot(self, step: int) -> Snapshot:

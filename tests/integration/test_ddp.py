@@ -74,3 +74,82 @@ async def test_ddp_keeping_each_ranks_buffers_is_refused_at_track(client: Client
     result = await run_with(client, job, timeout=60)
     assert result.status is JobState.USER_ERROR and result.error, result.error
     assert "before training" in result.error and "broadcast_buffers=False" in result.error, result.error
+
+
+async def test_batchnorm_without_ddp_is_refused_at_track(client: Client, tmp_path: Path) -> None:
+    """The same BatchNorm model reduced by `agent.all_reduce_gradients()`, no DDP: nothing makes the ranks'
+    statistics agree, so the replicas would differ from the first step (each replica check an incident):
+    refused before training, naming the module and the fixes."""
+    job = spec(tmp_path, "bn-no-ddp", spares=0, script=LOCAL_BUFFERS, args=("--no-ddp",))
+    result = await run_with(client, job, timeout=60)
+    assert result.status is JobState.USER_ERROR and result.error, result.error
+    assert "1 (BatchNorm1d) keeps running statistics" in result.error and "SyncBatchNorm" in result.error
+
+
+async def test_torch_compile_over_ddp_survives_a_kill_and_a_hang_live_and_bitwise(
+    client: Client, tmp_path: Path
+) -> None:
+    """`torch.compile(DDP(model))` (inductor on the CPU here): the agent finds the DDP wrapper inside the
+    compiled module, a spare compiles on its first step (a cold start, never taken for hung) and the redone
+    step runs the same compiled code, so the result is bitwise the compiled script's, never failed. The
+    compiled script's bits are its own: compared against the compiled run, not the eager one."""
+    # Dynamo's DDP support needs buckets of at least DDP's first bucket (1 MB): 4 x 256-wide layers in two.
+    args = ("--steps", "30", "--width", "256", "--depth", "4", "--bucket-mb", "1", "--compile")
+    reference = await run_with(
+        client, spec(tmp_path / "ref", "ddp-compile-ref", spares=0, script=DDP_SCRIPT, args=args)
+    )
+    assert reference.ok and reference.final_digest and not reference.incidents, reference.error
+    eager = await run_with(
+        client, spec(tmp_path / "eager", "ddp-eager", spares=0, script=DDP_SCRIPT, args=args[:-1])
+    )
+    assert eager.ok and eager.final_digest != reference.final_digest  # inductor's kernels: other bits
+    job = spec(tmp_path / "kill", "ddp-compile-kill", script=DDP_SCRIPT, args=args)
+    result = await run_with(client, job, [("kill", 2, 9), ("hang", 0, 20)])
+    assert_migrated_live(result, reference, 2)
+
+
+NOISE = (*ARGS, "--steps", "30", "--noise", "0.1")
+
+
+async def test_the_scripts_own_random_streams_are_tracked_and_seeded(client: Client, tmp_path: Path) -> None:
+    """Input noise drawn from a `torch.Generator` the script keeps (tracked as an extra: its position moves
+    with the state) and a flip drawn from Python's `random` (seeded by the agent each step): a kill and a
+    hang, live and bitwise. Left untracked, the generator restarts on the spare and the result is other
+    bits, the same on every replica, so nothing but the comparison with a run that never failed shows it:
+    why the rules say to track it."""
+    ref = spec(tmp_path / "ref", "ddp-noise-ref", spares=0, script=DDP_SCRIPT, args=NOISE)
+    reference = await run_with(client, ref)
+    assert reference.ok and reference.final_digest and not reference.incidents, reference.error
+    job = spec(tmp_path / "kill", "ddp-noise-kill", script=DDP_SCRIPT, args=NOISE)
+    assert_migrated_live(await run_with(client, job, [("kill", 1, 8), ("hang", 3, 19)]), reference, 2)
+    args = (*NOISE, "--noise-untracked")
+    untracked = spec(tmp_path / "untracked", "ddp-noise-untracked", script=DDP_SCRIPT, args=args)
+    result = await run_with(client, untracked, [("kill", 1, 8)])
+    assert result.ok and result.incidents[0].success, result.error
+    assert result.final_digest != reference.final_digest
+
+
+async def test_a_stateless_comm_hook_survives_a_kill_live_and_bitwise(client: Client, tmp_path: Path) -> None:
+    """`register_comm_hook(None, fp16_compress_hook)`: the hook reduces over the default group, which the
+    agent re-forms, and stays registered on the wrapper moved onto it; the hook changes the bits (its
+    reduction is in float16), so a wrapper that lost it would not match the reference."""
+    args = (*ARGS, "--steps", "30", "--comm-hook", "fp16")
+    reference = await run_with(
+        client, spec(tmp_path / "ref", "ddp-hook-ref", spares=0, script=DDP_SCRIPT, args=args)
+    )
+    assert reference.ok and reference.final_digest and not reference.incidents, reference.error
+    plain = await run_with(
+        client, spec(tmp_path / "plain", "ddp-hook-plain", spares=0, script=DDP_SCRIPT, args=args[:-2])
+    )
+    assert plain.ok and plain.final_digest != reference.final_digest
+    job = spec(tmp_path / "kill", "ddp-hook-kill", script=DDP_SCRIPT, args=args)
+    assert_migrated_live(await run_with(client, job, [("kill", 2, 9), ("hang", 0, 20)]), reference, 2)
+
+
+async def test_a_comm_hook_with_state_is_refused_at_track(client: Client, tmp_path: Path) -> None:
+    """PowerSGD's hook keeps its process group and each rank's error feedback in its state: nothing a
+    re-formed group or a spare could take over, so `track()` refuses it with the fix."""
+    job = spec(tmp_path, "ddp-powersgd", spares=0, script=DDP_SCRIPT, args=(*ARGS, "--comm-hook", "powersgd"))
+    result = await run_with(client, job, timeout=60)
+    assert result.status is JobState.USER_ERROR and result.error, result.error
+    assert "before training" in result.error and "register a stateless hook" in result.error, result.error
