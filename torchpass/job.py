@@ -120,6 +120,11 @@ class JobSpec(Model):
             raise ValueError(
                 "a job without the agent (--no-agent) restarts whole: spares are of no use to it"
             )
+        if not self.agent and self.nodes:
+            raise ValueError(
+                "a job without the agent (--no-agent) runs its ranks on one host (its rank 0 hosts the"
+                " script's own store there): run it on one node, or adopt the agent to run across nodes"
+            )
         return self
 
     @field_validator("host")
