@@ -1,6 +1,7 @@
 """An unmodified torchrun script: it never imports torchpass. It forms its group from torchrun's
-environment, wraps its model in DDP, saves a checkpoint every few steps from rank 0 and, when started
-again, resumes from it, mid-epoch included (the pattern of the PyTorch DDP and elastic tutorials).
+environment, wraps its model in DDP, saves a checkpoint every few steps (rank 0's `torch.save`, or every
+rank's part with `torch.distributed.checkpoint`: `--save dcp`) and, when started again, resumes from it,
+mid-epoch included (the pattern of the PyTorch DDP and elastic tutorials).
 
 The same file runs under torchrun and under torchpass without the agent:
 
@@ -19,7 +20,9 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -34,6 +37,12 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--ckpt", required=True, help="checkpoint path (resumed from when it exists)")
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument(
+        "--save",
+        choices=["path", "file", "dcp"],
+        default="path",
+        help="torch.save to the path, torch.save to a file opened on it, or torch.distributed.checkpoint",
+    )
     p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
     args = p.parse_args()
 
@@ -49,10 +58,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     start = 0
     if os.path.exists(args.ckpt):
-        ckpt = torch.load(args.ckpt, map_location=device, weights_only=True)
-        net.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["opt"])
-        start = ckpt["step"] + 1
+        start = load(args.save, args.ckpt, model, opt, device) + 1
         if rank == 0:
             print(f"resumed from {args.ckpt} at step {start}", flush=True)
 
@@ -73,13 +79,41 @@ def main() -> None:
             opt.zero_grad(set_to_none=True)
             F.mse_loss(model(xb.to(device)), yb.to(device)).backward()
             opt.step()
-            if rank == 0 and (step + 1) % args.ckpt_every == 0:
-                torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, args.ckpt)
+            if (step + 1) % args.ckpt_every == 0:
+                save(args.save, args.ckpt, model, opt, step)
             _log(args.step_log, rank, step, "end")
             step += 1
             if step >= args.steps:
                 break
     dist.destroy_process_group()
+
+
+def save(how: str, path: str, model: DDP, opt: torch.optim.Optimizer, step: int) -> None:
+    """The checkpoint: rank 0's `torch.save` (to the path or a file), or every rank's part (DCP)."""
+    if how == "dcp":
+        model_state, opt_state = get_state_dict(model, opt)
+        dcp.save({"model": model_state, "opt": opt_state, "step": torch.tensor(step)}, checkpoint_id=path)
+    elif dist.get_rank() == 0:
+        state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}
+        if how == "file":
+            with open(path, "wb") as f:
+                torch.save(state, f)
+        else:
+            torch.save(state, path)
+
+
+def load(how: str, path: str, model: DDP, opt: torch.optim.Optimizer, device: torch.device) -> int:
+    """Load the checkpoint into the model and optimizer; its step."""
+    if how == "dcp":
+        model_state, opt_state = get_state_dict(model, opt)
+        state = {"model": model_state, "opt": opt_state, "step": torch.tensor(0)}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["opt"])
+        return int(state["step"])
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model.module.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    return int(ckpt["step"])
 
 
 def _log(path: str | None, rank: int, step: int, event: str) -> None:

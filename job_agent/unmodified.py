@@ -9,7 +9,9 @@ forms its own group with `dist.init_process_group()`. Around it, in the same pro
 - each step it completes is read from the script's optimizer: the optimizer's own step count where it
   keeps one (Adam, AdamW, RMSprop...: it is part of the state a checkpoint restores, so a restarted rank
   counts from where its checkpoint left it), else one per `optimizer.step()` since the process started;
-- a checkpoint rank 0 saves with `torch.save(obj, path)` is reported with its step;
+- a checkpoint is reported with its step: rank 0's `torch.save(obj, path)` or `torch.save(obj, f)` on
+  a file it opened, or `torch.distributed.checkpoint.save(..., checkpoint_id=dir)` (seen once the script
+  imports that package; the step `get_state_dict` takes to lay out a fresh optimizer is not counted);
 - an error the script raises is a collective broken by a lost peer (the rank exits, a failure), or the
   script's own bug, reported as such (the job ends as a user error instead of restarting on it).
 
@@ -19,12 +21,16 @@ checkpoint): its incidents are recorded as "not configured for live migration" a
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import queue
 import runpy
 import sys
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,7 @@ class StepCounter:
         self._link, self._rank = link, rank
         self._optimizer: int | None = None
         self._save = torch.save
+        self._laying_out = False
 
     def entering(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         """Before the optimizer's step: the rank is in step k, k steps done (by the optimizer's count)."""
@@ -60,16 +67,74 @@ class StepCounter:
             self.completed = own - 1 if own is not None else self.completed + 1
 
     def _counts(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether this optimizer's steps are the script's: the first one to step (a GAN's second not)."""
+        """Whether this optimizer's steps are the script's: the first one to step (a GAN's second not),
+        and not a step torch takes to lay out the optimizer's state (`_init_optim_state`, zero grads)."""
+        if self._laying_out:
+            return False
         if self._optimizer is None:
             self._optimizer = id(optimizer)
         return id(optimizer) == self._optimizer
 
     def save(self, obj: object, f: Any, *args: Any, **kwargs: Any) -> None:
-        """`torch.save`, and rank 0's saves to a path reported as the job's checkpoints."""
+        """`torch.save`, and rank 0's saves to a path or a file opened on one reported as the job's
+        checkpoints."""
         self._save(obj, f, *args, **kwargs)
-        if self._rank == 0 and self.completed >= 0 and isinstance(f, str | os.PathLike):
-            self._link.send(wire.CheckpointSaved(step=self.completed, path=str(Path(f).resolve())[:4000]))
+        self._saved(f if isinstance(f, str | os.PathLike) else getattr(f, "name", None))
+
+    def watch_dcp(self, dcp: Any) -> None:
+        """`torch.distributed.checkpoint.save` (every rank saves its part), reported by rank 0 with the
+        checkpoint's directory."""
+        save = dcp.save
+
+        def saved(*args: Any, **kwargs: Any) -> Any:
+            out = save(*args, **kwargs)
+            writer = kwargs.get("storage_writer")
+            self._saved(kwargs.get("checkpoint_id") or getattr(writer, "path", None))
+            return out
+
+        dcp.save = saved
+
+    def watch_dcp_state_dict(self, module: Any) -> None:
+        """`get_state_dict` steps a fresh optimizer once at lr 0 to make its state: not a training step."""
+        init = module._init_optim_state
+
+        def laying_out(optimizer: torch.optim.Optimizer) -> None:
+            self._laying_out = True
+            try:
+                init(optimizer)
+            finally:
+                self._laying_out = False
+
+        module._init_optim_state = laying_out
+
+    def _saved(self, where: object) -> None:
+        if self._rank == 0 and self.completed >= 0 and isinstance(where, str | os.PathLike):
+            path = str(Path(where).resolve())[:4000]
+            self._link.send(wire.CheckpointSaved(step=self.completed, path=path))
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once the script imports `name` (torch's checkpoint package costs most of a
+    second to import: a script that never uses it does not pay for it)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            then(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 def _optimizer_steps(optimizer: torch.optim.Optimizer) -> int | None:
@@ -94,6 +159,10 @@ def main(argv: list[str]) -> None:
     register_optimizer_step_pre_hook(counter.entering)
     register_optimizer_step_post_hook(counter.stepped)
     torch.save = counter.save
+    sys.meta_path.insert(0, _OnImport("torch.distributed.checkpoint", counter.watch_dcp))
+    sys.meta_path.insert(
+        0, _OnImport("torch.distributed.checkpoint.state_dict", counter.watch_dcp_state_dict)
+    )
     link.send(wire.Ready(completed=-1, steps=0))
     _await_group(link)
     sys.argv = list(argv)

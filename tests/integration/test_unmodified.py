@@ -20,11 +20,16 @@ pytestmark = pytest.mark.integration
 SCRIPT = ROOT / "examples" / "torchrun_ddp.py"
 
 
+@pytest.mark.parametrize("save", ["path", "file", "dcp"])
 async def test_a_kill_restarts_the_whole_job_from_the_scripts_checkpoint_and_is_recorded(
-    client: Client, tmp_path: Path
+    client: Client, tmp_path: Path, save: str
 ) -> None:
-    args = ("--steps", "40", "--width", "64", "--ckpt", str(tmp_path / "ckpt.pt"), "--ckpt-every", "5")
-    job = spec(tmp_path, "unmodified-kill", spares=0, script=SCRIPT, args=args, agent=False)
+    """The script's checkpoint saved by rank 0 with `torch.save` to a path or to a file it opened, or by
+    every rank with `torch.distributed.checkpoint.save` (seen once the script imports it): each is found,
+    and the restart's recomputed steps measured from it."""
+    ckpt = str(tmp_path / "ckpt.pt")
+    args = ("--steps", "40", "--width", "64", "--ckpt", ckpt, "--ckpt-every", "5", "--save", save)
+    job = spec(tmp_path, f"unmodified-kill-{save}", spares=0, script=SCRIPT, args=args, agent=False)
     result = await run_with(client, job, [("kill", 2, 17)])
     assert result.ok, result.error
     assert result.steps_completed == 40 and result.restarts == 1
