@@ -13,7 +13,6 @@ the digest every donor reported of its own state: replicas that differ fail the 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import socket
 import threading
@@ -26,7 +25,7 @@ import torch
 
 from job_agent import wire
 from job_agent.protocol import ProtocolError, connect, recv_frame, send_frame
-from job_agent.state import Snapshot, StateMismatch, TrackedState
+from job_agent.state import Snapshot, StateMismatch, TrackedState, state_hash
 from job_agent.transport import CHUNK, Hasher, Progress, TransferError, TransferStats, tune
 
 STALL = timedelta(seconds=10)  # a donor silent this long mid-slice is dropped and its slice taken elsewhere
@@ -190,7 +189,7 @@ class _Striped:
 
     def digest(self, head: bytes) -> str | None:
         """The state's digest in order, each slice as far as it arrived; None if the transfer ended first."""
-        h = hashlib.sha256(head)
+        h = state_hash(head)
         for j, (a, b) in enumerate(self.slices):
             pos = a
             while pos < b:

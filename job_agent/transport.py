@@ -9,7 +9,6 @@ range as it sends it; the receiver refuses a range or a state whose digest diffe
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import queue
 import socket
 import threading
@@ -21,7 +20,7 @@ from datetime import timedelta
 
 from job_agent import wire
 from job_agent.protocol import AuthError, ProtocolError, authenticate_server, recv_frame, send_frame
-from job_agent.state import Snapshot
+from job_agent.state import Snapshot, state_hash
 
 AUTH_TIMEOUT = timedelta(seconds=2)  # a receiver proves the secret in milliseconds
 MAX_STRAYS = 64
@@ -49,10 +48,10 @@ Progress = Callable[[int], None]
 
 
 class Hasher:
-    """sha256 fed from a queue in a background thread (hashlib releases the GIL on large buffers)."""
+    """The state hash fed from a queue in a background thread (it releases the GIL on large buffers)."""
 
     def __init__(self, head: bytes = b"") -> None:
-        self._h = hashlib.sha256(head)
+        self._h = state_hash(head)
         self._q: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
         self._t = threading.Thread(target=self._run, name="torchpass-hash", daemon=True)
         self._t.start()

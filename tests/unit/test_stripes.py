@@ -8,7 +8,6 @@ protocol through `job_agent.protocol`, each failing in one way a real donor or l
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import socket
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from job_agent import stripes, wire
 from job_agent.protocol import ProtocolError, authenticate_server, recv_frame, send_frame
-from job_agent.state import TrackedState
+from job_agent.state import TrackedState, state_hash
 from job_agent.transport import StateServer, TransferError
 from tests.unit.test_state_transfer import SECRET, WAIT, _at, _fresh, _trained
 from torchpass.proof import stripe_problems
@@ -79,7 +78,7 @@ class _Servers:
                 altered[len(data) // 3] ^= 0x01
                 conn.sendall(bytes(altered))
                 send_frame(
-                    conn, wire.StateEnd(digest=snap.digest(), slice_digest=hashlib.sha256(data).hexdigest())
+                    conn, wire.StateEnd(digest=snap.digest(), slice_digest=state_hash(data).hexdigest())
                 )
                 with contextlib.suppress(OSError, ProtocolError):
                     recv_frame(conn)  # the receiver drops this donor: its session just ends
