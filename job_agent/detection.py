@@ -86,6 +86,33 @@ class Detector:
             observed_at=datetime.fromtimestamp(observed, UTC),
         )
 
+    def gpu(self, node: str, report: wire.GpuReport) -> tuple[Evidence | None, list[Member]]:
+        """A node's GPU report, checked against the job's own view: the evidence for those of the named
+        processes that are training ranks on that node (none: nothing to do), and those ranks. A warning
+        is a planned move (the ranks freeze at a step boundary, then leave); a failure, evidence of the GPU's
+        kind."""
+        ranks = [
+            m
+            for a in report.agent_ids
+            if (m := self._roster.members.get(a)) is not None and m.slot >= 0 and m.alive and not m.fenced
+            if m.node == node
+        ]
+        if not ranks:
+            return None, []
+        slots = tuple(sorted(m.slot for m in ranks))
+        kind = FailureKind.NODE_DRAIN if report.planned else report.kind
+        what = "moved off pre-emptively" if report.planned else "lost with it"
+        return Evidence(
+            kind=kind,
+            source=EventSource.NVML,
+            job_id=self._job_id,
+            failure_domain=node,
+            slots=slots,
+            detail=f"node {node}: {report.detail}; rank(s) {list(slots)} {what}",
+            observed_at=datetime.now(UTC),
+            xid=report.xid,
+        ), ranks
+
     def hung(self, now: float) -> list[Evidence]:
         """Training ranks that are hung, each with the time it last made progress."""
         training = [m for m in self._roster.ranks(MemberState.TRAINING) if not m.fenced]

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
+from torchpass.models import FailureKind
+
 TEXT = 4000
 ID = 200
 
@@ -80,3 +82,17 @@ class Exited(FrameModel):
     t: Literal["exited"] = "exited"
     agent_id: str = Field(min_length=1, max_length=ID)
     code: int
+
+
+class GpuReport(FrameModel):
+    """What one of the node's GPUs says (`job_agent.gpu_health`), with the node's processes on it: a
+    failure of the GPU, or a warning (`planned`: move them off while it works). A claim of the node's:
+    the coordinator acts only on those of the processes that are its ranks on that node."""
+
+    t: Literal["gpu_report"] = "gpu_report"
+    gpu: int = Field(ge=0, le=1024)
+    agent_ids: tuple[str, ...] = Field(min_length=1, max_length=64)
+    kind: FailureKind
+    planned: bool
+    detail: str = Field(max_length=TEXT)
+    xid: int | None = Field(default=None, ge=0, le=2**20)

@@ -6,8 +6,8 @@ Two kinds of signal, each naming the GPU it concerns:
   63, 64 row remapping recorded or failed) or a GPU NVML reports lost. The ranks on that GPU are gone
   or about to be: their state comes from a replica.
 - a **warning** (`planned`): the temperature at or over its threshold, the uncorrectable ECC count rising,
-  or rows waiting to be remapped. The GPU still works: its ranks are moved off it pre-emptively, and are
-  themselves the donors of their state.
+  or rows waiting to be remapped. The GPU still works: its ranks are moved off it pre-emptively, a planned
+  move (they freeze with the others at a step boundary, then leave, and spares take their slots).
 
 Each condition is reported once while it lasts: re-reading the same state reports nothing new, so a
 detector restarted on the same node, or polling again, starts nothing twice (a temperature that falls
@@ -44,7 +44,7 @@ NO_GPUS = (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded)
 class GpuSignal:
     gpu: int
     kind: FailureKind
-    planned: bool  # the GPU still works: move its ranks off it, taking their state from them
+    planned: bool  # the GPU still works: move its ranks off it at a step boundary, before it fails
     detail: str
     xid: int | None = None
 

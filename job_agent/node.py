@@ -29,8 +29,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from job_agent import protocol, wire
+from job_agent import frames, protocol, wire
 from job_agent.frames import NodeProcess, SignalAction
+from job_agent.gpu_health import GpuHealth
 from job_agent.launcher import LocalLauncher
 from job_agent.link import EXIT_COORDINATOR_LOST
 from torchpass.errors import ErrorType
@@ -68,6 +69,10 @@ class NodeSettings(BaseModel):
         description="seconds its processes train on without the coordinator while it waits for it to be "
         "back (restarted); 0: they stop with it",
     )
+    gpu_check_every: float = Field(
+        default=1.0, ge=0, le=3600, description="seconds between reads of the GPUs' health (0: never)"
+    )
+    max_gpu_temperature: int = Field(default=85, ge=30, le=150, description="Celsius: move ranks off above")
     script: Path
     args: tuple[str, ...] = ()
 
@@ -126,6 +131,8 @@ class NodeAgent:
         """Serve the coordinator until the job ends (0) or the coordinator is lost for good; from the main
         thread, so that the processes' parent-death signal follows the agent itself."""
         threading.Thread(target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True).start()
+        if self.settings.gpu_check_every:
+            threading.Thread(target=self._watch_gpus, name="torchpass-node-gpus", daemon=True).start()
         try:
             while True:
                 try:
@@ -223,6 +230,37 @@ class NodeAgent:
     def _heartbeats(self) -> None:
         while not self._done.wait(HEARTBEAT.total_seconds()):
             self._send(wire.Heartbeat())
+
+    def _watch_gpus(self) -> None:
+        """Read the GPUs' health and tell the coordinator what concerns the processes on each GPU (the
+        one a process's LOCAL_RANK names). A GPU running none of them starts nothing."""
+        s = self.settings
+        health = GpuHealth(s.max_gpu_temperature)
+        if not health.gpus:
+            log.info("node %s: %s; GPU health not watched", s.node, health.reason or "no GPUs")
+            return
+        wait_ms = int(s.gpu_check_every * 1000)
+        try:
+            while not self._done.is_set():
+                for signal in health.poll(wait_ms):
+                    on_it = tuple(
+                        a
+                        for a, d in self._devices.items()
+                        if d == signal.gpu and self._launcher.poll(a) is None
+                    )
+                    log.warning("node %s: %s (processes on it: %s)", s.node, signal.detail, on_it or "none")
+                    if on_it:
+                        report = wire.GpuReport(
+                            gpu=signal.gpu,
+                            agent_ids=on_it[:64],
+                            kind=signal.kind,
+                            planned=signal.planned,
+                            detail=signal.detail[: frames.TEXT],
+                            xid=signal.xid,
+                        )
+                        self._send(report)
+        finally:
+            health.close()
 
     def _send(self, frame: wire.Frame) -> None:
         try:

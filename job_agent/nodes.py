@@ -57,6 +57,9 @@ class Node:
     rejoined: tuple[NodeProcess, ...] = ()  # what it ran, as it said rejoining a restarted coordinator
 
 
+MAX_GPU_REPORTS = 1024  # a node repeating itself cannot grow the coordinator without bound
+
+
 class NodeLauncher(Launcher):
     """Processes on the job's node agents. Touched on the coordinator's loop, and by `shutdown` from a
     thread: a lock keeps the two apart."""
@@ -73,6 +76,8 @@ class NodeLauncher(Launcher):
         self._by_conn: dict[socket.socket, Node] = {}
         self._node_of: dict[str, Node] = {}  # agent -> its node
         self._exits: dict[str, int] = {}
+        # What nodes' GPUs said of their own processes, for the coordinator's watch to act on.
+        self.gpu_reports: list[tuple[str, wire.GpuReport]] = []
         self._lock = threading.Lock()
         self._closed = False
         self.started = False  # the job's processes were started: a node joining now brings its spares
@@ -159,6 +164,10 @@ class NodeLauncher(Launcher):
         if isinstance(frame, wire.Exited):
             if self._node_of.get(frame.agent_id) is node:  # a node speaks only of its own processes
                 self._exits.setdefault(frame.agent_id, frame.code)
+        elif isinstance(frame, wire.GpuReport):
+            mine = tuple(a for a in frame.agent_ids if self._node_of.get(a) is node)
+            if mine and len(self.gpu_reports) < MAX_GPU_REPORTS:
+                self.gpu_reports.append((node.name, frame.model_copy(update={"agent_ids": mine})))
         elif not isinstance(frame, wire.Heartbeat):
             send(
                 conn,

@@ -50,6 +50,9 @@ async def watch(c: Watched) -> None:
             _silent_in_recovery(c, inc)
         if c.state is not JobState.TRAINING or inc is not None:
             continue
+        if c.nodes is not None and c.nodes.gpu_reports:
+            _gpu_reports(c, c.nodes)
+            continue
         now = time.monotonic()
         for ev in c.detector.hung(now):
             m = c.roster.at(ev.slots[0])
@@ -70,3 +73,17 @@ def _silent_in_recovery(c: Watched, inc: Incident) -> None:
             m.fenced = True  # its loss is this evidence, not a second one when its socket closes
             c.add_evidence(ev)
         c.launcher.kill(m.agent_id)
+
+
+def _gpu_reports(c: Watched, nodes: NodeLauncher) -> None:
+    """What the nodes' GPUs said, one report at a time (each may start an incident). A GPU that failed
+    takes its ranks with it: they are killed now (fenced), their loss being this evidence."""
+    node, report = nodes.gpu_reports.pop(0)
+    ev, ranks = c.detector.gpu(node, report)
+    if ev is None:
+        return
+    if not report.planned:
+        for m in ranks:
+            m.fenced = True
+            c.launcher.kill(m.agent_id)
+    c.add_evidence(ev)

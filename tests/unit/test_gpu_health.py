@@ -10,7 +10,6 @@ the real bindings: which NVML facts become which signal, once.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,31 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from job_agent.gpu_health import CRITICAL_XIDS, GpuHealth
+from tests import nvml
 from torchpass.models import FailureKind as K
-from workers.gpu_health import CRITICAL_XIDS, GpuHealth
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc, "a C compiler builds the fake NVML library (apt-get install gcc)"
-    out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
-    source = ROOT / "tests" / "nvml" / "fake_nvml.c"
-    cmd = [
-        gcc,
-        "-Wall",
-        "-Werror",
-        "-shared",
-        "-fPIC",
-        "-Wl,-soname,libnvidia-ml.so.1",
-        "-o",
-        str(out),
-        str(source),
-    ]
-    subprocess.run(cmd, check=True, timeout=60)
-    return out
+    return nvml.build(tmp_path_factory.mktemp("nvml"))
 
 
 class Node:
@@ -157,7 +141,7 @@ def test_no_driver_means_no_gpus_and_no_error(fake_nvml: Path, node: Node) -> No
 
 def test_no_nvml_library_means_no_gpus_and_no_error() -> None:
     """This machine's own NVML: none is installed, so the bindings raise LibraryNotFound."""
-    code = "from workers.gpu_health import GpuHealth; h = GpuHealth(); print(h.gpus, h.reason)"
+    code = "from job_agent.gpu_health import GpuHealth; h = GpuHealth(); print(h.gpus, h.reason)"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     cmd = [sys.executable, "-c", code]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)

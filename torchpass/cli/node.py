@@ -28,6 +28,15 @@ def register(sub: Any) -> None:
         default=120.0,
         help="seconds its ranks train on without the coordinator, waiting for it to be restarted (0: stop)",
     )
+    n.add_argument(
+        "--gpu-check-every",
+        type=float,
+        default=1.0,
+        help="seconds between reads of the GPUs' health through NVML (0: never; no NVML: no GPUs)",
+    )
+    n.add_argument(
+        "--max-gpu-temperature", type=int, default=85, help="Celsius at which a GPU's ranks are moved off it"
+    )
     n.add_argument("script", type=Path)
     n.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
 
@@ -44,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         "slots": args.slots,
         "spares": args.spares,
         "coordinator_wait": args.coordinator_wait,
+        "gpu_check_every": args.gpu_check_every,
+        "max_gpu_temperature": args.max_gpu_temperature,
         "script": args.script,
         "args": tuple(script_args),
     }
