@@ -168,3 +168,52 @@ def test_a_node_rejoins_only_a_coordinator_taking_its_job_back(nodes: Nodes) -> 
     assert launcher.ended_in(3) == ("b", -9) and launcher.ended_in(2) == ("b", None)
     assert launcher.highest_agent_number() == 17  # new agents are numbered past every rejoined one
     assert launcher.node_of("spare-17") == "b"
+
+
+def test_a_nodes_gpu_report_counts_only_for_its_own_ranks(nodes: Nodes) -> None:
+    """A node's GPU report is a claim: the launcher keeps only the processes that node runs, and the
+    detector acts only on those that are training ranks of the job there (a spare, a fenced rank, another
+    node's rank or a process the job never started starts nothing)."""
+    from datetime import timedelta
+
+    from job_agent.detection import Detector
+    from job_agent.members import Member
+    from torchpass.models import EventSource, FailureKind
+
+    launcher = nodes.launcher
+    for n in ("a", "b"):
+        assert nodes.join(hello(n, 2, spares=1)) is None
+    placed = {f"rank{s}": launcher.spawn(f"rank{s}", env("rank", s)) for s in range(4)}
+    placed["spare-0"] = launcher.spawn("spare-0", env("spare", -1))
+    a_conn = nodes.conns["a"][0]
+
+    def report(*agents: str, planned: bool = False) -> wire.GpuReport:
+        kind = FailureKind.GPU_TEMPERATURE if planned else FailureKind.GPU_FELL_OFF_BUS
+        return wire.GpuReport(
+            gpu=0, agent_ids=agents, kind=kind, planned=planned, detail="GPU 0: XID 79", xid=79
+        )
+
+    others = [a for a, n in placed.items() if n == "b"]
+    assert launcher.heard(a_conn, report(*others, "stranger"))  # nothing of node a's: kept nowhere
+    assert launcher.gpu_reports == []
+    mine = [a for a, n in placed.items() if n == "a"]
+    assert launcher.heard(a_conn, report(*mine, *others))
+    [(node, kept)] = launcher.gpu_reports
+    assert node == "a" and set(kept.agent_ids) == set(mine)
+
+    roster = Roster()
+    for agent, n in placed.items():
+        slot = int(agent[4:]) if agent.startswith("rank") else -1
+        roster.members[agent] = Member(agent, wire.Role.RANK if slot >= 0 else wire.Role.SPARE, slot, 1, n)
+    detect = Detector("job-1", roster, timedelta(seconds=10))
+    ev, ranks = detect.gpu("a", kept)
+    assert ev is not None and ev.source is EventSource.NVML and ev.kind is FailureKind.GPU_FELL_OFF_BUS
+    assert ev.failure_domain == "a" and ev.xid == 79 and ev.slots == tuple(sorted(m.slot for m in ranks))
+    assert {m.agent_id for m in ranks} == {a for a in mine if a.startswith("rank")}  # not the spare
+    for m in ranks:
+        m.fenced = True
+    assert detect.gpu("a", kept) == (None, [])  # fenced: already lost, not reported twice
+    warning = report(*others, planned=True)
+    assert detect.gpu("a", warning) == (None, [])  # node a cannot speak for node b's ranks
+    ev, _ = detect.gpu("b", warning)
+    assert ev is not None and ev.kind is FailureKind.NODE_DRAIN and "pre-emptively" in ev.detail
