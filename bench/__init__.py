@@ -18,3 +18,16 @@ def write_block(name: str, lines: list[str]) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     BENCHMARKS.write_text(text)
+
+
+def read_step_log(log: Path) -> list[tuple[int, int, int, float, str]]:
+    """A step log's rows, (rank, step, pid, unix time, "begin" | "end"), as the examples' `--step-log`
+    writes them."""
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 5:
+            out.append((int(parts[0]), int(parts[1]), int(parts[2]), float(parts[3]), parts[4]))
+    return out

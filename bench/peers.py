@@ -34,7 +34,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import write_block
+from bench import read_step_log, write_block
 from bench.recovery import _run
 from bench.torchft_peer import TUNED, torchft_run
 from torchpass.dev.server import start_dev_server
@@ -96,16 +96,16 @@ def torchrun_run(d: Path) -> tuple[float, int, float] | str:
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     victim, killed_at = None, 0.0
     while victim is None and proc.poll() is None:
-        for rank, step, pid, _, event in _read(log):
+        for rank, step, pid, _, event in read_step_log(log):
             if rank == KILL_RANK and step == KILL_STEP and event == "begin":
                 victim = pid
         time.sleep(0.01)
     assert victim is not None, "torchrun's job ended before the kill"
-    before = {pid for _, _, pid, _, _ in _read(log)}
+    before = {pid for _, _, pid, _, _ in read_step_log(log)}
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
     code = proc.wait(600)
-    rows = _read(log)
+    rows = read_step_log(log)
     if code != 0 and not any(pid not in before for _, _, pid, _, _ in rows):
         text = (d / "torchrun.out").read_text()
         return (
@@ -124,17 +124,6 @@ def torchrun_run(d: Path) -> tuple[float, int, float] | str:
     begins = {(r, s, p): t for r, s, p, t, e in rows if e == "begin"}
     steps = [t - begins[(r, s, p)] for r, s, p, t, e in rows if e == "end" and (r, s, p) in begins]
     return again, max(0, recomputed), statistics.median(steps)
-
-
-def _read(log: Path) -> list[tuple[int, int, int, float, str]]:
-    if not log.exists():
-        return []
-    out = []
-    for line in log.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 5:
-            out.append((int(parts[0]), int(parts[1]), int(parts[2]), float(parts[3]), parts[4]))
-    return out
 
 
 ROUNDS = 3  # interleaved: each round runs every case once, so the machine's drift touches all alike

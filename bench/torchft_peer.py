@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import read_step_log
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".bench-venvs" / "torchft-0.2.0"
 RANKS, STEPS, KILL_RANK, KILL_STEP = 4, 40, 1, 15
@@ -165,7 +167,7 @@ def torchft_run(d: Path, tuned: bool, mid_step: bool = False) -> tuple[float, in
         victim = replicas[KILL_RANK]
         while not any(
             r == KILL_RANK and s == KILL_STEP and p == victim.pid and e == "begin"
-            for r, s, p, _, e in _read(log)
+            for r, s, p, _, e in read_step_log(log)
         ):
             if time.monotonic() > deadline or any(p.poll() is not None for p in replicas):
                 return f"the job ended or hung before the kill (exit codes {[p.poll() for p in replicas]})"
@@ -196,7 +198,7 @@ def torchft_run(d: Path, tuned: bool, mid_step: bool = False) -> tuple[float, in
 def _measure(
     d: Path, killed_at: float, victim: int, new: int, codes: list[int | None]
 ) -> tuple[float, int, float, float] | str:
-    rows = _read(d / "steps.log")
+    rows = read_step_log(d / "steps.log")
     ended = {(r, s, p) for r, s, p, _, e in rows if e == "end"}
     first: dict[int, float] = {}
     for r, s, p, t, e in rows:
@@ -225,17 +227,6 @@ def _measure(
     steps = [t - begins[(r, s, p)] for r, s, p, t, e in rows if e == "end" and (r, s, p) in begins]
     lost = sum(t - killed_at for t in first.values())  # each group's own wait: the survivors go on first
     return again, len(done_before & begun_after), statistics.median(steps), lost
-
-
-def _read(log: Path) -> list[tuple[int, int, int, float, str]]:
-    if not log.exists():
-        return []
-    out = []
-    for line in log.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 5:
-            out.append((int(parts[0]), int(parts[1]), int(parts[2]), float(parts[3]), parts[4]))
-    return out
 
 
 def _free_port() -> int:
@@ -275,7 +266,7 @@ def _around_kill(d: Path, before: int = 8, after: int = 40) -> list[str]:
 def _timeline(d: Path) -> str:
     """When, after the kill, the survivors committed the step in flight and the replacement came up and healed."""
     killed_at, victim = (d / "killed_at").read_text().split()
-    t0, rows = float(killed_at), _read(d / "steps.log")
+    t0, rows = float(killed_at), read_step_log(d / "steps.log")
     before = {p for _, _, p, t, _ in rows if t <= t0}
     survivors = [
         t for r, s, p, t, e in rows if e == "end" and s >= KILL_STEP and p in before and r != KILL_RANK
