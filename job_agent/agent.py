@@ -298,7 +298,7 @@ class RankAgent:
                 self._sharded.regroup()
             if self._wrappers is not None:
                 self._wrappers.regroup(first=generation == 0)
-            if generation == 0 and self._wrappers is not None and not self._wrappers.modules:
+            if generation == 0:
                 self._same_start()
         except (dist.DistStoreError, RuntimeError) as e:
             reason = f"generation {generation} did not form: {e}"
@@ -320,10 +320,17 @@ class RankAgent:
         return True
 
     def _same_start(self) -> None:
-        assert self._tracked is not None
+        """As the job's group first forms, replicas hold one model (unless DDP broadcasts it) and one
+        position of each random stream the script tracks (a spare takes both from a replica)."""
+        assert self._tracked is not None and self._wrappers is not None
+        shard, extras = self._tracked.layout().shard, self._tracked.extras.items()
+        streams = {k: v for k, v in extras if getattr(v, "rewound_each_step", False)}
         try:
-            model = TrackedState(self._tracked.model)  # the model alone: an extra may be the rank's own
-            check_same_start(self._tracked.layout().shard, model.snapshot(-1).digest())
+            if not self._wrappers.modules:  # the model alone: an extra (a scheduler) may be the rank's own
+                check_same_start(shard, TrackedState(self._tracked.model).snapshot(-1).digest())
+            if streams:
+                held = TrackedState(torch.nn.Module(), None, streams).snapshot(-1).digest()
+                check_same_start(shard, held, what="random streams")
         except NotReplicas as e:  # the script's setup, named in the job's result
             step_failure(-1, e, self._send)
             raise

@@ -46,8 +46,17 @@ class NotReplicas(ValueError):
     """Ranks meant to be replicas started from different states: the run could not be replayed."""
 
 
-def check_same_start(shard: str, digest: str) -> None:
-    """Compare this rank's initial state with its replicas' (ranks holding the same shard), as the job's
+_FIX = {
+    "model": "seed the model the same on every rank before building it (or wrap it in DDP, which starts"
+    " every rank from rank 0's weights)",
+    "random streams": "seed each random stream passed to track() the same on every rank: it is state the"
+    " replicas share and a spare takes from one of them (for each rank's own randomness draw from torch's"
+    " global RNG, which the agent seeds per step and rank)",
+}
+
+
+def check_same_start(shard: str, digest: str, what: str = "model") -> None:
+    """Compare this rank's initial `what` with its replicas' (ranks holding the same shard), as the job's
     group first forms. A script that leaves each rank's initial weights to chance trains replicas that
     were never one state: no spare could stand in for one of them, and the run never replays."""
     mine = (shard, digest)
@@ -56,9 +65,8 @@ def check_same_start(shard: str, digest: str) -> None:
     odd = [r for r, other in enumerate(every) if other and other[0] == shard and other[1] != digest]
     if odd:
         raise NotReplicas(
-            f"rank {dist.get_rank()} started from another state than rank(s) {odd}, which hold the same"
-            " shard: seed the model the same on every rank before building it (or wrap it in DDP, which"
-            " starts every rank from rank 0's weights)"
+            f"rank {dist.get_rank()} started from another {what} state than rank(s) {odd}, which hold the"
+            f" same shard: {_FIX[what]}"
         )
 
 

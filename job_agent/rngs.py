@@ -34,15 +34,24 @@ def as_stateful(name: str, obj: Any) -> Stateful:
     is a random stream. Anything else is refused with the fix, before training starts."""
     if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
         return obj  # type: ignore[no-any-return,unused-ignore]
+    stream: _TorchStream | _PythonStream | _NumpyStream | None = None
     if isinstance(obj, torch.Generator):
-        return _TorchStream(obj)
-    if isinstance(obj, random.Random):
-        return _PythonStream(obj)
-    if type(obj).__module__.startswith("numpy.random"):
-        return _NumpyStream(obj)
+        stream = _TorchStream(obj)
+    elif isinstance(obj, random.Random) and not isinstance(obj, random.SystemRandom):
+        stream = _PythonStream(obj)
+    elif type(obj).__module__.startswith("numpy.random") and (
+        hasattr(obj, "bit_generator") or hasattr(obj, "get_state")
+    ):
+        stream = _NumpyStream(obj)
+    if stream is not None:
+        try:
+            stream.load_state_dict(stream.state_dict())  # what cannot be read back is refused now
+        except Exception as e:
+            raise TypeError(f"track(..., {name}=...): its state cannot be kept: {e}") from e
+        return stream
     raise TypeError(
         f"track(..., {name}=...) got a {type(obj).__name__}: an extra needs state_dict() and "
-        "load_state_dict() (or is a torch.Generator, random.Random or numpy random generator)"
+        "load_state_dict() (or is a torch.Generator, random.Random, numpy Generator or RandomState)"
     )
 
 
@@ -97,19 +106,22 @@ class _NumpyStream:
 
 
 def _plain(obj: Any) -> Any:
-    """numpy's state with its arrays as tensors (int64: MT19937's key words are unsigned 32-bit)."""
+    """numpy's state with its arrays as tensors of their bytes (a uint64 word over 2**63, as Philox's
+    key holds, fits no signed integer type: the bytes are kept as they are, with the dtype)."""
     if isinstance(obj, dict):
         return {k: _plain(v) for k, v in obj.items()}
-    if hasattr(obj, "tolist") and hasattr(obj, "dtype"):
-        return {"array": torch.tensor(obj.astype("int64")), "dtype": str(obj.dtype)}
-    if hasattr(obj, "item"):  # a numpy scalar
+    if hasattr(obj, "dtype") and getattr(obj, "shape", None) == ():  # a numpy scalar
         return obj.item()
+    if hasattr(obj, "tobytes") and hasattr(obj, "dtype"):
+        raw = torch.frombuffer(bytearray(obj.tobytes()), dtype=torch.uint8) if obj.size else torch.empty(0)
+        return {"array": raw.to(torch.uint8), "dtype": obj.dtype.str, "shape": list(obj.shape)}
     return obj
 
 
 def _arrays(obj: Any, numpy: Any) -> Any:
     if isinstance(obj, dict):
-        if set(obj) == {"array", "dtype"}:
-            return numpy.asarray(obj["array"].tolist(), dtype=obj["dtype"])
+        if set(obj) == {"array", "dtype", "shape"}:
+            raw = obj["array"].numpy().tobytes()
+            return numpy.frombuffer(raw, dtype=obj["dtype"]).reshape(obj["shape"]).copy()
         return {k: _arrays(v, numpy) for k, v in obj.items()}
     return obj

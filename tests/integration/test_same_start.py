@@ -1,6 +1,7 @@
 """Replicas that never were one state: a script whose ranks build their model from different seeds (and
 reduce gradients with the agent, not DDP, so nothing starts them from rank 0's weights) is refused as the
-job's group first forms, with the fix named in the job's result; seeded alike, the same script runs."""
+job's group first forms, with the fix named in the job's result; seeded alike, the same script runs. So
+is a random stream the script tracks but seeds per rank: a spare would take a replica's position."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ async def test_ranks_starting_from_different_weights_are_refused(client: Client,
     job = spec(tmp_path / "a", "unseeded", spares=0, script=UNSEEDED, args=())
     result = await run_with(client, job, timeout=90)
     assert result.status is JobState.USER_ERROR and result.error, result.error
-    assert "started from another state" in result.error and "seed the model" in result.error
+    assert "started from another model state" in result.error and "seed the model" in result.error
     assert not result.incidents
 
 
@@ -29,3 +30,12 @@ async def test_ranks_seeded_alike_start_as_replicas(client: Client, tmp_path: Pa
     job = spec(tmp_path / "b", "seeded", spares=0, script=UNSEEDED, args=("--seeded",))
     result = await run_with(client, job, timeout=90)
     assert result.ok and result.final_digest, result.error
+
+
+async def test_a_tracked_random_stream_seeded_per_rank_is_refused(client: Client, tmp_path: Path) -> None:
+    args = ("--seeded", "--stream-per-rank")
+    job = spec(tmp_path / "c", "stream-per-rank", spares=0, script=UNSEEDED, args=args)
+    result = await run_with(client, job, timeout=90)
+    assert result.status is JobState.USER_ERROR and result.error, result.error
+    assert "started from another random streams state" in result.error, result.error
+    assert "draw from torch's" in result.error and not result.incidents

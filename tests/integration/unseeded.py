@@ -1,5 +1,6 @@
 """A data-parallel script that builds its model before seeding it the same on every rank (pass
-`--seeded` for the fix): each rank starts from its own weights."""
+`--seeded` for the fix): each rank starts from its own weights. With `--stream-per-rank` (and
+`--seeded`) the model is one, but a random stream it tracks is seeded per rank."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ def main() -> None:
     torch.manual_seed(0 if "--seeded" in sys.argv else 1000 + agent.rank)
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    agent.track(model, opt)
+    noise = torch.Generator().manual_seed(agent.rank if "--stream-per-rank" in sys.argv else 5)
+    agent.track(model, opt, noise=noise)
     for step in agent.steps(5):
         with step:
-            x = torch.randn(8, 16)
+            x = torch.randn(8, 16) + 0.01 * torch.randn(8, 16, generator=noise)
             opt.zero_grad()
             F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
             agent.all_reduce_gradients()

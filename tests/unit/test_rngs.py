@@ -28,6 +28,19 @@ STREAMS: dict[str, tuple[Callable[[int], Any], Callable[[Any], float]]] = {
         lambda g: float(g.random()),
     ),
     "numpy RandomState": (np.random.RandomState, lambda r: float(r.rand())),
+    # Philox's key and SFC64's state hold uint64 words over 2**63, which no signed integer holds.
+    "numpy Generator (Philox)": (
+        lambda s: np.random.Generator(np.random.Philox(s)),
+        lambda g: float(g.random()),
+    ),
+    "numpy Generator (SFC64)": (
+        lambda s: np.random.Generator(np.random.SFC64(s)),
+        lambda g: float(g.random()),
+    ),
+    "numpy Generator (PCG64DXSM)": (
+        lambda s: np.random.Generator(np.random.PCG64DXSM(s)),
+        lambda g: float(g.random()),
+    ),
 }
 
 
@@ -57,6 +70,9 @@ def test_what_is_neither_state_nor_a_stream_is_refused_with_the_fix() -> None:
         TypeError, match=r"track\(\.\.\., counter=\.\.\.\) got a int: an extra needs state_dict"
     ):
         as_stateful("counter", 3)
+    for unkept in (random.SystemRandom(), np.random.SeedSequence(1)):  # no position to keep
+        with pytest.raises(TypeError, match="an extra needs state_dict"):
+            as_stateful("r", unkept)
 
 
 def test_the_global_streams_draw_the_same_for_the_same_seed() -> None:
