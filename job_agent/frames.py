@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
 from torchpass.models import FailureKind
 
@@ -96,3 +96,32 @@ class GpuReport(FrameModel):
     planned: bool
     detail: str = Field(max_length=TEXT)
     xid: int | None = Field(default=None, ge=0, le=2**20)
+
+    @field_validator("agent_ids")
+    @classmethod
+    def _once_each(cls, agent_ids: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not a or len(a) > ID for a in agent_ids):
+            raise ValueError("an agent id is 1 to 200 characters")
+        return tuple(dict.fromkeys(agent_ids))
+
+    @model_validator(mode="after")
+    def _a_gpus_kind(self) -> GpuReport:
+        """A GPU speaks of itself: a node cannot start an incident of another kind through it."""
+        kinds = _GPU_WARNINGS if self.planned else _GPU_FAILURES
+        if self.kind not in kinds:
+            what = "warning" if self.planned else "failure"
+            raise ValueError(
+                f"a GPU {what} is one of {sorted(k.value for k in kinds)}, not {self.kind.value}"
+            )
+        return self
+
+
+_GPU_FAILURES = frozenset(
+    {
+        FailureKind.GPU_FELL_OFF_BUS,
+        FailureKind.GPU_ECC_UNCORRECTABLE,
+        FailureKind.NVLINK_ERROR,
+        FailureKind.GPU_LOST,
+    }
+)
+_GPU_WARNINGS = frozenset({FailureKind.GPU_TEMPERATURE, FailureKind.GPU_ECC_UNCORRECTABLE})

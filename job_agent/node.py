@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from job_agent import frames, protocol, wire
 from job_agent.frames import NodeProcess, SignalAction
-from job_agent.gpu_health import GpuHealth
+from job_agent.gpu_health import GpuHealth, GpuSignal, nvml_index
 from job_agent.launcher import LocalLauncher
 from job_agent.link import EXIT_COORDINATOR_LOST
 from torchpass.errors import ErrorType
@@ -210,6 +210,7 @@ class NodeAgent:
             "TORCHPASS_SECRET_FILE": str(self.settings.secret_file),
             "TORCHPASS_ADVERTISE_HOST": self.settings.host,
             "LOCAL_RANK": str(device),
+            "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),  # as NVML numbers GPUs
             **self._collective_interface,
         }
         try:
@@ -233,7 +234,8 @@ class NodeAgent:
 
     def _watch_gpus(self) -> None:
         """Read the GPUs' health and tell the coordinator what concerns the processes on each GPU (the
-        one a process's LOCAL_RANK names). A GPU running none of them starts nothing."""
+        one a process's LOCAL_RANK names, through CUDA_VISIBLE_DEVICES). A GPU running none of them
+        starts nothing. A reading that fails is logged and read again; the watch never dies of it."""
         s = self.settings
         health = GpuHealth(s.max_gpu_temperature)
         if not health.gpus:
@@ -242,25 +244,34 @@ class NodeAgent:
         wait_ms = int(s.gpu_check_every * 1000)
         try:
             while not self._done.is_set():
-                for signal in health.poll(wait_ms):
-                    on_it = tuple(
-                        a
-                        for a, d in self._devices.items()
-                        if d == signal.gpu and self._launcher.poll(a) is None
-                    )
-                    log.warning("node %s: %s (processes on it: %s)", s.node, signal.detail, on_it or "none")
-                    if on_it:
-                        report = wire.GpuReport(
-                            gpu=signal.gpu,
-                            agent_ids=on_it[:64],
-                            kind=signal.kind,
-                            planned=signal.planned,
-                            detail=signal.detail[: frames.TEXT],
-                            xid=signal.xid,
-                        )
-                        self._send(report)
+                try:
+                    signals = health.poll(wait_ms)
+                except Exception as e:  # an NVML failure of a kind not foreseen: said, then read again
+                    log.error("node %s: reading the GPUs failed: %s", s.node, e)
+                    self._done.wait(s.gpu_check_every)
+                    continue
+                for signal in signals:
+                    self._gpu_signal(signal, len(health.gpus))
         finally:
             health.close()
+
+    def _gpu_signal(self, signal: GpuSignal, count: int) -> None:
+        on_it = tuple(
+            a
+            for a, d in list(self._devices.items())
+            if nvml_index(d, count, os.environ) == signal.gpu and self._launcher.poll(a) is None
+        )
+        log.warning("node %s: %s (processes on it: %s)", self.settings.node, signal.detail, on_it or "none")
+        if on_it:
+            report = wire.GpuReport(
+                gpu=signal.gpu,
+                agent_ids=on_it[:64],
+                kind=signal.kind,
+                planned=signal.planned,
+                detail=signal.detail[: frames.TEXT],
+                xid=signal.xid,
+            )
+            self._send(report)
 
     def _send(self, frame: wire.Frame) -> None:
         try:

@@ -57,7 +57,7 @@ class Node:
     rejoined: tuple[NodeProcess, ...] = ()  # what it ran, as it said rejoining a restarted coordinator
 
 
-MAX_GPU_REPORTS = 1024  # a node repeating itself cannot grow the coordinator without bound
+MAX_GPU_REPORTS = 64  # a node's reports waiting: one repeating itself cannot grow the coordinator
 
 
 class NodeLauncher(Launcher):
@@ -166,7 +166,8 @@ class NodeLauncher(Launcher):
                 self._exits.setdefault(frame.agent_id, frame.code)
         elif isinstance(frame, wire.GpuReport):
             mine = tuple(a for a in frame.agent_ids if self._node_of.get(a) is node)
-            if mine and len(self.gpu_reports) < MAX_GPU_REPORTS:
+            queued = sum(1 for name, _ in self.gpu_reports if name == node.name)
+            if mine and queued < MAX_GPU_REPORTS:  # per node: one node's flood never drops another's
                 self.gpu_reports.append((node.name, frame.model_copy(update={"agent_ids": mine})))
         elif not isinstance(frame, wire.Heartbeat):
             send(

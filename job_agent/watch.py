@@ -52,7 +52,6 @@ async def watch(c: Watched) -> None:
             continue
         if c.nodes is not None and c.nodes.gpu_reports:
             _gpu_reports(c, c.nodes)
-            continue
         now = time.monotonic()
         for ev in c.detector.hung(now):
             m = c.roster.at(ev.slots[0])
@@ -76,14 +75,15 @@ def _silent_in_recovery(c: Watched, inc: Incident) -> None:
 
 
 def _gpu_reports(c: Watched, nodes: NodeLauncher) -> None:
-    """What the nodes' GPUs said, one report at a time (each may start an incident). A GPU that failed
-    takes its ranks with it: they are killed now (fenced), their loss being this evidence."""
-    node, report = nodes.gpu_reports.pop(0)
-    ev, ranks = c.detector.gpu(node, report)
-    if ev is None:
-        return
-    if not report.planned:
-        for m in ranks:
-            m.fenced = True
-            c.launcher.kill(m.agent_id)
-    c.add_evidence(ev)
+    """What the nodes' GPUs said (each report may start an incident). A GPU that failed takes its ranks
+    with it: they are killed now (fenced), their loss being this evidence."""
+    reports, nodes.gpu_reports = nodes.gpu_reports, []
+    for node, report in reports:
+        ev, ranks = c.detector.gpu(node, report)
+        if ev is None:
+            continue
+        if not report.planned:
+            for m in ranks:
+                m.fenced = True
+                c.launcher.kill(m.agent_id)
+        c.add_evidence(ev)

@@ -13,6 +13,7 @@
  *   lost I                       GPU I is lost: every call on it returns NVML_ERROR_GPU_IS_LOST
  *   xid SEQ I XID                a critical XID event on GPU I; an event set delivers each SEQ once, and
  *                                only those written after it was created (as the driver does)
+ *   unsupported I WHAT           GPU I does not offer WHAT (temp, ecc or remap): NVML_ERROR_NOT_SUPPORTED
  *   no_driver                    nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED
  *
  * Built by the tests: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
@@ -54,6 +55,7 @@ typedef struct {
     unsigned long long ecc[MAX_GPUS];
     unsigned int remap[MAX_GPUS][4];
     int lost[MAX_GPUS];
+    int no_temp[MAX_GPUS], no_ecc[MAX_GPUS], no_remap[MAX_GPUS];
     int n_events;
     long seq[MAX_EVENTS];
     int gpu[MAX_EVENTS];
@@ -85,6 +87,12 @@ static void read_state(state_t *s) {
             if (fscanf(f, "%u %u %u %u", &r[0], &r[1], &r[2], &r[3]) != 4) break;
         } else if (!strcmp(key, "lost") && fscanf(f, "%d", &i) == 1 && i >= 0 && i < MAX_GPUS) {
             s->lost[i] = 1;
+        } else if (!strcmp(key, "unsupported") && fscanf(f, "%d", &i) == 1 && i >= 0 && i < MAX_GPUS) {
+            char what[16];
+            if (fscanf(f, "%15s", what) != 1) break;
+            if (!strcmp(what, "temp")) s->no_temp[i] = 1;
+            if (!strcmp(what, "ecc")) s->no_ecc[i] = 1;
+            if (!strcmp(what, "remap")) s->no_remap[i] = 1;
         } else if (!strcmp(key, "xid") && s->n_events < MAX_EVENTS) {
             int k = s->n_events;
             if (fscanf(f, "%ld %d %llu", &s->seq[k], &s->gpu[k], &s->xid[k]) != 3) break;
@@ -159,7 +167,7 @@ int nvmlDeviceGetTemperature(void *device, int sensor, unsigned int *temp) {
     state_t s;
     int i = device_of(device, &s);
     if (i < 0) return -i;
-    if (sensor != 0) return ERR_NOT_SUPPORTED;
+    if (sensor != 0 || s.no_temp[i]) return ERR_NOT_SUPPORTED;
     *temp = s.temp[i];
     return OK;
 }
@@ -168,7 +176,7 @@ int nvmlDeviceGetTotalEccErrors(void *device, int error_type, int counter_type, 
     state_t s;
     int i = device_of(device, &s);
     if (i < 0) return -i;
-    if (error_type != 1 || counter_type != 0) return ERR_NOT_SUPPORTED; /* uncorrected, volatile */
+    if (error_type != 1 || counter_type != 0 || s.no_ecc[i]) return ERR_NOT_SUPPORTED; /* uncorrected, volatile */
     *count = s.ecc[i];
     return OK;
 }
@@ -178,6 +186,7 @@ int nvmlDeviceGetRemappedRows(void *device, unsigned int *corr, unsigned int *un
     state_t s;
     int i = device_of(device, &s);
     if (i < 0) return -i;
+    if (s.no_remap[i]) return ERR_NOT_SUPPORTED;
     *corr = s.remap[i][0];
     *unc = s.remap[i][1];
     *pending = s.remap[i][2];

@@ -9,7 +9,6 @@ the real bindings: which NVML facts become which signal, once.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -140,10 +139,68 @@ def test_no_driver_means_no_gpus_and_no_error(fake_nvml: Path, node: Node) -> No
 
 
 def test_no_nvml_library_means_no_gpus_and_no_error() -> None:
-    """This machine's own NVML: none is installed, so the bindings raise LibraryNotFound."""
-    code = "from job_agent.gpu_health import GpuHealth; h = GpuHealth(); print(h.gpus, h.reason)"
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    """The bindings failing to load the library (a host without the driver) as they do here; loading it is
+    made to fail, so that a host with a real driver tests the same."""
+    code = (
+        "import pynvml\n"
+        "def missing(*a, **k): raise OSError('libnvidia-ml.so.1: cannot open shared object file')\n"
+        "pynvml.CDLL = missing\n"
+        "from job_agent.gpu_health import GpuHealth; h = GpuHealth(); print(h.gpus, h.reason)"
+    )
     cmd = [sys.executable, "-c", code]
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("[] no GPUs"), out.stdout
+
+
+def test_a_reading_a_gpu_does_not_offer_leaves_the_others_read(health: GpuHealth, node: Node) -> None:
+    """No ECC on the board, no row remapper before Ampere: NVML says NOT_SUPPORTED for those, and the
+    temperature is still watched."""
+    node.set("unsupported 2 ecc", "unsupported 2 remap")
+    assert health.poll() == []
+    node.set("temp 2 91")
+    [hot] = health.poll()
+    assert (hot.gpu, hot.kind) == (2, K.GPU_TEMPERATURE)
+
+
+def test_the_same_xid_again_later_is_a_new_failure(health: GpuHealth, node: Node) -> None:
+    node.xid(1, 94)
+    assert [s.xid for s in health.poll(wait_ms=500)] == [94]
+    node.xid(1, 94)
+    assert [s.xid for s in health.poll(wait_ms=500)] == [94]
+
+
+def test_other_xids_never_hold_up_the_state_reads(health: GpuHealth, node: Node) -> None:
+    """NVML's critical-XID events carry every XID; a stream of those that are not failures (43: a
+    process killed) is read and let go, and the temperature is read within the poll's wait."""
+    for _ in range(30):
+        node.xid(0, 43)
+    node.set("temp 3 95")
+    [hot] = health.poll(wait_ms=200)
+    assert (hot.gpu, hot.kind) == (3, K.GPU_TEMPERATURE)
+
+
+def test_a_report_of_a_kind_that_is_not_a_gpus_is_refused() -> None:
+    """A node speaks for its GPUs only: it cannot start an incident of another kind through them."""
+    from pydantic import ValidationError
+
+    from job_agent import wire
+
+    fields = {"gpu": 0, "agent_ids": ("rank0-1", "rank0-1"), "detail": "", "planned": False}
+    assert wire.GpuReport(kind=K.GPU_FELL_OFF_BUS, **fields).agent_ids == ("rank0-1",)
+    for kind, planned in ((K.FABRIC_OUTAGE, False), (K.SILENT_DATA_CORRUPTION, False), (K.GPU_LOST, True)):
+        with pytest.raises(ValidationError, match="a GPU"):
+            wire.GpuReport(kind=kind, **{**fields, "planned": planned})
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "visible", "index"),
+    [(1, None, 1), (9, None, 1), (1, "4,5,6,7", 5), (5, "4,5,6,7", 5), (0, "GPU-8e1f", None)],
+)
+def test_a_processs_gpu_is_the_one_its_local_rank_names(
+    local_rank: int, visible: str | None, index: int | None
+) -> None:
+    from job_agent.gpu_health import nvml_index
+
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert nvml_index(local_rank, 8, environ) == index
