@@ -30,6 +30,8 @@ import torch.distributed as dist
 from torch.distributed.utils import _sync_module_states
 from torch.nn.parallel import DistributedDataParallel
 
+from job_agent.fsdp import fsdp_modules
+
 _BROADCAST_BUCKET = 250 * 1024 * 1024  # DDP's own broadcast bucket size
 
 
@@ -70,6 +72,12 @@ def check_same_start(shard: str, digest: str, what: str = "model") -> None:
         )
 
 
+def _stateful(state: object) -> bool:
+    """A comm hook's state that holds what a re-formed group or a spare cannot take over. DDP's own
+    mixed-precision hook state reads the wrapper's group when it runs: it follows the new one."""
+    return state is not None and type(state).__name__ != "_AllreduceUpcastHookState"
+
+
 def running_statistics(model: torch.nn.Module) -> list[str]:
     """The batch norms in `model` keeping running statistics of their own rank's batches, named."""
     return [
@@ -77,7 +85,8 @@ def running_statistics(model: torch.nn.Module) -> list[str]:
         for name, m in model.named_modules()
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
         and m.track_running_stats
-        and not isinstance(m, torch.nn.SyncBatchNorm)
+        and m.training  # a frozen one (eval mode) keeps its statistics as they are
+        and "SyncBatchNorm" not in type(m).__name__  # torch's, apex's: the ranks' statistics are one
     ]
 
 
@@ -86,7 +95,7 @@ class Wrappers:
 
     def __init__(self, model: torch.nn.Module, at_collective: Callable[[], None]) -> None:
         self.modules = [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
-        if not self.modules and (stats := running_statistics(model)):
+        if not self.modules and not fsdp_modules(model) and (stats := running_statistics(model)):
             raise ValueError(
                 f"{stats[0]} keeps running statistics that each rank updates from its own batches, and"
                 " no DDP wrapper gives every rank rank 0's: the replicas would differ and no spare could"
@@ -101,7 +110,7 @@ class Wrappers:
                     " not take a lost rank's over: keep broadcast_buffers=True (the default) or use"
                     " SyncBatchNorm"
                 )
-            if any(state is not None for _, state in getattr(ddp, "_comm_hooks", ())):
+            if any(_stateful(state) for _, state in getattr(ddp, "_comm_hooks", ())):
                 raise ValueError(
                     "a DistributedDataParallel communication hook registered with a state (PowerSGD's"
                     " holds its process group and each rank's error feedback) cannot follow the group"

@@ -108,8 +108,9 @@ class Supplier:
                         sup.got[m.slot] = (m.agent_id, r, sources[0].slot)
                 continue
             sup.served.extend(moved.served.items())
+            first = next(iter(moved.served), sources[0].slot)  # a donor that served (the first may not have)
             for m in targets:
-                sup.got[m.slot] = (m.agent_id, moved.received[m.slot], sources[0].slot)
+                sup.got[m.slot] = (m.agent_id, moved.received[m.slot], first)
             # A donor lost while the others finished its slices is a loss of this recovery: the next round
             # gives its slot a spare and the state.
             inc.lost.update(m.slot for m in sources if not m.alive)
