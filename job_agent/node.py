@@ -90,6 +90,8 @@ class NodeAgent:
             raise BadSecret(f"cannot read the job's secret from {settings.secret_file}: {e}") from None
         self._launcher = LocalLauncher(str(settings.script), settings.args)
         self._devices: dict[str, int] = {}  # agent -> its local device index (LOCAL_RANK)
+        self._failed_gpus: set[int] = set()  # NVML indices of the GPUs that failed
+        self._gpu_count = 0
         self._collective_interface = collective_interface(settings.host, os.environ)
         self._send_lock = threading.Lock()
         self._done = threading.Event()
@@ -195,7 +197,10 @@ class NodeAgent:
         if agent_id in self._devices:
             return  # said twice: the process is already there
         used = {d for a, d in self._devices.items() if self._launcher.poll(a) is None}
-        device = next(i for i in range(len(used) + 1) if i not in used)
+        free = [i for i in range(len(used) + len(self._failed_gpus) + 1) if i not in used]
+        # A GPU that failed is not given again while another is free (a spare there would be lost with it).
+        healthy = [i for i in free if nvml_index(i, self._gpu_count, os.environ) not in self._failed_gpus]
+        device = (healthy or free)[0]
         self._devices[agent_id] = device
         slot = (
             int(env.get("TORCHPASS_SLOT", "-1"))
@@ -241,7 +246,7 @@ class NodeAgent:
         if not health.gpus:
             log.info("node %s: %s; GPU health not watched", s.node, health.reason or "no GPUs")
             return
-        wait_ms = int(s.gpu_check_every * 1000)
+        wait_ms, self._gpu_count = int(s.gpu_check_every * 1000), len(health.gpus)
         try:
             while not self._done.is_set():
                 try:
@@ -256,6 +261,8 @@ class NodeAgent:
             health.close()
 
     def _gpu_signal(self, signal: GpuSignal, count: int) -> None:
+        if not signal.planned:
+            self._failed_gpus.add(signal.gpu)
         on_it = tuple(
             a
             for a, d in list(self._devices.items())
