@@ -18,27 +18,28 @@ from pathlib import Path
 from temporalio.client import Client
 
 from tests import nvml
-from tests.integration.conftest import spec, start_job
+from tests.integration.conftest import run_with, spec, start_job
 from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
-    ARGS,
     coordinator_of,
     hosts,
     log_of,
-    long_reference,
     node_argv,
     status,
 )
 from torchpass.dev.hosts import Fabric
-from torchpass.job import JobResult
 from torchpass.models import Category, Disposition, FailureKind
+
+# Long enough that the GPU's state, read once a second, changes while the job trains on a fast machine.
+ARGS = ("--steps", "2000", "--width", "128", "--depth", "2")
 
 
 async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bus_is_a_failure(
     client: Client,
     tmp_path: Path,
     hosts: Fabric,  # noqa: F811
-    long_reference: JobResult,  # noqa: F811
 ) -> None:
+    reference = await run_with(client, spec(tmp_path / "ref", "gpu-reference", spares=0, args=ARGS))
+    assert reference.ok and reference.final_digest, reference.error
     lib = nvml.build(tmp_path)
     job = spec(tmp_path, "gpu-signals", args=ARGS, nodes=2, host=hosts.coordinator)
     task = await start_job(client, job)
@@ -48,9 +49,8 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
         states[h.name] = tmp_path / f"nvml-{h.name}"
         states[h.name].write_text("gpus 4\n" + "".join(f"temp {i} 60\necc {i} 0\n" for i in range(4)))
         env = ["env", f"LD_LIBRARY_PATH={lib.parent}", f"FAKE_NVML_STATE={states[h.name]}"]
-        hosts.start(
-            h, [*env, *node_argv(job, address, h, slots=2, spares=1)], str(tmp_path / f"{h.name}.log")
-        )
+        argv = [*env, *node_argv(job, address, h, slots=2, spares=1, args=ARGS)]
+        hosts.start(h, argv, str(tmp_path / f"{h.name}.log"))
     before = await status(job)
     while len(before.ranks) < 4 or before.state != "training" or before.spares < 2:
         assert not task.done(), (await task).error
@@ -84,4 +84,4 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
     assert failed.kind is FailureKind.GPU_FELL_OFF_BUS, failed
     assert failed.proof is not None and failed.proof.receiver_slots == (0,), failed.proof
     assert result.steps_recomputed == 0
-    assert result.final_digest == long_reference.final_digest
+    assert result.final_digest == reference.final_digest
