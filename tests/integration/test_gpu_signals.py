@@ -27,6 +27,7 @@ from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     status,
 )
 from torchpass.dev.hosts import Fabric
+from torchpass.job import JobSpec
 from torchpass.models import Category, Disposition, FailureKind
 
 # Long enough that the GPU's state, read once a second, changes while the job trains on a fast machine.
@@ -47,7 +48,7 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
     states = {}
     for h in hosts.hosts:
         states[h.name] = tmp_path / f"nvml-{h.name}"
-        states[h.name].write_text("gpus 4\n" + "".join(f"temp {i} 60\necc {i} 0\n" for i in range(4)))
+        states[h.name].write_text("gpus 8\n" + "".join(f"temp {i} 60\necc {i} 0\n" for i in range(8)))
         env = ["env", f"LD_LIBRARY_PATH={lib.parent}", f"FAKE_NVML_STATE={states[h.name]}"]
         argv = [*env, *node_argv(job, address, h, slots=2, spares=1, args=ARGS)]
         hosts.start(h, argv, str(tmp_path / f"{h.name}.log"))
@@ -57,12 +58,13 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
         await asyncio.sleep(0.05)
         before = await status(job)
     node = {r.slot: r.node for r in before.ranks}
-    # Each node's ranks are on its GPUs 0 and 1 (LOCAL_RANK in the order they started): the later slot
-    # of a node is on its GPU 1.
-    hot_node, off_node = node[3], node[0]
+    # Which GPU a rank uses is its LOCAL_RANK, which its node gave it (as the processes started): read
+    # from the rank's own environment. 8 GPUs a node: no two of its processes share one.
+    hot_node, hot_gpu = node[3], local_rank(job, 3)
+    off_node, off_gpu = node[0], local_rank(job, 0)
     for celsius in (75, 80, 84, 88):  # a ramp: the move starts at the threshold (85), once
         with states[hot_node].open("a") as f:
-            f.write(f"temp 1 {celsius}\n")
+            f.write(f"temp {hot_gpu} {celsius}\n")
         await asyncio.sleep(0.3)
     after = await status(job)
     while after.incidents < 1 or after.state != "training" or len(after.ranks) < 4:
@@ -70,7 +72,7 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
         await asyncio.sleep(0.05)
         after = await status(job)
     with states[off_node].open("a") as f:
-        f.write("xid 1 0 79\n")
+        f.write(f"xid 1 {off_gpu} 79\n")
     result = await asyncio.wait_for(task, 180)
 
     assert result.ok, (result.error, log_of(tmp_path, hot_node), log_of(tmp_path, off_node))
@@ -85,3 +87,20 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
     assert failed.proof is not None and failed.proof.receiver_slots == (0,), failed.proof
     assert result.steps_recomputed == 0
     assert result.final_digest == reference.final_digest
+
+
+def local_rank(job: JobSpec, slot: int) -> int:
+    """The LOCAL_RANK of the process started for `slot` of `job`, from its environment in /proc."""
+    wanted = {
+        f"TORCHPASS_SLOT={slot}",
+        "TORCHPASS_ROLE=rank",
+        f"TORCHPASS_CHECKPOINT_DIR={job.job_dir / 'checkpoints'}",
+    }
+    for proc in Path("/proc").iterdir():
+        try:
+            env = set((proc / "environ").read_bytes().decode(errors="replace").split("\0"))
+        except OSError:
+            continue
+        if wanted <= env:
+            return next(int(v.split("=", 1)[1]) for v in env if v.startswith("LOCAL_RANK="))
+    raise AssertionError(f"no process of slot {slot} of job {job.job_id}")

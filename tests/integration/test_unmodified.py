@@ -29,7 +29,17 @@ async def test_a_kill_restarts_the_whole_job_from_the_scripts_checkpoint_and_is_
     and the restart's recomputed steps measured from it."""
     ckpt = str(tmp_path / "ckpt.pt")
     args = ("--steps", "40", "--width", "64", "--ckpt", ckpt, "--ckpt-every", "5", "--save", save)
-    job = spec(tmp_path, f"unmodified-kill-{save}", spares=0, script=SCRIPT, args=args, agent=False)
+    # The default hang timeout (10 s), not the tests' 1.5 s: on a loaded 2-core machine a rank saving the
+    # last checkpoint could miss heartbeats that long, a hang this test is not about.
+    job = spec(
+        tmp_path,
+        f"unmodified-kill-{save}",
+        spares=0,
+        script=SCRIPT,
+        args=args,
+        agent=False,
+        hang_timeout=10.0,
+    )
     result = await run_with(client, job, [("kill", 2, 17)])
     assert result.ok, result.error
     assert result.steps_completed == 40 and result.restarts == 1
