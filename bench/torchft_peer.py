@@ -66,15 +66,7 @@ def ensure_venv() -> Path:
     if python.exists() and _imports_torchft(python):
         return python
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
-    site = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout.strip()
-    )
+    site = Path(_printed(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
     # this project's site-packages (torch among them) after the venv's own, so nothing downloads torch again
     (site / "_torchpass_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
@@ -101,14 +93,13 @@ def _imports_torchft(python: Path) -> bool:
 
 
 def torch_version() -> str:
-    python = ensure_venv()
-    return subprocess.run(
-        [str(python), "-c", "import torch; print(torch.__version__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout.strip()
+    return _printed(ensure_venv(), "import torch; print(torch.__version__)")
+
+
+def _printed(python: Path, code: str) -> str:
+    """What `code` prints, run by the torchft virtualenv's `python`."""
+    cmd = [str(python), "-c", code]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120).stdout.strip()
 
 
 def torchft_run(d: Path, tuned: bool, mid_step: bool = False) -> tuple[float, int, float, float] | str:
