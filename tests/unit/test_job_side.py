@@ -228,10 +228,16 @@ async def test_a_spare_starting_as_the_job_ends_is_told_to_leave(tmp_path: Path,
     the job has finished (a refill still starting) is told to exit at once; the shutdown never waits out
     its grace for it."""
     async with Job(tmp_path, allowance) as job:
-        c = job.coordinator
-        await until(lambda: c.state is JobState.FINISHED, "the job to finish")
-        spare, t0 = c.spawn(Role.SPARE, -1), time.monotonic()
+        c, spawned, end = job.coordinator, list[tuple[str, float]](), job.coordinator.fail
+
+        def fail(error: str | None, state: JobState = JobState.FAILED) -> None:
+            end(error, state)  # the spare starts as the job finishes, before the shutdown sees who is left
+            if state is JobState.FINISHED and not spawned:
+                spawned.append((c.spawn(Role.SPARE, -1), time.monotonic()))
+
+        c.fail = fail  # type: ignore[method-assign]
         await job.finished()
+        ((spare, t0),) = spawned
         assert time.monotonic() - t0 < SHUTDOWN_GRACE.total_seconds() / 2
     assert spare in c.roster.members and job.launcher.poll(spare) == 0  # admitted, told to go, gone
     _assert_finished(job, incidents=0)
