@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
+from job_agent.cluster import ClusterSignals
 from job_agent.detection import Detector, signal_name
 from job_agent.ending import job_result, judge_exits, put_away, user_error
 from job_agent.incident import IncidentTracker, Reporter
@@ -46,6 +47,7 @@ from torchpass.signing import is_signed
 SHUTDOWN_GRACE = timedelta(seconds=10)
 FILE_WAIT = timedelta(seconds=30)
 _ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR)
+_NOT_FROM_MEMBERS = (wire.Hello, wire.NodeHello, wire.Inject, wire.Drain, wire.NodeEvent, wire.StatusRequest)
 
 
 class Coordinator:
@@ -91,9 +93,13 @@ class Coordinator:
         self._progress_file = ProgressFile(spec.job_dir)
         self.progress = StepTracker(self._progress_file.write)
         self.resumed: Resumed | None = None
-        self.spares: SparePool = LocalSparePool(self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence)
+        avoid = self.nodes.avoid if self.nodes is not None else set[str]()  # what the cluster took away
+        self.spares: SparePool = LocalSparePool(
+            self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence, avoid
+        )
         self.transport: StateTransport = DirectTransport(self.changes)
         self.incidents = IncidentTracker.of_job(spec, lambda: self._generation, reporter)
+        self.cluster = ClusterSignals(self.job_id, self.roster, self.launcher, avoid, self.incidents)
         self.detector = Detector(self.job_id, self.roster, self.hang_timeout)
         self._injector = Injector(self.job_id, self.world_size, self.roster, self.launcher)
 
@@ -273,16 +279,7 @@ class Coordinator:
             return wire.Welcome()
         if isinstance(frame, wire.NodeHello):
             return admit_node(self.nodes, self.roster, conn, frame, lambda: self.spawn(Role.SPARE, -1))
-        if isinstance(frame, wire.Inject):
-            return self._injector.inject(frame)
-        if isinstance(frame, wire.Drain):
-            reply, ev = self._injector.drain(frame, self.state)
-            if ev is not None:
-                self.add_evidence(ev)
-            return reply
-        if isinstance(frame, wire.StatusRequest):
-            return job_status(self)
-        return wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"unexpected request {frame.t!r}")
+        return operator_request(self, self._injector, frame)
 
     def _on_member_frame(self, m: Member, frame: wire.Frame, ts: float) -> None:
         if isinstance(frame, wire.Step):  # measured before the member's own view moves on
@@ -306,7 +303,7 @@ class Coordinator:
                 self.checkpoints.saved(m, step, path, self.world_size)
             case wire.UserError(step=step, traceback=tb):
                 self.fail(user_error(m.slot, step, tb), state=JobState.USER_ERROR)
-            case wire.Hello() | wire.NodeHello() | wire.Inject() | wire.Drain() | wire.StatusRequest():
+            case _ if isinstance(frame, _NOT_FROM_MEMBERS):
                 why = f"a member does not send {frame.t!r}"
                 m.send(wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=why))
 
@@ -347,7 +344,22 @@ class Coordinator:
         elif self.state is JobState.TRAINING:
             self.add_evidence(self.detector.lost(m, code, reason, observed))
 
-    # --- detection -----------------------------------------------------------------------------------
+
+def operator_request(c: Coordinator, injector: Injector, frame: wire.Frame) -> wire.Frame:
+    """An operator's or a cluster detector's request: inject, drain, a node's event, the job's status."""
+    if isinstance(frame, wire.Inject):
+        return injector.inject(frame)
+    if isinstance(frame, wire.StatusRequest):
+        return job_status(c)
+    if isinstance(frame, wire.Drain):
+        reply, ev = injector.drain(frame, c.state)
+    elif isinstance(frame, wire.NodeEvent):
+        reply, ev = c.cluster.heard(frame, c.state)
+    else:
+        return wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"unexpected request {frame.t!r}")
+    if ev is not None:
+        c.add_evidence(ev)
+    return reply
 
 
 def job_status(c: Coordinator) -> wire.Status:

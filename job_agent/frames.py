@@ -6,7 +6,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    field_validator,
+    model_validator,
+)
 
 from torchpass.models import FailureKind
 
@@ -125,3 +133,38 @@ _GPU_FAILURES = frozenset(
     }
 )
 _GPU_WARNINGS = frozenset({FailureKind.GPU_TEMPERATURE, FailureKind.GPU_ECC_UNCORRECTABLE})
+
+
+CLUSTER_PLANNED = frozenset({FailureKind.NODE_CORDON, FailureKind.NODE_DRAIN})
+CLUSTER_FAILURES = frozenset(
+    {
+        FailureKind.NODE_NOT_READY,
+        FailureKind.NODE_FAILURE,
+        FailureKind.NODE_POWER_LOSS,
+        FailureKind.POD_DELETED,
+    }
+)
+
+
+class NodeEvent(FrameModel):
+    """What a cluster detector (`workers.kube`, `workers.slurm`) saw of a node: cordoned or drained (a
+    planned move), or failed (NotReady, DOWN, the job's pod there deleted). A claim of the cluster's: the
+    coordinator acts only on its own ranks on that node, and takes a failure for one only once its own
+    view agrees (`job_agent.cluster`). `key` names the observation: heard twice (a restarted detector
+    re-reading the same state), it starts nothing new."""
+
+    t: Literal["node_event"] = "node_event"
+    node: str = Field(pattern=NAME)
+    kind: FailureKind
+    source: Literal["kubernetes", "slurm"]
+    reason: str = Field(default="", max_length=TEXT)
+    key: str = Field(min_length=1, max_length=ID)
+    observed_at: AwareDatetime
+
+    @field_validator("kind")
+    @classmethod
+    def _a_nodes_kind(cls, kind: FailureKind) -> FailureKind:
+        if kind not in CLUSTER_PLANNED | CLUSTER_FAILURES:
+            allowed = sorted(k.value for k in CLUSTER_PLANNED | CLUSTER_FAILURES)
+            raise ValueError(f"a node event is one of {allowed}, not {kind.value}")
+        return kind

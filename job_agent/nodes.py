@@ -82,6 +82,7 @@ class NodeLauncher(Launcher):
         self._closed = False
         self.started = False  # the job's processes were started: a node joining now brings its spares
         self.rejoining = False  # a restarted coordinator takes the job back: its nodes may rejoin
+        self.avoid: set[str] = set()  # cordoned, drained or lost per the cluster: nothing new starts there
 
     # --- nodes joining and leaving --------------------------------------------------------------------
 
@@ -223,6 +224,10 @@ class NodeLauncher(Launcher):
         live = self.joined()
         if not live:
             raise RuntimeError("no node agent is connected to start a process on")
+        usable = [n for n in live if n.name not in self.avoid]
+        if not usable and role is Role.SPARE:
+            raise RuntimeError("every node is cordoned, drained or lost: no spare starts")
+        live = usable or live  # a rank restarted from a checkpoint still needs somewhere to run
 
         def running(n: Node) -> int:
             return sum(1 for a in n.placed if a not in self._exits)

@@ -61,8 +61,15 @@ class SparePool(abc.ABC):
 class LocalSparePool(SparePool):
     """Warm spare processes on this host, launched like the ranks (`spawn`) and fenced with `kill`."""
 
-    def __init__(self, roster: Roster, spawn: Callable[[], object], kill: Callable[[Member], None]) -> None:
+    def __init__(
+        self,
+        roster: Roster,
+        spawn: Callable[[], object],
+        kill: Callable[[Member], None],
+        avoid: Collection[str] = (),
+    ) -> None:
         self._roster = roster
+        self._avoid = avoid  # nodes cordoned, drained or lost: a spare there takes no slot
         self._start = spawn
         self._kill = kill
         self._failed_starts = 0  # in a row, since the last spare that came up warm
@@ -78,7 +85,11 @@ class LocalSparePool(SparePool):
         return [m for m in self._roster.members.values() if m.role is Role.SPARE and m.alive]
 
     def ready(self) -> list[Member]:
-        return [m for m in self._spares() if m.state is MemberState.READY and m.reserved_for is None]
+        return [
+            m
+            for m in self._spares()
+            if m.state is MemberState.READY and m.reserved_for is None and m.node not in self._avoid
+        ]
 
     def warming(self) -> int:
         connecting = [m for m in self._spares() if m.state is MemberState.CONNECTED]

@@ -227,7 +227,9 @@ async def test_a_spare_starting_as_the_job_ends_is_told_to_leave(tmp_path: Path,
     """The real coordinator against in-process fake ranks over the real protocol: a spare that connects once
     the job has finished (a refill still starting) is told to exit at once; the shutdown never waits out
     its grace for it."""
-    async with Job(tmp_path, allowance) as job:
+    job = Job(tmp_path, allowance)
+    job.launcher.step_seconds = 0.05  # still training once the test is ready to see it finish
+    async with job:
         c, spawned, end = job.coordinator, list[tuple[str, float]](), job.coordinator.fail
 
         def fail(error: str | None, state: JobState = JobState.FAILED) -> None:
