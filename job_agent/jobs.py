@@ -115,6 +115,13 @@ def request(
     if info is None:
         known = ", ".join(jobs) or "none"
         raise UnknownJob(f"no running job {job_id!r} under {state_dir} (running: {known})")
+    return ask(info, frame, timeout)
+
+
+def ask(info: dict[str, Any], frame: wire.Frame, timeout: timedelta = REQUEST_TIMEOUT) -> wire.Frame:
+    """One authenticated request to the coordinator of a registry entry (`registered_jobs`); its reply.
+    Its pid says nothing where the coordinator runs on another host: a job gone answers nothing."""
+    job_id = info["job_id"]
     secret_file = Path(info["dir"]) / "secret"
     try:
         secret = bytes.fromhex(secret_file.read_text().strip())

@@ -8,6 +8,8 @@ sends it. The detectors themselves run against the real cluster clients in `test
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +18,7 @@ from job_agent import wire
 from job_agent.jobs import request
 from tests.unit.job_driver import Counts, Job, Migration, until
 from torchpass.models import Disposition, EventSource, FailureKind
+from workers.detect import Jobs, Seen
 
 K = FailureKind
 
@@ -168,3 +171,36 @@ async def test_not_ready_after_the_ranks_died_is_evidence_of_the_same_incident(
         assert (outcome.disposition, outcome.kind) == (Disposition.MIGRATED, K.NODE_NOT_READY)
         await job.finished()
     assert job.result is not None and len(job.result.incidents) == 1
+
+
+async def test_a_detector_tells_every_registered_job_and_one_that_is_gone_is_an_answer_too(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """`workers.detect.Jobs` over the real registry and control channel: the running job hears a cordon of
+    its rank's node and acts; a job registered but gone (its coordinator's port closed) is answered as
+    not reached, and the detector goes on; a pod's deletion is told only to the pod's job."""
+    gone = tmp_path / "jobs" / "gone-job"
+    gone.mkdir(parents=True)
+    (gone / "secret").write_text("00" * 32)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    (gone / "job.json").write_text(
+        json.dumps({"job_id": "gone-job", "coordinator": f"127.0.0.1:{closed}", "pid": 1})
+    )
+    job = Job(tmp_path, allowance, nproc=3, spares=1)
+    job.launcher.step_seconds = 0.05
+    async with job:
+        await _training_past(job, 1)
+        jobs, node = Jobs(tmp_path, "kubernetes"), _node(job, 0)
+        pod = await asyncio.to_thread(
+            jobs.tell, Seen(node, K.POD_DELETED, "p:gone", "pod deleted", job="gone-job")
+        )
+        assert [(t.job_id, t.acted) for t in pod] == [("gone-job", False)] and "not reached" in pod[0].detail
+        told = {
+            t.job_id: t for t in await asyncio.to_thread(jobs.tell, Seen(node, K.NODE_CORDON, "u0:cordon"))
+        }
+        assert told[job.spec.job_id].acted and not told["gone-job"].acted
+        m = Migration(job, *await job.report())
+        assert (await m.run()).disposition is Disposition.MIGRATED
+        await job.finished()

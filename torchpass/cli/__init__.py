@@ -1,4 +1,4 @@
-"""`torchpass`: server, worker, run, node, inject, drain, jobs, incidents, contract, cost.
+"""`torchpass`: server, worker, run, node, detect, inject, drain, jobs, incidents, contract, cost.
 
 Each command lives in its own module of this package; they share `torchpass.cli.common` and never import
 this one. Heavy imports (torch, the workers) happen inside the command that needs them, so `torchpass
@@ -13,7 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
-from torchpass.cli import contract, cost, incidents, job, node, serve
+from torchpass.cli import contract, cost, detect, incidents, job, node, serve
 from torchpass.cli.common import EXIT_USAGE, CliError, fields, load_settings, temporal_args
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     job.register(sub)
     node.register(sub)
+    detect.register(sub)
     contract.register(sub, temporal_args)
     c = cost.register(sub)
     c.add_argument("--customer", help="customer of --contract")
@@ -62,6 +63,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     if args.command == "worker":
         return asyncio.run(serve.worker(settings))
+    if args.command == "detect":
+        return detect.run(args, settings)
     if args.command in job.COMMANDS:
         return job.run_command(args, settings)
     if args.command == "contract":
