@@ -50,6 +50,7 @@ def test_the_same_node_state_read_twice_has_one_key_and_a_new_transition_another
     """A re-list gives the same keys (nothing starts twice); NotReady again after a recovery is new."""
     assert node_seen(_node(ready="False")) == node_seen(_node(ready="False"))
     later = _node(ready="False")
+    assert later.status is not None and later.status.conditions
     later.status.conditions[0].last_transition_time = T0.replace(hour=6)
     assert node_seen(later)[0].key != node_seen(_node(ready="False"))[0].key
 
