@@ -203,9 +203,11 @@ def _holders(inp: ClassifyInput, shard: str) -> set[int]:
 
 def _slurm_node0(inp: ClassifyInput) -> bool:
     slurm = any(e.scheduler == "slurm" or e.source is EventSource.SLURM for e in inp.evidence)
-    # A drain of node 0 is planned, not a failure: node 0 keeps running while its ranks move.
-    failed = (e.slots for e in inp.evidence if CATEGORY_OF[e.kind] is not Category.PLANNED)
-    return slurm and 0 in set(inp.lost_slots).union(*failed)
+    # A drain of node 0 is planned, not a failure: node 0 keeps running while its ranks move (they are
+    # among the lost slots, as every slot that gets a new process is).
+    failed = {s for e in inp.evidence if CATEGORY_OF[e.kind] is not Category.PLANNED for s in e.slots}
+    planned = {s for e in inp.evidence if CATEGORY_OF[e.kind] is Category.PLANNED for s in e.slots}
+    return slurm and 0 in (set(inp.lost_slots) - planned) | failed
 
 
 def _disqualified(category: Category, reason: str) -> Classification:

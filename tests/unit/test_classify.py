@@ -98,6 +98,16 @@ def test_slurm_drain_is_a_planned_migration() -> None:
 def test_a_drain_of_node_0_under_slurm_is_still_planned() -> None:
     c = run(ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm"), lost=())
     assert c.category == Category.PLANNED and c.qualifying
+    # As the job confirms it: the moving slots are the ones that get new processes (found on a real Slurm
+    # drain of the first node, which was disqualified as a node 0 failure).
+    c = run(ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm"), lost=(0, 1))
+    assert c.category == Category.PLANNED and c.qualifying, c.reason
+    c = run(
+        ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm"),
+        ev(K.PROCESS_EXIT, slots=(0,)),
+        lost=(0, 1),
+    )
+    assert c.category == Category.UNABLE_TO_RECOVER and "node 0" in c.reason  # then rank 0 died mid-drain
 
 
 def test_a_cordon_with_the_temperature_reading_behind_it_still_qualifies() -> None:

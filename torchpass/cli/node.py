@@ -16,8 +16,21 @@ def register(sub: Any) -> None:
         "arguments) and stops them when the job ends.",
     )
     n.add_argument("--job", required=True, help="the job id `torchpass run` printed")
-    n.add_argument("--coordinator", required=True, help="host:port `torchpass run` printed")
-    n.add_argument("--secret-file", type=Path, required=True, help="this host's copy of the job's secret")
+    n.add_argument(
+        "--coordinator",
+        default=None,
+        help="host:port `torchpass run` printed (default: read from the job's registration under "
+        "--state-dir, a directory shared with the coordinator's host, once it is there)",
+    )
+    n.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="this host's copy of the job's secret (default: the registration's, under --state-dir)",
+    )
+    n.add_argument(
+        "--state-dir", type=Path, default=None, help="the jobs' shared state directory (TORCHPASS_STATE_DIR)"
+    )
     n.add_argument("--host", required=True, help="this host's address, reachable from every other node")
     n.add_argument("--name", default=None, help="the node's name, unique in the job (default: hostname)")
     n.add_argument("--slots", type=int, default=0, help="ranks this node runs (0: a spare node)")
@@ -45,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from job_agent.node import NodeSettings, run_node
 
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    if args.coordinator is None or args.secret_file is None:
+        args.coordinator, args.secret_file = _registered(args)
     fields: dict[str, Any] = {
         "job_id": args.job,
         "coordinator": args.coordinator,
@@ -61,3 +76,32 @@ def run(args: argparse.Namespace) -> int:
     if args.name:
         fields["node"] = args.name
     return run_node(NodeSettings(**fields))
+
+
+def _registered(args: argparse.Namespace) -> tuple[str, Path]:
+    """The coordinator's address and secret from the job's registration in the shared state directory,
+    waiting for the coordinator to register (a batch script starts both at once)."""
+    import json
+    import os
+    import time
+
+    from torchpass.cli.common import CliError
+
+    state = args.state_dir or Path(
+        os.environ.get("TORCHPASS_STATE_DIR") or Path.home() / ".local/state/torchpass"
+    )
+    job_dir = state / "jobs" / args.job
+    deadline = time.monotonic() + REGISTER_WAIT
+    while True:
+        try:
+            info = json.loads((job_dir / "job.json").read_text())
+            if (job_dir / "secret").exists():
+                return args.coordinator or str(info["coordinator"]), args.secret_file or job_dir / "secret"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if time.monotonic() > deadline:
+            raise CliError(f"job {args.job} has not registered under {state} within {REGISTER_WAIT:.0f} s")
+        time.sleep(0.2)
+
+
+REGISTER_WAIT = 300.0

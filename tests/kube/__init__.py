@@ -1,0 +1,1 @@
+"""Test doubles for Kubernetes: a stub API server (stub_apiserver)."""

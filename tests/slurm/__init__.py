@@ -1,0 +1,1 @@
+"""A real Slurm cluster (slurmctld, several slurmd, a private munged) on one machine, for tests."""
