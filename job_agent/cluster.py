@@ -21,8 +21,10 @@ made leaves no rank on the node to move.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from job_agent import wire
@@ -33,7 +35,7 @@ from job_agent.members import Member, Roster
 from job_agent.nodes import NodeLauncher
 from torchpass.models import EventSource, Evidence, FailureKind
 
-QUIET = timedelta(seconds=3)  # a node agent beats every 0.5 s, a rank every second
+QUIET = timedelta(seconds=2)  # a node agent beats every 0.5 s, a rank every second
 MAX_KEYS = 4096
 
 
@@ -41,9 +43,17 @@ class ClusterSignals:
     """The nodes the cluster took away from the job, and what it said of them."""
 
     def __init__(
-        self, job_id: str, roster: Roster, launcher: Launcher, avoid: set[str], incidents: IncidentTracker
+        self,
+        job_id: str,
+        roster: Roster,
+        launcher: Launcher,
+        avoid: set[str],
+        incidents: IncidentTracker,
+        add: Callable[[Evidence], None],
     ) -> None:
         self._job_id = job_id
+        self._add = add
+        self.training: Callable[[], bool] = lambda: True  # set by the coordinator
         self._roster = roster
         self._incidents = incidents
         self.quiet = QUIET.total_seconds()
@@ -62,13 +72,30 @@ class ClusterSignals:
         if ranks and state != "training":  # not heard: the detector's next resync says it again
             return _nothing(f"job {self._job_id} is {state}: not yet"), None
         self._remember(key, f"{ev.kind.value} of {ev.node}")
+        if ev.kind not in CLUSTER_PLANNED and self._answers(ev.node, ranks, time.monotonic() - self.quiet):
+            # The job heard from the node a moment ago: it decides once it has listened for `quiet` (a
+            # power loss is seen here within that time; a node that still talks is not lost).
+            asyncio.get_running_loop().call_later(self.quiet, self._recheck, ev, time.monotonic())
+            return _nothing(f"checking: job {self._job_id} heard from {ev.node} just now"), None
+        return self._decide(ev, ranks, lost=ev.kind not in CLUSTER_PLANNED)
+
+    def _recheck(self, ev: wire.NodeEvent, claimed: float) -> None:
+        ranks = [m for m in self._roster.ranks() if m.node == ev.node and not m.fenced]
+        if ranks and not self.training():
+            return  # the job ended (or restarts) meanwhile: its ranks are its own business now
+        lost = not self._answers(ev.node, ranks, claimed)
+        _, evidence = self._decide(ev, ranks, lost, "" if lost else "; the job still hears from it")
+        if evidence is not None:
+            self._add(evidence)
+
+    def _decide(
+        self, ev: wire.NodeEvent, ranks: list[Member], lost: bool, why: str = ""
+    ) -> tuple[wire.Ok, Evidence | None]:
+        """The ranks on the node failed with it (fenced, killed), or move off while they work."""
         if not ranks:
             return self._of_incident(ev)
         slots = tuple(m.slot for m in ranks)
-        kind, lost, why = ev.kind, ev.kind not in CLUSTER_PLANNED, ""
-        if lost and self._answers(ev.node, ranks):
-            kind, lost = FailureKind.NODE_DRAIN, False
-            why = "; the job still hears from it, so its ranks move off while they work"
+        kind = ev.kind if lost or ev.kind in CLUSTER_PLANNED else FailureKind.NODE_DRAIN
         for m in ranks if lost else ():
             m.fenced = True  # its loss is this evidence, not another when its connection closes
             self._launcher.kill(m.agent_id)
@@ -107,13 +134,13 @@ class ClusterSignals:
             scheduler=ev.source,
         )
 
-    def _answers(self, node: str, ranks: list[Member]) -> bool:
-        """Whether the job still hears from `node`: its agent, or (ranks started here) its ranks."""
-        now = time.monotonic()
+    def _answers(self, node: str, ranks: list[Member], since: float) -> bool:
+        """Whether the job heard from `node` after `since` (monotonic): its agent, or (ranks started by
+        the coordinator itself) its ranks."""
         if self._nodes is not None:
             n = self._nodes.nodes.get(node)
-            return n is not None and n.alive and now - n.last_heard < self.quiet
-        return any(now - m.last_heartbeat < self.quiet for m in ranks)
+            return n is not None and n.alive and n.last_heard > since
+        return any(m.last_heartbeat > since for m in ranks)
 
     def _remember(self, key: str, what: str) -> None:
         self._heard[key] = f"{what} at {datetime.now(UTC).isoformat(timespec='seconds')}"

@@ -99,7 +99,10 @@ class Coordinator:
         )
         self.transport: StateTransport = DirectTransport(self.changes)
         self.incidents = IncidentTracker.of_job(spec, lambda: self._generation, reporter)
-        self.cluster = ClusterSignals(self.job_id, self.roster, self.launcher, avoid, self.incidents)
+        self.cluster = ClusterSignals(
+            self.job_id, self.roster, self.launcher, avoid, self.incidents, self.add_evidence
+        )
+        self.cluster.training = lambda: self.state is JobState.TRAINING
         self.detector = Detector(self.job_id, self.roster, self.hang_timeout)
         self._injector = Injector(self.job_id, self.world_size, self.roster, self.launcher)
 

@@ -148,6 +148,8 @@ class KubeDetector:
                 self.stop.wait(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)
             except (HTTPError, OSError, ValueError) as e:
+                if self.stop.is_set():
+                    return  # `close` cut the watch
                 log.warning("%s: %r; listing again in %.0f s", kind, e, backoff)
                 self.stop.wait(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)

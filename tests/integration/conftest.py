@@ -96,6 +96,21 @@ async def reference(client: Client, tmp_path_factory: pytest.TempPathFactory) ->
     return result
 
 
+# A job long enough to outlast what a test does to it from outside while it trains (a detector's signal, a
+# GPU's state read once a second, two migrations in a row) on a fast machine.
+LONG_ARGS = ("--steps", "1000", "--width", "128", "--depth", "2")
+
+
+@pytest.fixture(scope="session")
+async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactory) -> JobResult:
+    """The job of LONG_ARGS on one host, never failed: one run for every test that needs it."""
+    result = await run_with(
+        client, spec(tmp_path_factory.mktemp("long-ref"), "long-reference", spares=0, args=LONG_ARGS)
+    )
+    assert result.ok and result.final_digest and not result.incidents, result.error
+    return result
+
+
 def _training_children() -> list[int]:
     me = str(os.getpid())
     found = []

@@ -18,7 +18,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from tests import nvml
-from tests.integration.conftest import run_with, spec, start_job
+from tests.integration.conftest import LONG_ARGS, spec, start_job
 from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     coordinator_of,
     hosts,
@@ -27,20 +27,18 @@ from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     status,
 )
 from torchpass.dev.hosts import Fabric
-from torchpass.job import JobSpec
+from torchpass.job import JobResult, JobSpec
 from torchpass.models import Category, Disposition, FailureKind
 
-# Long enough that the GPU's state, read once a second, changes while the job trains on a fast machine.
-ARGS = ("--steps", "2000", "--width", "128", "--depth", "2")
+ARGS = LONG_ARGS
 
 
 async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bus_is_a_failure(
     client: Client,
     tmp_path: Path,
     hosts: Fabric,  # noqa: F811
+    long_reference: JobResult,
 ) -> None:
-    reference = await run_with(client, spec(tmp_path / "ref", "gpu-reference", spares=0, args=ARGS))
-    assert reference.ok and reference.final_digest, reference.error
     lib = nvml.build(tmp_path)
     job = spec(tmp_path, "gpu-signals", args=ARGS, nodes=2, host=hosts.coordinator)
     task = await start_job(client, job)
@@ -86,7 +84,7 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
     assert failed.kind is FailureKind.GPU_FELL_OFF_BUS, failed
     assert failed.proof is not None and failed.proof.receiver_slots == (0,), failed.proof
     assert result.steps_recomputed == 0
-    assert result.final_digest == reference.final_digest
+    assert result.final_digest == long_reference.final_digest
 
 
 def local_rank(job: JobSpec, slot: int) -> int:

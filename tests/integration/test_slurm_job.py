@@ -28,7 +28,7 @@ from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.jobs import request
-from tests.integration.conftest import ROOT, SCRIPT, run_with, spec
+from tests.integration.conftest import LONG_ARGS, ROOT, SCRIPT
 from tests.slurm.cluster import SlurmCluster, available
 from torchpass.job import JobResult
 from torchpass.models import Category, Disposition, EventSource, FailureKind, FailureReport
@@ -36,7 +36,7 @@ from workers.detect import Jobs
 from workers.slurm import SlurmDetector, SlurmSettings, node_seen, read_nodes
 
 pytestmark = pytest.mark.integration
-ARGS = ("--steps", "1000", "--width", "128", "--depth", "2")
+ARGS = LONG_ARGS
 TEMPLATE = ROOT / "deploy" / "slurm" / "torchpass.sbatch"
 
 
@@ -50,10 +50,12 @@ def cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
 
 
 async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarted_detector_starts_nothing(
-    client: Client, tmp_path: Path, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+    client: Client,
+    tmp_path: Path,
+    cluster: SlurmCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    long_reference: JobResult,
 ) -> None:
-    reference = await run_with(client, spec(tmp_path / "ref", "slurm-reference", spares=0, args=ARGS))
-    assert reference.ok and reference.final_digest, reference.error
     state, job_id = tmp_path / "state", "slurm-drain"
     for k, v in {
         **cluster.env,
@@ -99,7 +101,7 @@ async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarte
     evidence = FailureReport.model_validate_json(started).evidence  # what the detector's word became
     assert (evidence.source, evidence.scheduler, evidence.slots) == (EventSource.SLURM, "slurm", tuple(moved))
     assert "security patch" in evidence.detail
-    assert result.steps_recomputed == 0 and result.final_digest == reference.final_digest
+    assert result.steps_recomputed == 0 and result.final_digest == long_reference.final_digest
     assert cluster.node_states()["node2"].drained  # left for the operator to resume
 
 

@@ -38,6 +38,7 @@ RESOURCES = (
     Resource("v1", "secrets", "Secret", True),
     Resource("v1", "serviceaccounts", "ServiceAccount", True, ("sa",)),
     Resource("v1", "services", "Service", True, ("svc",), True),
+    Resource("v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",), True),
     Resource("v1", "events", "Event", True, ("ev",)),
     Resource("apps/v1", "deployments", "Deployment", True, ("deploy",), True),
     Resource("apps/v1", "daemonsets", "DaemonSet", True, ("ds",), True),
