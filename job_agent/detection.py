@@ -24,6 +24,9 @@ from torchpass.models import Category, EventSource, Evidence, FailureKind
 
 # Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.
 STALL_MARGIN = timedelta(seconds=0.5)
+# Nodes holding ranks lost within this window, half the job's or more (two at least), are one outage of what
+# they share (a switch, the fabric), not host failures.
+FABRIC_WINDOW = timedelta(seconds=30)
 
 
 def signal_name(code: int) -> str:
@@ -43,6 +46,7 @@ class Detector:
         self._job_id = job_id
         self._roster = roster
         self._hang = hang_timeout
+        self._nodes_lost: dict[str, float] = {}  # node -> when (monotonic), within FABRIC_WINDOW
 
     def _evidence(self, m: Member, kind: FailureKind, detail: str, **kw: object) -> Evidence:
         fields: dict[str, object] = {
@@ -73,16 +77,33 @@ class Detector:
     ) -> Evidence | None:
         """A node agent's connection closed at wall time `observed`: the node failed, taking the slots it
         held (None when it held none: a spare node's loss only costs its spares)."""
-        slots = tuple(s for s in range(world_size) if self._roster.home(s) == node)
+        homes = {s: self._roster.home(s) for s in range(world_size)}
+        slots = tuple(s for s, n in homes.items() if n == node)
         if not slots:
             return None
+        now = time.monotonic()
+        self._nodes_lost = {
+            n: t for n, t in self._nodes_lost.items() if now - t < FABRIC_WINDOW.total_seconds()
+        }
+        self._nodes_lost[node] = now
+        kind, detail = FailureKind.NODE_FAILURE, f"node {node} lost: {why} ({len(slots)} rank(s) on it)"
+        held = {n for n in homes.values() if n is not None} | set(self._nodes_lost)
+        if len(self._nodes_lost) >= 2 and 2 * len(self._nodes_lost) >= len(held):
+            # Half the job's nodes or more gone within seconds: not one host's failure but what they share
+            # (a switch, the fabric, their power): the brief's shared-infrastructure row.
+            kind = FailureKind.FABRIC_OUTAGE
+            detail += (
+                f"; {len(self._nodes_lost)} of the job's {len(held)} nodes lost within"
+                f" {FABRIC_WINDOW.total_seconds():.0f} s ({', '.join(sorted(self._nodes_lost))}):"
+                " a fabric-wide outage"
+            )
         return Evidence(
-            kind=FailureKind.NODE_FAILURE,
+            kind=kind,
             source=EventSource.COORDINATOR,
             job_id=self._job_id,
             failure_domain=node,
             slots=slots,
-            detail=f"node {node} lost: {why} ({len(slots)} rank(s) on it)",
+            detail=detail,
             observed_at=datetime.fromtimestamp(observed, UTC),
         )
 
