@@ -82,7 +82,9 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
     assert failed.disposition is Disposition.MIGRATED and failed.success, failed
     assert failed.classification.category is Category.HOST_GPU_FABRIC and failed.lost_slots == (0,), failed
     assert failed.kind is FailureKind.GPU_FELL_OFF_BUS, failed
-    assert failed.proof is not None and failed.proof.receiver_slots == (0,), failed.proof
+    # Rank 0's slot takes the state from a replica; a rank still short of the frozen step (the XID came
+    # right after the first recovery) takes it too, rather than recompute it.
+    assert failed.proof is not None and 0 in failed.proof.receiver_slots, failed.proof
     assert result.steps_recomputed == 0
     assert result.final_digest == long_reference.final_digest
 
