@@ -19,6 +19,7 @@ from datetime import timedelta
 from job_agent import resume, wire
 from job_agent.channel import ControlServer, send
 from job_agent.cluster import ClusterSignals
+from job_agent.conditions import HostConditions
 from job_agent.detection import Detector, signal_name
 from job_agent.ending import job_result, judge_exits, put_away, user_error
 from job_agent.incident import IncidentTracker, Reporter
@@ -104,6 +105,7 @@ class Coordinator:
         )
         self.cluster.training = lambda: self.state is JobState.TRAINING
         self.detector = Detector(self.job_id, self.roster, self.hang_timeout)
+        self.conditions = HostConditions(self.job_id, self.roster, self.incidents, self.nodes)
         self._injector = Injector(self.job_id, self.world_size, self.roster, self.launcher)
 
     @property
@@ -248,6 +250,8 @@ class Coordinator:
 
     def add_evidence(self, ev: Evidence) -> None:
         self.incidents.add(ev)
+        for cause in self.conditions.explaining(ev):  # a full disk, the host out of memory, ...
+            self.incidents.add(cause)
 
     def on_transfer(self, donor: Member, receivers: list[Member]) -> None:
         self._injector.on_transfer(donor, receivers)

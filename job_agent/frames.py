@@ -124,6 +124,45 @@ class GpuReport(FrameModel):
         return self
 
 
+class HostReport(FrameModel):
+    """What the node agent sees of its own host (`job_agent.host_health`): a watched filesystem full or
+    unmounted, the host out of memory (`active`: it began; else it ended), or one of its processes
+    OOM-killed (`agent_ids`: that process). A claim of the node's: the coordinator only adds it to the
+    evidence of a failure of that node's ranks (`job_agent.conditions`); on its own it starts nothing."""
+
+    t: Literal["host_report"] = "host_report"
+    kind: FailureKind
+    active: bool = True
+    detail: str = Field(max_length=TEXT)
+    path: str = Field(default="", max_length=TEXT)
+    agent_ids: tuple[str, ...] = Field(default=(), max_length=64)
+
+    @field_validator("kind")
+    @classmethod
+    def _a_hosts_kind(cls, kind: FailureKind) -> FailureKind:
+        if kind not in HOST_KINDS:
+            allowed = sorted(k.value for k in HOST_KINDS)
+            raise ValueError(f"a host report is one of {allowed}, not {kind.value}")
+        return kind
+
+    @field_validator("agent_ids")
+    @classmethod
+    def _ids(cls, agent_ids: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not a or len(a) > ID for a in agent_ids):
+            raise ValueError("an agent id is 1 to 200 characters")
+        return tuple(dict.fromkeys(agent_ids))
+
+
+HOST_KINDS = frozenset(
+    {
+        FailureKind.FILESYSTEM_FULL,
+        FailureKind.FILESYSTEM_UNMOUNTED,
+        FailureKind.HOST_MEMORY_EXHAUSTED,
+        FailureKind.OOM_KILL,
+    }
+)
+
+
 _GPU_FAILURES = frozenset(
     {
         FailureKind.GPU_FELL_OFF_BUS,

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from job_agent.incident import IncidentTracker
+from job_agent.launcher import Launcher
 from job_agent.members import Member, Roster
 from job_agent.progress import StepTracker
 from job_agent.spares import SparePool
@@ -32,6 +33,7 @@ class JobControl(Protocol):
     hang_timeout: timedelta
     stripe_donors: int
     roster: Roster
+    launcher: Launcher
     spares: SparePool
     transport: StateTransport
     progress: StepTracker

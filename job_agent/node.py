@@ -19,6 +19,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import struct
 import sys
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from job_agent import frames, protocol, wire
 from job_agent.frames import NodeProcess, SignalAction
 from job_agent.gpu_health import GpuHealth, GpuSignal, nvml_index
+from job_agent.host_health import HostHealth
 from job_agent.launcher import LocalLauncher
 from job_agent.link import EXIT_COORDINATOR_LOST
 from torchpass.errors import ErrorType
@@ -73,6 +75,17 @@ class NodeSettings(BaseModel):
         default=1.0, ge=0, le=3600, description="seconds between reads of the GPUs' health (0: never)"
     )
     max_gpu_temperature: int = Field(default=85, ge=30, le=150, description="Celsius: move ranks off above")
+    watch_paths: tuple[Path, ...] = Field(
+        default=(), max_length=16, description="filesystems the job writes to (checkpoints), checked for room"
+    )
+    min_free_disk: int = Field(default=64 << 20, ge=0, description="bytes under which a watched path is full")
+    min_free_memory: float = Field(
+        default=0.02, ge=0, le=1, description="share of memory available under which the host is out of it"
+    )
+    host_check_every: float = Field(
+        default=1.0, ge=0, le=3600, description="seconds between reads of the host's filesystems and memory"
+    )
+    proc: Path = Field(default=Path("/proc"), description="the host's /proc (in a container: where mounted)")
     script: Path
     args: tuple[str, ...] = ()
 
@@ -98,6 +111,11 @@ class NodeAgent:
         self._started: dict[str, int] = {}  # agent -> the slot it was started for (-1: a spare)
         self._exits: dict[str, int] = {}
         self._first_slot = -1  # of the slots this node holds: its first rank's
+        self._killed: set[str] = set()  # processes this agent was told to kill: their SIGKILL is no OOM
+        self._host = HostHealth(
+            settings.watch_paths, settings.min_free_disk, settings.min_free_memory, settings.proc
+        )
+        self._host_lock = threading.Lock()
         self._sock = self._join(rejoin=False)
 
     def _join(self, rejoin: bool) -> socket.socket:
@@ -135,6 +153,8 @@ class NodeAgent:
         threading.Thread(target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True).start()
         if self.settings.gpu_check_every:
             threading.Thread(target=self._watch_gpus, name="torchpass-node-gpus", daemon=True).start()
+        if self.settings.host_check_every:
+            threading.Thread(target=self._watch_host, name="torchpass-node-host", daemon=True).start()
         try:
             while True:
                 try:
@@ -181,7 +201,7 @@ class NodeAgent:
                 self._spawn(agent_id, env)
             case wire.Signal(agent_id=agent_id, action=action):
                 act = {
-                    SignalAction.KILL: self._launcher.kill,
+                    SignalAction.KILL: self._kill,
                     SignalAction.STOP: self._launcher.suspend,
                     SignalAction.CONT: self._launcher.resume,
                 }[action]
@@ -228,8 +248,18 @@ class NodeAgent:
             target=self._reap, args=(agent_id,), name=f"torchpass-wait-{agent_id}", daemon=True
         ).start()
 
+    def _kill(self, agent_id: str) -> None:
+        self._killed.add(agent_id)
+        self._launcher.kill(agent_id)
+
     def _reap(self, agent_id: str) -> None:
         code = self._launcher.wait(agent_id)
+        if code == -signal.SIGKILL and agent_id not in self._killed and not self._done.is_set():
+            with self._host_lock:  # said before its exit: the coordinator learns why as it learns of it
+                oom = self._host.oom_killed(f"process {agent_id}")
+            if oom is not None:
+                log.error("node %s: %s", self.settings.node, oom.detail)
+                self._send(wire.HostReport(kind=oom.kind, detail=oom.detail, agent_ids=(agent_id,)))
         self._exits[agent_id] = code  # said again on a rejoin, if the coordinator was away
         self._send(wire.Exited(agent_id=agent_id, code=code))
 
@@ -259,6 +289,19 @@ class NodeAgent:
                     self._gpu_signal(signal, len(health.gpus))
         finally:
             health.close()
+
+    def _watch_host(self) -> None:
+        """Read the host's watched filesystems and its memory; tell the coordinator what began or ended.
+        Nothing is acted on here: the coordinator joins it to the failures it explains."""
+        every = self.settings.host_check_every
+        while not self._done.wait(every):
+            with self._host_lock:
+                changes = self._host.poll()
+            for c in changes:
+                (log.error if c.active else log.warning)("node %s: %s", self.settings.node, c.detail)
+                self._send(
+                    wire.HostReport(kind=c.kind, active=c.active, detail=c.detail[: frames.TEXT], path=c.path)
+                )
 
     def _gpu_signal(self, signal: GpuSignal, count: int) -> None:
         if not signal.planned:

@@ -78,6 +78,8 @@ class NodeLauncher(Launcher):
         self._exits: dict[str, int] = {}
         # What nodes' GPUs said of their own processes, for the coordinator's watch to act on.
         self.gpu_reports: list[tuple[str, wire.GpuReport]] = []
+        # What nodes said of their hosts (a filesystem, their memory): set by the coordinator.
+        self.on_host: Callable[[str, wire.HostReport], None] = lambda node, report: None
         self._lock = threading.Lock()
         self._closed = False
         self.started = False  # the job's processes were started: a node joining now brings its spares
@@ -170,6 +172,10 @@ class NodeLauncher(Launcher):
             queued = sum(1 for name, _ in self.gpu_reports if name == node.name)
             if mine and queued < MAX_GPU_REPORTS:  # per node: one node's flood never drops another's
                 self.gpu_reports.append((node.name, frame.model_copy(update={"agent_ids": mine})))
+        elif isinstance(frame, wire.HostReport):
+            mine = tuple(a for a in frame.agent_ids if self._node_of.get(a) is node)
+            if mine or not frame.agent_ids:  # a node speaks of itself and of its own processes only
+                self.on_host(node.name, frame.model_copy(update={"agent_ids": mine}))
         elif not isinstance(frame, wire.Heartbeat):
             send(
                 conn,

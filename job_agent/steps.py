@@ -11,6 +11,7 @@ import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 
+from job_agent.conditions import settle
 from job_agent.detection import STALL_MARGIN, disowns, refutes
 from job_agent.incident import Incident, IncidentError
 from job_agent.job_control import JobControl, Tick
@@ -122,6 +123,8 @@ class IncidentSteps:
         await job.changes.wait_for(
             lambda: all(job.roster.at(s) is None for s in gone), FENCE_TIMEOUT, "fenced ranks to die"
         )
+        dead = [m.agent_id for m in job.roster.members.values() if m.slot in gone and not m.alive]
+        await settle(inc, dead, job.launcher, job.changes)  # a node's word on why they died, delivered
         # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
         confirmed = bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence)
         detail = "; ".join(ev.detail for ev in inc.evidence)

@@ -9,8 +9,8 @@ reads a frame as a dict, and a malformed or unknown frame never reaches a handle
 - coordinator -> rank or spare: Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Exit
 - operator (`torchpass inject|drain|status`, a cluster detector) -> coordinator: Inject, Drain, NodeEvent,
   StatusRequest; answered with Ok, Status or Error
-- node agent (`torchpass node`) -> coordinator: NodeHello, Heartbeat, Exited, GpuReport; to the node:
-  Welcome, Reject, Spawn, Signal, Exit
+- node agent (`torchpass node`) -> coordinator: NodeHello, Heartbeat, Exited, GpuReport, HostReport; to
+  the node: Welcome, Reject, Spawn, Signal, Exit
 - donor <-> receiver (state transfer, `job_agent.stream_frames`): StateHeader, StateWant, StateEnd, StateAck
 
 The rendezvous store's requests and answers are in `job_agent.store`.
@@ -31,7 +31,7 @@ from pydantic import (
 
 from job_agent.frames import ID as _ID
 from job_agent.frames import TEXT as _TEXT
-from job_agent.frames import Exited, GpuReport, NodeEvent, NodeHello, Signal, Spawn
+from job_agent.frames import Exited, GpuReport, HostReport, NodeEvent, NodeHello, Signal, Spawn
 from job_agent.frames import FrameModel as _Frame
 from job_agent.stream_frames import (
     MAX_SOURCES,
@@ -354,6 +354,7 @@ Frame = Annotated[
     | Signal
     | Exited
     | GpuReport
+    | HostReport
     | NodeEvent
     | Inject
     | Drain

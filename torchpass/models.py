@@ -64,6 +64,7 @@ class EventSource(StrEnum):
     SLURM = "slurm"
     NVML = "nvml"
     OPERATOR = "operator"
+    NODE_AGENT = "node_agent"  # the node agent, of its own host (a filesystem, its memory)
 
 
 class Evidence(Model):

@@ -50,6 +50,35 @@ def register(sub: Any) -> None:
     n.add_argument(
         "--max-gpu-temperature", type=int, default=85, help="Celsius at which a GPU's ranks are moved off it"
     )
+    n.add_argument(
+        "--watch-path",
+        type=Path,
+        action="append",
+        default=[],
+        help="a filesystem the job writes to (its checkpoints), checked for room and for being mounted "
+        "(repeatable); a rank failing while it is full or gone is a shared-infrastructure failure",
+    )
+    n.add_argument(
+        "--min-free-disk",
+        type=int,
+        default=64 << 20,
+        help="bytes under which a watched path counts as full (default 64 MiB)",
+    )
+    n.add_argument(
+        "--min-free-memory",
+        type=float,
+        default=0.02,
+        help="share of the host's memory available under which it counts as out of memory (default 0.02)",
+    )
+    n.add_argument(
+        "--host-check-every",
+        type=float,
+        default=1.0,
+        help="seconds between reads of the watched paths and the host's memory (0: never)",
+    )
+    n.add_argument(
+        "--proc", type=Path, default=Path("/proc"), help="the host's /proc (in a container: where mounted)"
+    )
     n.add_argument("script", type=Path)
     n.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
 
@@ -70,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
         "coordinator_wait": args.coordinator_wait,
         "gpu_check_every": args.gpu_check_every,
         "max_gpu_temperature": args.max_gpu_temperature,
+        "watch_paths": tuple(args.watch_path),
+        "min_free_disk": args.min_free_disk,
+        "min_free_memory": args.min_free_memory,
+        "host_check_every": args.host_check_every,
+        "proc": args.proc,
         "script": args.script,
         "args": tuple(script_args),
     }
