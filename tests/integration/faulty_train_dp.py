@@ -7,6 +7,8 @@ environment (so the ranks restarted after the fault behave):
 - FAULT_SKIP_ONCE with FAULT_SKIP_SLOT: after the next re-formed world, that rank skips a step.
 - FAULT_FLIP_ONCE with FAULT_FLIP_SLOT and FAULT_FLIP_STEP: that rank's memory goes bad once it completed
   that step (one parameter's value changes, as a flipped bit would): silent data corruption.
+- FAULT_CUDA_ONCE with FAULT_CUDA_SLOT and FAULT_CUDA_STEP: that rank's step ends in the error a CUDA
+  driver fault raises in torch (no GPU here: the exception is the stand-in, the rest of the path is real).
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ class FaultyAgent(RankAgent):
             assert self._tracked is not None
             with torch.no_grad():
                 next(self._tracked.model.parameters()).view(-1)[3] *= -1.0
+
+    def _after_step(self) -> None:
+        super()._after_step()
+        cuda = (os.environ.get("FAULT_CUDA_SLOT"), os.environ.get("FAULT_CUDA_STEP"))
+        if cuda == (str(self.slot), str(self.completed_step + 1)) and _once("FAULT_CUDA_ONCE"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     def _regroup(self, generation: int, world_size: int) -> bool:
         formed = super()._regroup(generation, world_size)
