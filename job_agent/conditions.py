@@ -143,12 +143,15 @@ class HostConditions:
 
 async def settle(inc: Incident, lost: Iterable[str], launcher: Launcher, changes: Changes) -> None:
     """Before the job answers confirm (whose answer the classification follows): what the lost processes'
-    nodes said as they reaped them (a node says an OOM kill before the exit), and the evidence already on
-    its way to the workflow, delivered. Bounded by `SETTLE`: a slow node or control plane delays the
-    answer, never stops it."""
+    nodes said as they reaped them (a node says an OOM kill before the exit) and, when a host condition
+    joined the incident, that evidence delivered to the workflow. Bounded by `SETTLE`; a job without node
+    agents, or an incident no condition joined, waits for nothing (a slower confirm lets the next failure
+    fold into this incident)."""
+    if not isinstance(launcher, NodeLauncher):
+        return
     agents = tuple(lost)
     with contextlib.suppress(TimeoutError):
         await changes.wait_for(lambda: all(launcher.poll(a) is not None for a in agents), SETTLE, "exits")
     pending = set(inc.deliveries)
-    if pending and not inc.local:  # carried out by the job itself: nothing waits on the workflow
+    if pending and not inc.local and any(e.source is EventSource.NODE_AGENT for e in inc.evidence):
         await asyncio.wait(pending, timeout=SETTLE.total_seconds())
