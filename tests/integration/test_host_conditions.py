@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,31 +32,16 @@ from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     node_argv,
     status,
 )
-from tests.unit.test_host_health import fake_proc
+from tests.unit.test_host_health import fake_proc, tmpfs  # noqa: F401 (a fixture)
 from torchpass.dev.hosts import Fabric
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import Category, Disposition, FailureKind
 
 
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    where = tmp_path / "checkpoints"
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=False, capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
-
-
 async def test_a_rank_lost_while_its_filesystem_is_full_or_its_host_out_of_memory_is_disqualified(
     client: Client,
     tmp_path: Path,
-    tmpfs: Path,
+    tmpfs: Path,  # noqa: F811
     hosts: Fabric,  # noqa: F811
     long_reference: JobResult,
 ) -> None:
