@@ -85,7 +85,8 @@ class Member:
                 self.state, self.collective_step = MemberState.JOINED, -1
                 self.replies["joined"] = frame
             case wire.Done(step=step, digest=digest):
-                self.state, self.completed, self.digest = MemberState.DONE, step, digest
+                # A rank with no step left to run (restored at the job's end) resumes by finishing.
+                self.state, self.completed, self.digest, self.step_wall = MemberState.DONE, step, digest, wall
             case wire.TransferProgress(bytes=n):
                 self.bytes_moved = n
             case (

@@ -13,7 +13,8 @@ forms its own group with `dist.init_process_group()`. Around it, in the same pro
   a file it opened, or `torch.distributed.checkpoint.save(..., checkpoint_id=dir)` (seen once the script
   imports that package; the step `get_state_dict` takes to lay out a fresh optimizer is not counted);
 - an error the script raises is a collective broken by a lost peer (the rank exits, a failure), or the
-  script's own bug, reported as such (the job ends as a user error instead of restarting on it).
+  script's own bug, reported as such (the job ends as a user error instead of restarting on it);
+- the groups the script destroys are kept until it has returned (`GroupKeeper`).
 
 A failure of such a job can only restart the whole job (every rank, the script loading its own last
 checkpoint): its incidents are recorded as "not configured for live migration" and never counted as live.
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from job_agent import wire
@@ -137,6 +140,31 @@ class _OnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+class GroupKeeper:
+    """Holds the process groups the script destroys until the script has returned, then lets them go.
+
+    Torch 2.13 can wedge a rank for good as its script returns: `destroy_process_group()` leaves DDP's
+    reducer the last owner of the gloo group, and when the reducer is freed (the script's `main()`
+    returning) the group's destructor joins its worker threads while holding the GIL. A worker still
+    releasing its last collective's tensors needs the GIL to do it: neither moves, the heartbeats stop, and
+    the rank is a hang after its last step (4 ranks ending DDP + DCP this way wedged 5 times in 8 on 2
+    cores). A group let go from Python is destroyed with the GIL released, so nothing waits on it."""
+
+    def __init__(self) -> None:
+        self.kept: list[object] = []
+        self._destroy = c10d.destroy_process_group
+
+    def install(self) -> None:
+        dist.destroy_process_group = c10d.destroy_process_group = self.destroy
+
+    def destroy(self, group: Any = None) -> None:
+        self.kept.extend(list(c10d._world.pg_map) if group is None else [group])
+        self._destroy(group)
+
+    def release(self) -> None:
+        self.kept.clear()
+
+
 def _optimizer_steps(optimizer: torch.optim.Optimizer) -> int | None:
     """The optimizer's own count of steps taken (its state's `step`), where it keeps one."""
     for group in optimizer.param_groups:
@@ -167,8 +195,11 @@ def main(argv: list[str]) -> None:
     _await_group(link)
     sys.argv = list(argv)
     sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as `python script.py` would
+    groups = GroupKeeper()
+    groups.install()
     try:
         runpy.run_path(argv[0], run_name="__main__")
+        groups.release()
     except SystemExit as e:
         if e.code not in (None, 0):
             raise

@@ -47,3 +47,11 @@ def test_a_sharded_jobs_final_digest_covers_every_shard_in_slot_order() -> None:
     assert other is None  # shard y's replicas disagree
     ranks[1].digest = ranks[3].digest = "c"
     assert final_digest(ranks) not in (None, whole)  # another shard state, another digest
+
+
+def test_a_rank_restored_at_the_jobs_end_came_back_when_it_said_it_was_done() -> None:
+    """A restart from the checkpoint of the last step leaves the ranks nothing to train: each resumes by
+    finishing, and the recovery's end is that moment (once the epoch, 1970, for want of a step)."""
+    m = _rank(0, "")
+    m.observe(wire.Done(step=-1, digest=""), now=5.0, wall=1_800_000_000.0)
+    assert m.step_wall == 1_800_000_000.0
