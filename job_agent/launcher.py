@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from job_agent.detection import signal_name
+from job_agent.forkserver import Forked, ForkServer
 from job_agent.members import Roster
 from job_agent.spares import SparePool
 from job_agent.wire import Role
@@ -148,23 +149,40 @@ class LocalLauncher(Launcher):
     """Processes on this host; each is its own failure domain, named host/agent. Started from the main
     thread, each dies with the coordinator (`die_with_parent`)."""
 
-    def __init__(self, script: str, args: Sequence[str], base_env: Mapping[str, str] | None = None) -> None:
-        self._cmd = [sys.executable, "-u", script, *args]
+    def __init__(
+        self,
+        script: str,
+        args: Sequence[str],
+        base_env: Mapping[str, str] | None = None,
+        fork: bool | None = None,
+    ) -> None:
+        self._argv = [script, *args]
         self._reaper = die_with_parent()
         self._base_env = inherited_env(os.environ if base_env is None else base_env)
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._procs: dict[str, subprocess.Popen[bytes] | Forked] = {}
         self._host = socket.gethostname()
         self._lock = threading.Lock()  # spawn runs on the coordinator's loop, shutdown in a thread
         self._closed = False
+        # Forked from a warm interpreter (`job_agent.forkserver`), started now so that it imports while
+        # the job sets up; from the main thread only (the death signal follows the starting thread).
+        if fork is None:
+            fork = os.environ.get("TORCHPASS_FORK_SERVER", "1") != "0" and sys.platform == "linux"
+        main = threading.current_thread() is threading.main_thread()
+        self._server = ForkServer.shared(self._reaper, self._base_env) if fork and main else None
 
     def spawn(self, agent_id: str, env: Mapping[str, str]) -> str:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
+            if self._server is not None:
+                self._procs[agent_id] = self._server.start(agent_id, self._argv, {**self._base_env, **env})
+                return f"{self._host}/{agent_id}"
             # The death signal follows the starting thread: from any other, a rank would die with it.
             main = threading.current_thread() is threading.main_thread()
-            cmd = [*self._reaper, *self._cmd] if main else self._cmd
-            self._procs[agent_id] = subprocess.Popen(cmd, env={**self._base_env, **env})
+            cmd = [sys.executable, "-u", *self._argv]
+            self._procs[agent_id] = subprocess.Popen(
+                [*self._reaper, *cmd] if main else cmd, env={**self._base_env, **env}
+            )
         return f"{self._host}/{agent_id}"
 
     def _signal(self, agent_id: str, sig: signal.Signals) -> None:

@@ -101,7 +101,9 @@ class NodeAgent:
             self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
         except (OSError, ValueError) as e:
             raise BadSecret(f"cannot read the job's secret from {settings.secret_file}: {e}") from None
-        self._launcher = LocalLauncher(str(settings.script), settings.args)
+        # Started cold: a node's processes are told apart by their environment in /proc (the GPU a rank
+        # uses is its LOCAL_RANK), which a forked process cannot show (`job_agent.forkserver`).
+        self._launcher = LocalLauncher(str(settings.script), settings.args, fork=False)
         self._devices: dict[str, int] = {}  # agent -> its local device index (LOCAL_RANK)
         self._failed_gpus: set[int] = set()  # NVML indices of the GPUs that failed
         self._gpu_count = 0

@@ -112,20 +112,23 @@ async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactor
 
 
 def _training_children() -> list[int]:
-    me = str(os.getpid())
-    found = []
+    """This process's training processes: ranks and spares started cold, and those its fork servers
+    forked (they carry the server's command line; a server itself lives as long as this process)."""
+    parents: dict[int, int] = {}
+    cmds: dict[int, bytes] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            cmds[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        ppid = stat.rsplit(")", 1)[1].split()[1]
-        if ppid == me and b"train_dp.py" in cmd:
-            found.append(int(pid))
-    return found
+        parents[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+    children = {pid for pid, ppid in parents.items() if ppid == os.getpid()}
+    servers = {pid for pid in children if b"job_agent.forkserver" in cmds[pid]}
+    forked = {pid for pid, ppid in parents.items() if ppid in servers}
+    return sorted({pid for pid in children if b"train_dp.py" in cmds[pid]} | forked)
 
 
 @pytest.fixture(autouse=True)

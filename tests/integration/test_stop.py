@@ -30,7 +30,8 @@ def _ranks_of(state_dir: Path) -> list[int]:
             env = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if b"train_dp.py" in cmd and str(state_dir).encode() in env:
+        # Started cold, its environment names the state directory; forked, its command line the job.
+        if b"train_dp.py" in cmd and (str(state_dir).encode() in env or b"[torchpass stop-me/" in cmd):
             found.append(int(pid))
     return found
 

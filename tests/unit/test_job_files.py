@@ -107,16 +107,14 @@ def _running(pid: int) -> bool:
     return state != "Z"  # a zombie is dead, waiting for whoever adopted it to reap it
 
 
-def _is_rank(argv: list[str]) -> bool:
-    return len(argv) > 2 and "python" in Path(argv[0]).name and argv[2].endswith("rank.py")
-
-
 @pytest.mark.skipif(not die_with_parent(), reason="needs Linux and util-linux's setpriv")
-def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_path: Path) -> None:
-    """A stand-in coordinator (a real process using the real LocalLauncher) starts a rank, the rank is
-    stopped as a hang stops it, and the coordinator is SIGKILLed: the kernel kills the rank too."""
-    rank = tmp_path / "rank.py"
-    rank.write_text("import time\ntime.sleep(120)\n")
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "cold"])
+def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_path: Path, fork: str) -> None:
+    """A stand-in coordinator (a real process using the real LocalLauncher) starts a rank, forked from the
+    fork server or started cold, the rank is stopped as a hang stops it, and the coordinator is SIGKILLed:
+    the kernel kills the rank too (forked: the server dies with the coordinator, the rank with it)."""
+    rank, started = tmp_path / "rank.py", tmp_path / "started"
+    rank.write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(120)\n")
     coordinator = tmp_path / "coordinator.py"
     coordinator.write_text(
         "import sys, time\n"
@@ -130,15 +128,14 @@ def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_p
     parent = subprocess.Popen(
         [sys.executable, str(coordinator)],
         stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        env={**os.environ, "PYTHONPATH": str(root), "TORCHPASS_FORK_SERVER": fork},
     )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     try:
-        # Until the rank runs: setpriv armed the signal, then became it (before, the fork still shows the
-        # coordinator's command line, then setpriv's).
-        deadline = time.monotonic() + 10
-        while not _is_rank(Path(f"/proc/{child}/cmdline").read_text().split("\0")):
+        # Until the rank runs its script: its death signal is armed by then.
+        deadline = time.monotonic() + 60
+        while not started.exists():
             assert time.monotonic() < deadline
             time.sleep(0.01)
         os.kill(child, signal.SIGSTOP)  # hung
