@@ -108,7 +108,8 @@ class ForkServer:
         self._events: IO[bytes] = os.fdopen(r, "rb")
         self._lock = threading.Lock()
         self._started: dict[str, threading.Event] = {}
-        self._procs: dict[str, Forked] = {}  # by request id: agent ids repeat from one job to the next
+        self._born: dict[str, Forked] = {}  # forked, not yet taken by `start`
+        self._procs: dict[str, Forked] = {}  # running, by request id: agent ids repeat from job to job
         self._requests = 0
         self._gone = False
         threading.Thread(target=self._read, name="torchpass-forkserver", daemon=True).start()
@@ -129,21 +130,28 @@ class ForkServer:
                 stdin.flush()
             except OSError as e:
                 raise RuntimeError(f"the fork server has stopped: {e}") from None
-        if not started.wait(self.START_TIMEOUT) or rid not in self._procs:
-            raise RuntimeError(f"the fork server did not start {agent_id}")
+        started.wait(self.START_TIMEOUT)
         with self._lock:
             del self._started[rid]
-        return self._procs[rid]
+            proc = self._born.pop(rid, None)
+        if proc is None:
+            raise RuntimeError(f"the fork server did not start {agent_id}")
+        return proc
 
     def _read(self) -> None:
         for line in self._events:
             event = json.loads(line)
             agent = event["id"]
             if "pid" in event:
-                self._procs[agent] = Forked(int(event["pid"]))
-                self._started[agent].set()
+                with self._lock:
+                    self._procs[agent] = proc = Forked(int(event["pid"]))
+                    if agent in self._started:
+                        self._born[agent] = proc
+                        self._started[agent].set()
+                    else:  # `start` gave up on it: nobody would ever stop it
+                        proc.kill()
             elif (proc := self._procs.pop(agent, None)) is not None:
-                proc.ended(int(event["code"]))
+                proc.ended(int(event["code"]))  # perhaps before `start` took it: it is the same object
         with self._lock:  # the server is gone: so are its children (their death signal), or soon
             self._gone = True
             for event in self._started.values():
