@@ -150,8 +150,8 @@ class ForkServer:
                         self._started[agent].set()
                     else:  # `start` gave up on it: nobody would ever stop it
                         proc.kill()
-            elif (proc := self._procs.pop(agent, None)) is not None:
-                proc.ended(int(event["code"]))  # perhaps before `start` took it: it is the same object
+            elif (ended := self._procs.pop(agent, None)) is not None:
+                ended.ended(int(event["code"]))  # perhaps before `start` took it: it is the same object
         with self._lock:  # the server is gone: so are its children (their death signal), or soon
             self._gone = True
             for event in self._started.values():
