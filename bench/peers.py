@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import read_step_log, write_block
-from bench.recovery import _run
+from bench.recovery import run_with_kills
 from bench.torchft_peer import TUNED, torchft_run
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobSpec
@@ -60,7 +60,7 @@ async def torchpass_run(d: Path) -> tuple[float, int, int]:
             hang_timeout=3.0,
             checkpoint_every=CKPT_EVERY,
         )
-        result = await _run(env.client, spec, ((KILL_RANK, KILL_STEP),))
+        result = await run_with_kills(env.client, spec, ((KILL_RANK, KILL_STEP),))
     assert result.ok and len(result.incidents) == 1, result.error
     o = result.incidents[0]
     assert o.success and o.recovery_seconds is not None, o

@@ -54,7 +54,8 @@ def _spec(state: Path, job_id: str, spares: int, times: Path) -> JobSpec:
     )
 
 
-async def _run(client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]) -> JobResult:
+async def run_with_kills(client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]) -> JobResult:
+    """Run `spec` to its end, each (rank, step) of `kills` armed as a SIGKILL once its coordinator is up."""
     from job_agent import wire
     from job_agent.jobs import request, running_jobs
 
@@ -155,9 +156,11 @@ async def main() -> int:
             # Interleaved (plain, agent, plain, agent) so that drift of a shared machine hits both alike.
             for i in range(OVERHEAD_ROUNDS):
                 await asyncio.to_thread(plain_step_times, d / "plain.txt")
-                clean = await _run(env.client, _spec(d, f"bench-clean-{i}", 0, d / "agent.txt"), ())
-            live = await _run(env.client, _spec(d, "bench-live", len(KILLS), d / "live.txt"), KILLS)
-            restart = await _run(env.client, _spec(d, "bench-restart", 0, d / "restart.txt"), KILLS[:1])
+                clean = await run_with_kills(env.client, _spec(d, f"bench-clean-{i}", 0, d / "agent.txt"), ())
+            live = await run_with_kills(env.client, _spec(d, "bench-live", len(KILLS), d / "live.txt"), KILLS)
+            restart = await run_with_kills(
+                env.client, _spec(d, "bench-restart", 0, d / "restart.txt"), KILLS[:1]
+            )
         assert clean.ok and live.ok and restart.ok, (clean.error, live.error, restart.error)
         plain_s, agent_s = _median_step(d / "plain.txt"), _median_step(d / "agent.txt")
     migrated = [o for o in live.incidents if o.success]

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import write_block
-from bench.recovery import _run
+from bench.recovery import run_with_kills
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobSpec
 from torchpass.outcome import MigrationOutcome
@@ -43,7 +43,7 @@ async def one(client: object, d: Path, replicas: int) -> MigrationOutcome:
         hang_timeout=3.0,
         checkpoint_every=CKPT_EVERY,
     )
-    result = await _run(client, spec, ((KILL_RANK, KILL_STEP),))  # type: ignore[arg-type]
+    result = await run_with_kills(client, spec, ((KILL_RANK, KILL_STEP),))  # type: ignore[arg-type]
     assert result.ok and len(result.incidents) == 1, result.error
     (o,) = result.incidents
     assert o.recovery_seconds is not None, o

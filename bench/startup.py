@@ -26,7 +26,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from bench import write_block
-from bench.recovery import _run
+from bench.recovery import run_with_kills
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobSpec
 from workers.control import control_worker
@@ -53,9 +53,9 @@ async def _measure(client: Client, d: Path, mode: str, i: int) -> tuple[float, f
     """(seconds from launch to the result of the one-step job, seconds of the restart's fallback)."""
     os.environ["TORCHPASS_FORK_SERVER"] = MODES[mode]  # read by each job's launcher as it is made
     t0 = time.perf_counter()
-    job = await _run(client, _job(d, f"start-{mode}-{i}"), ())
+    job = await run_with_kills(client, _job(d, f"start-{mode}-{i}"), ())
     start = time.perf_counter() - t0
-    restart = await _run(client, _restart(d, f"restart-{mode}-{i}"), ((2, 17),))
+    restart = await run_with_kills(client, _restart(d, f"restart-{mode}-{i}"), ((2, 17),))
     assert job.ok and restart.ok, (job.error, restart.error)
     [incident] = restart.incidents
     assert incident.fallback is not None, incident
@@ -69,7 +69,7 @@ async def main() -> int:
         d = Path(tmp)
         async with env, control_worker(env.client):
             os.environ["TORCHPASS_FORK_SERVER"] = "1"
-            warm = await _run(env.client, _job(d, "warm-up"), ())
+            warm = await run_with_kills(env.client, _job(d, "warm-up"), ())
             assert warm.ok, warm.error
             for i in range(ROUNDS):
                 for mode in MODES:

@@ -15,7 +15,7 @@ each child by Python itself, numpy's global generator (imported with torch) here
 The protocol, one JSON object per line:
 - launcher -> server (the server's stdin): `{"id", "argv", "env"}`: start a process; EOF (the launcher's
   process ended): stop, once its children have;
-- server -> launcher (the descriptor given as the only argument): `{"id", "pid"}` once forked,
+- server -> launcher (the descriptor given as the first argument): `{"id", "pid"}` once forked,
   `{"id", "code"}` when it ended (its exit status, or minus the signal that ended it, as `Popen` says).
 
 Run as `python -u -m job_agent.forkserver EVENTS_FD [--pdeathsig]`: with `--pdeathsig` each child is

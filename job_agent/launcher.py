@@ -174,15 +174,14 @@ class LocalLauncher(Launcher):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
+            full_env = {**self._base_env, **env}
             if self._server is not None:
-                self._procs[agent_id] = self._server.start(agent_id, self._argv, {**self._base_env, **env})
-                return f"{self._host}/{agent_id}"
-            # The death signal follows the starting thread: from any other, a rank would die with it.
-            main = threading.current_thread() is threading.main_thread()
-            cmd = [sys.executable, "-u", *self._argv]
-            self._procs[agent_id] = subprocess.Popen(
-                [*self._reaper, *cmd] if main else cmd, env={**self._base_env, **env}
-            )
+                self._procs[agent_id] = self._server.start(agent_id, self._argv, full_env)
+            else:
+                # The death signal follows the starting thread: from any other, a rank would die with it.
+                main = threading.current_thread() is threading.main_thread()
+                cmd = [sys.executable, "-u", *self._argv]
+                self._procs[agent_id] = subprocess.Popen([*self._reaper, *cmd] if main else cmd, env=full_env)
         return f"{self._host}/{agent_id}"
 
     def _signal(self, agent_id: str, sig: signal.Signals) -> None:

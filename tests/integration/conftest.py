@@ -112,8 +112,8 @@ async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactor
 
 
 def _training_children() -> list[int]:
-    """This process's training processes: ranks and spares started cold, and those its fork servers
-    forked (they carry the server's command line; a server itself lives as long as this process)."""
+    """This process's training processes: ranks and spares started cold, and every child of its fork
+    servers (a server itself lives as long as this process)."""
     parents: dict[int, int] = {}
     cmds: dict[int, bytes] = {}
     for pid in os.listdir("/proc"):
