@@ -50,6 +50,8 @@ class Member:
     completed: int = -1
     frozen_at: float | None = None  # when it reported "frozen" while the job was training
     fenced: bool = False
+    # A planned move's rank once frozen: out of the world (its slot is the spare's), alive to give its state.
+    leaving: bool = False
     reserved_for: str | None = None
     layout: wire.ShardLayout | None = None
     digest: str | None = None
@@ -123,9 +125,15 @@ class Roster:
     def ranks(self, *states: MemberState) -> list[Member]:
         """Live members holding a slot (optionally in given states), by slot."""
         out = [
-            m for m in self.members.values() if m.slot >= 0 and m.alive and (not states or m.state in states)
+            m
+            for m in self.members.values()
+            if m.slot >= 0 and m.alive and not m.leaving and (not states or m.state in states)
         ]
         return sorted(out, key=lambda m: m.slot)
+
+    def departing(self) -> list[Member]:
+        """Live ranks a planned move took out of the world, kept until their state has moved, by slot."""
+        return sorted((m for m in self.members.values() if m.leaving and m.alive), key=lambda m: m.slot)
 
     def at(self, slot: int) -> Member | None:
         return next((m for m in self.ranks() if m.slot == slot), None)

@@ -75,3 +75,13 @@ def receivers(completed: Mapping[int, int], target: int, new_slots: frozenset[in
     """Slots that must receive the donor's state: the newcomers and any survivor left behind."""
     behind = {s for s, k in completed.items() if k < target}
     return sorted(behind | set(new_slots))
+
+
+def redundancy(shards: dict[int, str], world_size: int) -> int:
+    """Replicas of the least replicated shard, from what the ranks reported holding; a rank that
+    reported nothing is a shard of its own (never assumed to be a replica)."""
+    counts: dict[str, int] = {}
+    for slot in range(world_size):
+        key = shards.get(slot, f"unreported-rank-{slot}")
+        counts[key] = counts.get(key, 0) + 1
+    return min(counts.values(), default=0)

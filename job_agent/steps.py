@@ -16,12 +16,12 @@ from job_agent.detection import STALL_MARGIN, disowns, refutes
 from job_agent.incident import Incident, IncidentError
 from job_agent.job_control import JobControl, Tick
 from job_agent.members import Member, MemberState
-from job_agent.recovery import choose_donor
+from job_agent.recovery import choose_donor, redundancy
 from job_agent.supply import Supplier, mismatch
 from job_agent.wire import Freeze
-from torchpass.classify import CATEGORY_OF
+from torchpass.classify import leaving_slots, planned
 from torchpass.errors import ErrorType
-from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind
+from torchpass.models import Disposition, EventSource, Evidence, FailureKind
 from torchpass.outcome import MigrationOutcome
 from torchpass.proof import resume_problems
 from torchpass.steps import (
@@ -99,7 +99,7 @@ class IncidentSteps:
         if not self._is_current(incident_id):
             # Not an incident the job detected itself: a claim, checked against the job's own view. A
             # planned move of healthy ranks cannot be checked that way: it must be signed.
-            unsigned = [ev for ev in evidence if _planned(ev) and not self.job.signed(ev)]
+            unsigned = [ev for ev in evidence if planned(ev) and not self.job.signed(ev)]
             if unsigned:
                 slots = sorted({s for ev in unsigned for s in ev.slots})
                 why = f"refused by the job: a planned move of rank(s) {slots}, not signed with its secret"
@@ -110,7 +110,7 @@ class IncidentSteps:
             if refuted is not None:
                 return self._result(False, (), (), refuted, t0)
         job, inc = self.job, self._incident(incident_id, evidence)
-        inc.leaving |= _planned_slots(inc)
+        inc.leaving |= leaving_slots(inc.evidence)
         fenced = []
         for slot in sorted(inc.lost - inc.leaving):
             for m in list(job.roster.members.values()):
@@ -129,10 +129,17 @@ class IncidentSteps:
         confirmed = bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence)
         detail = "; ".join(ev.detail for ev in inc.evidence)
         inc.confirmed = frozenset(inc.lost)
-        return self._result(confirmed, tuple(sorted(inc.lost)), tuple(fenced), detail, t0)
+        leaving = tuple(sorted(leaving_slots(inc.evidence) & inc.lost))  # still healthy: each its own donor
+        return self._result(confirmed, tuple(sorted(inc.lost)), tuple(fenced), detail, t0, leaving)
 
     def _result(
-        self, confirmed: bool, lost: tuple[int, ...], fenced: tuple[int, ...], detail: str, t0: float
+        self,
+        confirmed: bool,
+        lost: tuple[int, ...],
+        fenced: tuple[int, ...],
+        detail: str,
+        t0: float,
+        leaving: tuple[int, ...] = (),
     ) -> ConfirmResult:
         job, shards = self.job, dict(self.job.roster.shards)
         return ConfirmResult(
@@ -140,13 +147,15 @@ class IncidentSteps:
             lost_slots=lost,
             fenced_slots=fenced,
             world_size=job.world_size,
-            redundancy=_redundancy(shards, job.world_size),
+            redundancy=redundancy(shards, job.world_size),
             shard_of=shards,
             spares_ready=len(job.spares.ready()),
             spares_warming=job.spares.warming(),
             generation=job.generation,
             covered=job.covered,
             agent=job.spec.agent,
+            leaving_slots=leaving,
+            batch_host=job.spec.batch_host,
             detail=detail,
             work_seconds=_since(t0),
         )
@@ -194,8 +203,13 @@ class IncidentSteps:
         survivors = [m for m in survivors if m.slot not in inc.lost]
         if not survivors:
             raise IncidentError(ErrorType.FREEZE_FAILED, "no rank survived the freeze to give its state")
-        for m in leaving:  # a planned move: the leaving ranks froze with everyone else; now they go
-            job.fence(m)
+        # A planned move's leaving ranks froze too: out of the world (spares take their slots), kept until
+        # their state has moved, each its own shard's donor. One that did not freeze is fenced now.
+        for m in leaving:
+            if m.alive and m.state is MemberState.FROZEN:
+                m.leaving = True
+            else:
+                job.fence(m)
         await job.changes.wait_for(
             lambda: all(job.roster.at(m.slot) is None for m in leaving),
             FENCE_TIMEOUT,
@@ -207,6 +221,7 @@ class IncidentSteps:
             completed_steps=completed,
             target_step=target,
             step_before=job.progress.high_water,
+            leaving_steps={m.slot: m.completed for m in job.roster.departing() if m.slot in inc.leaving},
             work_seconds=_since(t0),
         )
         return inc.frozen
@@ -217,7 +232,17 @@ class IncidentSteps:
         if inc.proof is not None:
             return TransferResult(proof=inc.proof, work_seconds=0.0)
         inc.proof = await self.supplier.supply(inc, tick)
+        await self._dismiss()  # the state has moved: the leaving ranks of a planned move go
         return TransferResult(proof=inc.proof, work_seconds=_since(t0))
+
+    async def _dismiss(self) -> None:
+        """Fence the ranks a planned move took out of the world, and wait for them to stop."""
+        job, gone = self.job, self.job.roster.departing()
+        for m in gone:
+            job.fence(m)
+        await job.changes.wait_for(
+            lambda: not any(m.alive for m in gone), FENCE_TIMEOUT, "leaving ranks to stop"
+        )
 
     def _lose(self, inc: Incident, m: Member, kind: FailureKind, detail: str) -> None:
         """`m` fails during the recovery: fenced, its slot lost, the evidence reported to the incident."""
@@ -242,6 +267,7 @@ class IncidentSteps:
             return inc.rejoined
         if inc.frozen is None:
             raise IncidentError(ErrorType.OUT_OF_ORDER, "rejoin before freeze")
+        await self._dismiss()
         resume = inc.frozen.target_step + 1
         reproof = None
         for _ in range(MAX_REGROUPS):
@@ -329,9 +355,11 @@ class IncidentSteps:
             raise IncidentError(ErrorType.JOB_GONE, why)
         inc.past_freeze = True
         restored_step, path = job.latest_checkpoint()
-        for m in job.roster.ranks():
+        for m in (*job.roster.ranks(), *job.roster.departing()):
             job.fence(m)
-        await job.changes.wait_for(lambda: not job.roster.ranks(), FENCE_TIMEOUT, "old ranks to die")
+        await job.changes.wait_for(
+            lambda: not job.roster.ranks() and not job.roster.departing(), FENCE_TIMEOUT, "old ranks to die"
+        )
         # Read only now: every frame a rank sent before its connection closed has been handled, so no step
         # it completed is missing from what the restart recomputes.
         failed_at = job.progress.high_water
@@ -364,28 +392,9 @@ class IncidentSteps:
             job.end_incident(outcome, refuted=True)  # a claim confirm refuted: recorded, nothing else
             return
         inc = self._incident(incident_id)
+        for m in job.roster.departing():  # a recovery that ended before its state moved
+            job.fence(m)
         if not inc.completed:
             inc.completed = True
             job.spares.refill(inc.workflow_id)  # a new spare for each one that took a slot, at once
         job.end_incident(outcome)
-
-
-def _redundancy(shards: dict[int, str], world_size: int) -> int:
-    """Replicas of the least replicated shard, from what the ranks reported holding; a rank that
-    reported nothing is a shard of its own (never assumed to be a replica)."""
-    counts: dict[str, int] = {}
-    for slot in range(world_size):
-        key = shards.get(slot, f"unreported-rank-{slot}")
-        counts[key] = counts.get(key, 0) + 1
-    return min(counts.values(), default=0)
-
-
-def _planned(ev: Evidence) -> bool:
-    return CATEGORY_OF[ev.kind] is Category.PLANNED
-
-
-def _planned_slots(inc: Incident) -> set[int]:
-    """Slots whose every report is a planned signal (cordon, drain): their ranks are healthy donors."""
-    planned = {s for ev in inc.evidence if CATEGORY_OF[ev.kind] is Category.PLANNED for s in ev.slots}
-    failed = {s for ev in inc.evidence if CATEGORY_OF[ev.kind] is not Category.PLANNED for s in ev.slots}
-    return planned - failed

@@ -48,7 +48,8 @@ class Supplier:
             )
         if held() + len(job.spares.ready()) < need:
             raise IncidentError(ErrorType.NO_SPARE, f"{need} spare(s) needed, {len(job.spares.ready())} warm")
-        near = {n for s in inc.lost if (n := job.roster.home(s)) is not None}
+        # A spare on a lost rank's own node first (not one a planned move leaves).
+        near = {n for s in inc.lost - inc.leaving if (n := job.roster.home(s)) is not None}
         return [m for m in job.spares.reserve(inc.workflow_id, need, near) if m.alive]
 
     async def supply(self, inc: Incident, tick: Tick) -> TransferProof:
@@ -64,7 +65,10 @@ class Supplier:
             live = {
                 s: k for s, k in inc.frozen.completed_steps.items() if s not in inc.lost and job.roster.at(s)
             }
-            donors = sorted(s for s, k in live.items() if k == target)
+            # The ranks a planned move takes out give their own state first (a shard with no replica has
+            # no other donor); then the survivors holding the frozen step.
+            donors = [m for m in job.roster.departing() if m.slot in inc.leaving and m.completed == target]
+            donors += [self._member(s) for s, k in sorted(live.items()) if k == target]
             if not donors:
                 raise IncidentError(
                     ErrorType.TRANSFER_FAILED, f"no healthy replica holding step {target} is left"
@@ -78,9 +82,9 @@ class Supplier:
             if not need:
                 break
             shard, shards = self._shard_of(need, donors), job.roster.shards
-            one = len({shards.get(d) for d in donors}) == 1  # data parallel: every slot holds that shard
+            one = len({shards.get(d.slot) for d in donors}) == 1  # data parallel: every slot holds it
             need = [s for s in need if shards.get(s) == shard or (one and s not in shards)]  # a shard a move
-            donors = [d for d in donors if shards.get(d) == shard]
+            donors = [d for d in donors if shards.get(d.slot) == shard]
             if not donors:
                 raise IncidentError(
                     ErrorType.TRANSFER_FAILED,
@@ -176,17 +180,18 @@ class Supplier:
         taken = {m.slot: m for m in held if m.role is Role.RANK and m.slot in inc.lost}
         free = sorted((m for m in held if m.role is Role.SPARE), key=lambda m: m.agent_id)
         for slot in sorted(inc.lost - taken.keys()):
-            home = self.job.roster.home(slot)  # a spare on the lost rank's own node first
+            # A spare on the lost rank's own node first (not on the node a planned move leaves).
+            home = None if slot in inc.leaving else self.job.roster.home(slot)
             m = taken[slot] = free.pop(next((i for i, f in enumerate(free) if f.node == home), 0))
             m.slot, m.role = slot, Role.RANK
             m.send(Assign(slot=slot))
         return taken
 
-    def _shard_of(self, need: list[int], donors: list[int]) -> str | None:
+    def _shard_of(self, need: list[int], donors: list[Member]) -> str | None:
         """The shard to move next: the first slot's (a data-parallel job has one). A slot whose rank never
         reported its shard (lost while the coordinator was away) holds the job's only one, if it has one."""
         shard = self.job.roster.shards.get(need[0])
-        held = {self.job.roster.shards.get(d) for d in donors}
+        held = {self.job.roster.shards.get(d.slot) for d in donors}
         if shard is None and len(held) == 1:
             return held.pop()
         if shard is None:
@@ -196,12 +201,11 @@ class Supplier:
             )
         return shard
 
-    def _donors(self, slots: list[int]) -> list[Member]:
+    def _donors(self, donors: list[Member]) -> list[Member]:
         """The replicas to take the state from at once: one per node (a node's link is what limits its
-        streams), lowest slot first, at most the job's stripe width."""
+        streams), in the order given, at most the job's stripe width."""
         per_node: dict[str, Member] = {}
-        for s in slots:
-            m = self._member(s)
+        for m in donors:
             per_node.setdefault(m.node, m)
         return list(per_node.values())[: self.job.stripe_donors]
 

@@ -64,9 +64,10 @@ async def watch(c: Watched) -> None:
 
 
 def _silent_in_recovery(c: Watched, inc: Incident) -> None:
-    """A process stopped while a recovery runs (the donor, a receiving spare, a survivor) would hold it up
-    until a timeout: it is one more loss of the recovery, killed now, so the plan is re-made."""
-    members = [*c.roster.ranks(), *c.spares.held(inc.workflow_id)]
+    """A process stopped while a recovery runs (a donor, a leaving rank, a receiving spare, a survivor)
+    would hold it up until a timeout: it is one more loss of the recovery, killed now, so the plan is
+    re-made."""
+    members = [*c.roster.ranks(), *c.roster.departing(), *c.spares.held(inc.workflow_id)]
     for m, ev in c.detector.silent(time.monotonic(), members):
         if ev is not None:
             m.fenced = True  # its loss is this evidence, not a second one when its socket closes

@@ -6,7 +6,8 @@ tables is one unit test. The rules, first match wins:
 1. any shared-infrastructure evidence (fabric outage, filesystem, host memory) -> disqualifying;
 2. some shard has lost every rank holding it (no healthy replica left to rebuild from), from the shards the
    ranks reported (or, without them, lost slots reaching the redundancy) -> unable to recover;
-3. a failure (not a planned drain) of node 0, i.e. slot 0, under Slurm -> unable to recover;
+3. a failure (not a planned drain) of the Slurm batch host ("node 0": it runs the batch script and the
+   coordinator, and Slurm ends the whole job with it) -> unable to recover;
 4. no spare available -> unable to recover;
 5. silent data corruption -> unable to recover;
 6. otherwise the most specific qualifying row: host/GPU/fabric beats interruption beats planned, because a
@@ -24,7 +25,6 @@ from torchpass.models import (
     Category,
     Classification,
     ClassifyInput,
-    EventSource,
     Evidence,
     FailureKind,
 )
@@ -129,6 +129,8 @@ def classify_input(
         shard_of=confirm.shard_of,
         spare_available=enough and not spare_lost,
         agent=confirm.agent,
+        leaving_slots=confirm.leaving_slots,
+        batch_host=confirm.batch_host,
     )
 
 
@@ -174,8 +176,8 @@ def unclassified(error: str) -> Classification:
 def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
     if not inp.agent:
         yield NO_AGENT_REASON
-    lost = set(inp.lost_slots)
-    # With no lost slot (a planned move) the leaving rank is its own donor: redundancy does not matter.
+    # A rank a planned move takes out while healthy gives its own state: only a failed slot needs a replica.
+    lost = set(inp.lost_slots) - set(inp.leaving_slots)
     if lost and inp.shard_of:
         orphaned = sorted({s for s in inp.shard_of.values() if _holders(inp, s) <= lost})
         if orphaned:
@@ -189,8 +191,10 @@ def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
             f" {sorted(lost)} with redundancy {inp.redundancy}, no healthy replica left"
         )
     if _slurm_node0(inp):
-        # The batch script and job step live on the allocation's first node: losing it ends the job.
-        yield "node 0 failures with Slurm: slot 0 runs on the allocation's first node"
+        yield (
+            f"node 0 failures with Slurm: {inp.batch_host} is the allocation's batch host (it runs the batch"
+            " script and the coordinator; Slurm ends the whole job with it)"
+        )
     if not inp.spare_available:
         yield NO_SPARE_REASON
     if corrupt := [e for e in inp.evidence if e.kind is K.SILENT_DATA_CORRUPTION]:
@@ -202,12 +206,24 @@ def _holders(inp: ClassifyInput, shard: str) -> set[int]:
 
 
 def _slurm_node0(inp: ClassifyInput) -> bool:
-    slurm = any(e.scheduler == "slurm" or e.source is EventSource.SLURM for e in inp.evidence)
-    # A drain of node 0 is planned, not a failure: node 0 keeps running while its ranks move (they are
-    # among the lost slots, as every slot that gets a new process is).
-    failed = {s for e in inp.evidence if CATEGORY_OF[e.kind] is not Category.PLANNED for s in e.slots}
-    planned = {s for e in inp.evidence if CATEGORY_OF[e.kind] is Category.PLANNED for s in e.slots}
-    return slurm and 0 in (set(inp.lost_slots) - planned) | failed
+    """A failure of the Slurm batch host. A drain of it is planned, not a failure: it keeps running while
+    its ranks move. Whichever node ran rank 0 is not special: its ranks move like any other's."""
+    return inp.batch_host is not None and any(
+        e.failure_domain == inp.batch_host for e in inp.evidence if not planned(e)
+    )
+
+
+def planned(ev: Evidence) -> bool:
+    """A planned move's signal (cordon, drain, a GPU warming up): its ranks are still healthy."""
+    return CATEGORY_OF[ev.kind] is Category.PLANNED
+
+
+def leaving_slots(evidence: Iterable[Evidence]) -> set[int]:
+    """Slots whose every report is a planned signal: ranks a planned move takes out while healthy, each
+    the donor of its own state."""
+    evidence = list(evidence)
+    failed = {s for ev in evidence if not planned(ev) for s in ev.slots}
+    return {s for ev in evidence if planned(ev) for s in ev.slots} - failed
 
 
 def _disqualified(category: Category, reason: str) -> Classification:

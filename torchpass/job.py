@@ -106,6 +106,14 @@ class JobSpec(Model):
         le=1000,
         description="whole-job restarts a job without the agent gets before it fails (torchrun's flag)",
     )
+    batch_host: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="under Slurm, the allocation's batch host (`$SLURMD_NODENAME` in the batch script): it "
+        "runs the batch script and this coordinator, so Slurm ends the whole job with it, the brief's "
+        "'node 0 failures with Slurm'; no other node is special (the one running rank 0 included)",
+    )
     stripe_donors: int = Field(
         default=3,
         ge=1,

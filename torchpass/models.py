@@ -144,6 +144,12 @@ class ClassifyInput(Model):
     agent: bool = Field(
         default=True, description="the job runs the torchpass agent (live migration possible)"
     )
+    leaving_slots: tuple[NonNegativeInt, ...] = Field(
+        default=(), description="lost slots a planned move takes out while healthy (each its own donor)"
+    )
+    batch_host: str | None = Field(
+        default=None, max_length=253, description="the job's Slurm batch host (None: not under Slurm)"
+    )
 
 
 class Phase(StrEnum):

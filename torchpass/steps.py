@@ -50,6 +50,16 @@ class ConfirmResult(Model):
         default=True,
         description="the ranks run the torchpass agent (False: an unmodified script, `--no-agent`)",
     )
+    leaving_slots: tuple[NonNegativeInt, ...] = Field(
+        default=(),
+        description="lost slots whose ranks a planned move takes out while healthy: each gives its own "
+        "state, so its shard needs no replica",
+    )
+    batch_host: str | None = Field(
+        default=None,
+        max_length=253,
+        description="the job's Slurm batch host (`--batch-host`), whose failure ends the whole Slurm job",
+    )
     work_seconds: float = 0.0
 
 
@@ -64,6 +74,11 @@ class FreezeResult(Model):
     step_before: int | None = Field(
         default=None,
         description="the most advanced step any rank (the lost ones included) reported completing",
+    )
+    leaving_steps: dict[int, int] = Field(
+        default_factory=dict,
+        description="slot -> last completed step of each rank a planned move takes out of the world, kept "
+        "until its state has moved (the donor of its own shard)",
     )
     work_seconds: float = 0.0
 

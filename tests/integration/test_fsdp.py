@@ -6,13 +6,15 @@ replica is left (plain FSDP2, or both replicas of one HSDP shard lost) the incid
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from tests.integration.conftest import ROOT, run_with, spec
+from job_agent.jobs import request, wait_until_ready
+from tests.integration.conftest import ROOT, run_with, spec, start_job
 from tests.integration.test_live_migration import assert_migrated_live
 from torchpass.job import JobResult, JobState
 from torchpass.outcome import Disposition
@@ -95,6 +97,32 @@ async def test_plain_fsdp_has_no_replica_so_a_kill_restarts_from_the_checkpoint(
     (o,) = result.incidents
     assert o.disposition is Disposition.FALLBACK_RESTART and not o.classification.qualifying, o
     assert "exceeding parallelism redundancy" in o.classification.reason
+    assert result.final_digest == reference.final_digest
+
+
+async def test_plain_fsdp_moves_live_on_a_drain_the_leaving_rank_gives_its_own_shard(
+    client: Client, tmp_path: Path
+) -> None:
+    """No replica of any shard, and yet a planned move is live: rank 2 is drained while healthy, freezes
+    with the others, serves its own shard to the spare taking its slot, and only then goes. The proof
+    names rank 2 as its own donor, and the run ends bitwise equal to the same script never drained."""
+    args = ("--steps", "150", "--replicas", "1")
+    job = spec(tmp_path / "run", "fsdp-drain", script=FSDP_SCRIPT, args=args)
+    task = await start_job(client, job)
+    try:
+        await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id)
+        reply = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.Drain(slot=2))
+        assert isinstance(reply, wire.Ok), reply
+        result = await asyncio.wait_for(asyncio.shield(task), 150)
+    finally:
+        if not task.done():
+            task.cancel()
+    reference = await _reference(client, tmp_path / "ref", "fsdp-drain-reference", args)
+    assert result.ok, result.error
+    (o,) = result.incidents
+    assert o.disposition is Disposition.MIGRATED and o.success and o.classification.qualifying, o
+    assert o.lost_slots == (2,) and o.proof is not None and o.proof.donor_of == {2: 2}, o.proof
+    assert o.steps_recomputed == 0 == result.steps_recomputed
     assert result.final_digest == reference.final_digest
 
 

@@ -32,6 +32,7 @@ from tests.integration.conftest import LONG_ARGS, ROOT, SCRIPT
 from tests.slurm.cluster import SlurmCluster, available
 from torchpass.job import JobResult
 from torchpass.models import Category, Disposition, EventSource, FailureKind, FailureReport
+from torchpass.steps import ConfirmResult
 from workers.detect import Jobs
 from workers.slurm import SlurmDetector, SlurmSettings, node_seen, read_nodes
 
@@ -101,6 +102,15 @@ async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarte
     evidence = FailureReport.model_validate_json(started).evidence  # what the detector's word became
     assert (evidence.source, evidence.scheduler, evidence.slots) == (EventSource.SLURM, "slurm", tuple(moved))
     assert "security patch" in evidence.detail
+    (confirm,) = [  # what the job measured: the template named the batch host, the drained ranks leave
+        ConfirmResult.model_validate_json(p.data)
+        for e in history.events
+        if e.HasField("activity_task_completed_event_attributes")
+        for p in e.activity_task_completed_event_attributes.result.payloads
+        if b'"fenced_slots"' in p.data
+    ]
+    assert confirm.batch_host == "node1" and confirm.leaving_slots == tuple(moved), confirm
+    assert planned.proof is not None and set(planned.proof.donor_of.values()) <= set(moved), planned.proof
     assert result.steps_recomputed == 0 and result.final_digest == long_reference.final_digest
     assert cluster.node_states()["node2"].drained  # left for the operator to resume
 

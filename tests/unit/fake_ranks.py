@@ -152,7 +152,7 @@ class FakeRank:
         steps = self._l.steps
         if self.settings.restore is not None:  # "step-00000007.fake": a checkpoint of step 7
             self.completed = int(self.settings.restore.stem.split("-")[1])
-        self._send(wire.Ready(completed=self.completed, steps=steps, layout=SHARD))
+        self._send(wire.Ready(completed=self.completed, steps=steps, layout=self._layout()))
         self._obey_until_regrouped()
         while (step := self.completed + 1 + self._skip) < steps:
             self._skip = 0
@@ -251,13 +251,20 @@ class FakeRank:
                     self._group = g = self._l.groups.setdefault(generation, _Group(world_size))
                     g.members.add(self)
                 self._seq = 0
-                self._send(wire.Joined(generation=generation, completed=self.completed, layout=SHARD))
+                self._send(
+                    wire.Joined(generation=generation, completed=self.completed, layout=self._layout())
+                )
                 self._skip = self._l.resume_offset.pop(self.slot, 0)
                 return True
             case wire.Exit(code=code):
                 self.end(code)
                 raise _Gone
         return False
+
+    def _layout(self) -> wire.ShardLayout:
+        """Data parallel (every rank one replica), or with `sharded` each slot a shard of its own (plain
+        FSDP2: no replica)."""
+        return wire.ShardLayout(shard=f"fake-shard-{self.slot}") if self._l.sharded else SHARD
 
     def _serve(self, receivers: int, tid: int) -> None:
         """Serve this rank's state on a made-up port: receivers read the step it holds from the launcher."""
@@ -364,6 +371,7 @@ class FakeLauncher(Launcher):
         self.doomed_spares = 0
         self.spares_crashing = 0
         self.step_seconds = 0.0
+        self.sharded = False  # each slot its own shard, no replica (plain FSDP2)
 
     def fail_at(self, slot: int, step: int) -> None:
         """The rank holding `slot` dies (SIGKILL) as it enters `step`."""

@@ -62,12 +62,18 @@ def run(
     world: int = 4,
     redundancy: int = 4,
     spare: bool = True,
+    batch_host: str | None = None,
 ) -> Classification:
     if lost is None:
         lost = tuple(sorted({s for e in evidence for s in e.slots}))
     return classify(
         ClassifyInput(
-            evidence=evidence, lost_slots=lost, world_size=world, redundancy=redundancy, spare_available=spare
+            evidence=evidence,
+            lost_slots=lost,
+            world_size=world,
+            redundancy=redundancy,
+            spare_available=spare,
+            batch_host=batch_host,
         )
     )
 
@@ -96,18 +102,16 @@ def test_slurm_drain_is_a_planned_migration() -> None:
 
 
 def test_a_drain_of_node_0_under_slurm_is_still_planned() -> None:
-    c = run(ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm"), lost=())
+    """node-2 is the batch host. A drain of it is planned: it keeps running while its ranks move."""
+    drain = ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm")
+    c = run(drain, lost=(), batch_host="node-2")
     assert c.category == Category.PLANNED and c.qualifying
     # As the job confirms it: the moving slots are the ones that get new processes (found on a real Slurm
     # drain of the first node, which was disqualified as a node 0 failure).
-    c = run(ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm"), lost=(0, 1))
+    c = run(drain, lost=(0, 1), batch_host="node-2")
     assert c.category == Category.PLANNED and c.qualifying, c.reason
-    c = run(
-        ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm"),
-        ev(K.PROCESS_EXIT, slots=(0,)),
-        lost=(0, 1),
-    )
-    assert c.category == Category.UNABLE_TO_RECOVER and "node 0" in c.reason  # then rank 0 died mid-drain
+    c = run(drain, ev(K.PROCESS_EXIT, slots=(0,)), lost=(0, 1), batch_host="node-2")
+    assert c.category == Category.UNABLE_TO_RECOVER and "node 0" in c.reason  # then it failed mid-drain
 
 
 def test_a_cordon_with_the_temperature_reading_behind_it_still_qualifies() -> None:
@@ -244,6 +248,20 @@ def test_a_sharded_job_without_replicas_is_unable_to_recover_after_any_loss() ->
     assert classify(inp).category == Category.UNABLE_TO_RECOVER
 
 
+def test_a_planned_move_of_a_shard_with_no_replica_qualifies_its_leaving_rank_is_the_donor() -> None:
+    """The same job as above, rank 3 drained rather than killed: it stays alive to give its own state, so
+    the drain is planned and qualifying. Named as a failed slot (not leaving), the same drain is not."""
+    shards = {s: f"shard-{s}" for s in range(4)}
+    drain = ev(K.NODE_DRAIN, EventSource.SLURM, slots=(3,), scheduler="slurm")
+    inp = ClassifyInput(
+        evidence=(drain,), lost_slots=(3,), leaving_slots=(3,), world_size=4, redundancy=1, shard_of=shards
+    )
+    c = classify(inp)
+    assert c.category == Category.PLANNED and c.qualifying, c
+    c = classify(inp.model_copy(update={"leaving_slots": ()}))
+    assert c.category == Category.UNABLE_TO_RECOVER and "exceeding parallelism redundancy" in c.reason
+
+
 def test_a_failed_classifier_is_unclassified_but_qualifying() -> None:
     c = unclassified("boom")
     assert c.category == Category.UNCLASSIFIED and c.qualifying and "boom" in c.reason and c.kind is None
@@ -256,14 +274,29 @@ def test_silent_data_corruption_is_unable_to_recover() -> None:
 
 
 def test_node_0_failure_with_slurm_is_unable_to_recover() -> None:
-    c = run(ev(K.NODE_FAILURE, EventSource.SLURM, slots=(0,), scheduler="slurm", domain="node1"))
+    """node1 is the batch host: it runs the batch script and the coordinator, Slurm ends the job with it."""
+    c = run(
+        ev(K.NODE_FAILURE, EventSource.SLURM, slots=(2,), scheduler="slurm", domain="node1"),
+        batch_host="node1",
+    )
     assert c.category == Category.UNABLE_TO_RECOVER and not c.qualifying
-    assert "node 0" in c.reason and "Slurm" in c.reason
+    assert "node 0" in c.reason and "Slurm" in c.reason and "node1" in c.reason
 
 
-def test_node_0_lost_under_slurm_counts_even_when_only_the_coordinator_knows_the_slot() -> None:
-    c = run(ev(K.PROCESS_EXIT, slots=()), ev(K.NODE_FAILURE, EventSource.SLURM, scheduler="slurm"), lost=(0,))
+def test_node_0_lost_under_slurm_counts_even_when_no_slot_is_named() -> None:
+    c = run(
+        ev(K.PROCESS_EXIT, slots=()),
+        ev(K.NODE_FAILURE, EventSource.SLURM, scheduler="slurm"),
+        lost=(0,),
+        batch_host="node-2",
+    )
     assert c.category == Category.UNABLE_TO_RECOVER and "node 0" in c.reason
+
+
+def test_the_node_that_ran_rank_0_is_not_special_under_slurm() -> None:
+    """Slot 0's node fails, but the batch host is another node: the job goes on, rank 0 moves live."""
+    c = run(ev(K.NODE_FAILURE, EventSource.SLURM, slots=(0, 1), scheduler="slurm"), batch_host="node-0")
+    assert c.category == Category.HOST_GPU_FABRIC and c.qualifying, c.reason
 
 
 def test_node_0_failure_without_slurm_qualifies() -> None:

@@ -48,6 +48,12 @@ def register(sub: Any) -> None:
         help="seconds a node agent may go unheard before its node is lost",
     )
     r.add_argument(
+        "--batch-host",
+        default=None,
+        help="under Slurm, the batch host (the template passes $SLURMD_NODENAME): a failure of that node "
+        "ends the whole Slurm job, so it is classified as the brief's node 0 failure",
+    )
+    r.add_argument(
         "--stripe-donors",
         type=int,
         default=3,
@@ -191,6 +197,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "collective_timeout": args.collective_timeout,
         "node_timeout": args.node_timeout,
         "stripe_donors": args.stripe_donors,
+        "batch_host": args.batch_host,
         "checkpoint_every": args.checkpoint_every,
         "verify_every": args.verify_every,
         "keep_checkpoints": args.keep_checkpoints,
