@@ -25,7 +25,7 @@ from job_agent.ending import job_result, judge_exits, put_away, user_error
 from job_agent.incident import IncidentTracker, Reporter
 from job_agent.injection import Injector
 from job_agent.interrupt import stopped_by_signals
-from job_agent.jobs import register_job
+from job_agent.jobs import register
 from job_agent.launcher import Launcher, LocalLauncher, agent_env, command, free_port
 from job_agent.members import Member, MemberState, Roster
 from job_agent.nodes import NodeLauncher, admit_node, wait_for_nodes
@@ -124,7 +124,7 @@ class Coordinator:
             taken_back = await take_back(self, self.nodes)  # the job still trains on its nodes
         if taken_back is None:
             self.resumed = resume.prepare(self.spec.job_dir, self.spec.fresh)
-        register_job(self.spec.job_dir, self._secret, self._address, self.world_size, self._store_address)
+        register(self.spec, self._secret, self._address, self._store_address)
         if self.resumed is not None:  # the steps it completed are measured as recomputed when run again
             self.progress.completed(self.resumed.last_completed)
             if self.resumed.checkpoint is not None:
@@ -386,4 +386,13 @@ def job_status(c: Coordinator) -> wire.Status:
         incident=inc.workflow_id if inc else None,
         incidents=len(c.incidents.outcomes),
         nodes=tuple(n.name for n in c.nodes.joined()) if c.nodes is not None else (),
+        idle_nodes=_idle_nodes(c),
     )
+
+
+def _idle_nodes(c: Coordinator) -> tuple[str, ...]:
+    """Joined nodes running no rank where new ranks may go (not cordoned, drained or lost)."""
+    if c.nodes is None:
+        return ()
+    busy = {m.node for m in c.roster.ranks()}
+    return tuple(n.name for n in c.nodes.joined() if n.name not in busy and n.name not in c.nodes.avoid)

@@ -5,15 +5,36 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from job_agent import protocol, wire
+from torchpass.job import JobSpec
+
+
+def register(spec: JobSpec, secret: bytes, coordinator: str, store: str | None) -> None:
+    """`register_job` for `spec`'s job; a job that asks for spare nodes also says how to start the node
+    agent of one (what the cluster detector keeping them needs: `workers.spare_nodes`)."""
+    spare_node = None
+    if spec.spare_nodes:
+        spare_node = {
+            "count": spec.spare_nodes,
+            "spares": spec.nproc // max(spec.nodes, 1),  # a spare node can take a whole node's ranks
+            "script": str(spec.script),
+            "args": list(spec.args),
+        }
+    register_job(spec.job_dir, secret, coordinator, spec.nproc, store, spare_node)
 
 
 def register_job(
-    job_dir: Path, secret: bytes, coordinator: str, world_size: int, store: str | None = None
+    job_dir: Path,
+    secret: bytes,
+    coordinator: str,
+    world_size: int,
+    store: str | None = None,
+    spare_node: Mapping[str, object] | None = None,
 ) -> None:
     """Where `torchpass inject` and `torchpass jobs` find a job. The job's directory is its owner's alone
     (0700); the secret is created exclusively (0600, never through a link) and `unregister_job` removes it.
@@ -29,7 +50,7 @@ def register_job(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret.hex())
-    info = {
+    info: dict[str, object] = {
         "job_id": job_dir.name,
         "coordinator": coordinator,
         "store": store,
@@ -37,6 +58,8 @@ def register_job(
         "world_size": world_size,
         "started_at": datetime.now(UTC).isoformat(),
     }
+    if spare_node is not None:
+        info["spare_node"] = dict(spare_node)
     fd = os.open(job_dir / "job.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(info, indent=2))

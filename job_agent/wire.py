@@ -21,13 +21,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Field,
-    NonNegativeInt,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-)
+from pydantic import Field, NonNegativeInt, TypeAdapter, ValidationError, model_validator
 
 from job_agent.frames import ID as _ID
 from job_agent.frames import TEXT as _TEXT
@@ -310,6 +304,9 @@ class Status(_Frame):
     incident: str | None = None
     incidents: NonNegativeInt = Field(default=0, description="incidents recorded so far")
     nodes: tuple[str, ...] = Field(default=(), max_length=1024, description="node agents joined (multi-node)")
+    idle_nodes: tuple[str, ...] = Field(
+        default=(), max_length=1024, description="joined nodes with no rank that may take some: spare nodes"
+    )
 
 
 class Ok(_Frame):

@@ -106,6 +106,14 @@ class JobSpec(Model):
         le=1000,
         description="whole-job restarts a job without the agent gets before it fails (torchrun's flag)",
     )
+    spare_nodes: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="idle spare nodes the cluster detector keeps for this job, each a node agent it starts "
+        "on a node of the scheduler's spare pool (Slurm: `torchpass detect slurm --spare-partition` or "
+        "`--spare-reservation`) with as many warm spares as a node runs ranks; 0: none",
+    )
     batch_host: str | None = Field(
         default=None,
         min_length=1,
@@ -128,6 +136,8 @@ class JobSpec(Model):
             raise ValueError(
                 "a job without the agent (--no-agent) restarts whole: spares are of no use to it"
             )
+        if self.spare_nodes and not self.nodes:
+            raise ValueError("spare nodes (--spare-nodes) join a job that runs on node agents (--nnodes)")
         if not self.agent and self.nodes:
             raise ValueError(
                 "a job without the agent (--no-agent) runs its ranks on one host (its rank 0 hosts the"

@@ -10,6 +10,9 @@ Slurm has no watch: the detector polls (`poll_seconds`), and every read says eve
 (node, state, the reason's timestamp) make the second hearing a no-op. After a job acted on a node's
 failure, the node is set to DRAIN with the reason (`scontrol update`), so that Slurm gives it to no job
 until somebody repairs it and resumes it.
+
+With spare nodes configured (`--spare-partition`, `--spare-reservation`), each poll also keeps the spare
+nodes the jobs asked for (`workers.slurm_spares`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,9 +108,15 @@ def node_seen(n: NodeState) -> Seen | None:
 class SlurmDetector:
     """Polls the nodes' states until `close`."""
 
-    def __init__(self, jobs: Jobs, settings: SlurmSettings | None = None) -> None:
+    def __init__(
+        self,
+        jobs: Jobs,
+        settings: SlurmSettings | None = None,
+        keep_spares: Callable[[], object] | None = None,
+    ) -> None:
         self.jobs = jobs
         self.settings = settings or SlurmSettings()
+        self.keep_spares = keep_spares  # `workers.slurm_spares.SlurmSpares.keep`, at each poll
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -119,7 +128,12 @@ class SlurmDetector:
         self.stop.set()
 
     def poll(self) -> None:
-        """One read of every node; each that matters is told to the jobs."""
+        """One read of every node; each that matters is told to the jobs. Then the jobs' spare nodes."""
+        self._tell_nodes()
+        if self.keep_spares is not None:
+            self.keep_spares()
+
+    def _tell_nodes(self) -> None:
         try:
             nodes = read_nodes(self.settings.partition)
         except SlurmError as e:

@@ -17,24 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import request
+from job_agent.jobs import registered_pid, request
 from tests.integration.conftest import LONG_ARGS, ROOT, SCRIPT
 from tests.slurm.cluster import SlurmCluster, available
-from torchpass.job import JobResult
+from torchpass.job import JobResult, JobState
 from torchpass.models import Category, Disposition, EventSource, FailureKind, FailureReport
 from torchpass.steps import ConfirmResult
 from workers.detect import Jobs
 from workers.slurm import SlurmDetector, SlurmSettings, node_seen, read_nodes
+from workers.slurm_spares import PREFIX, SlurmSpares, SpareNodeSettings, read_queue
 
 pytestmark = pytest.mark.integration
 ARGS = LONG_ARGS
@@ -50,6 +53,16 @@ def cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
         yield c
 
 
+@pytest.fixture
+def spare_cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
+    """Two training nodes, and a `spares` partition of one node (spare1)."""
+    reason = available()
+    if reason:
+        pytest.skip(reason)
+    with SlurmCluster(tmp_path / "slurm", nodes=2, spare_partition="spares", spare_nodes=1) as c:
+        yield c
+
+
 async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarted_detector_starts_nothing(
     client: Client,
     tmp_path: Path,
@@ -58,18 +71,7 @@ async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarte
     long_reference: JobResult,
 ) -> None:
     state, job_id = tmp_path / "state", "slurm-drain"
-    for k, v in {
-        **cluster.env,
-        "TORCHPASS_STATE_DIR": str(state),
-        "TORCHPASS_TEMPORAL_ADDRESS": client.service_client.config.target_host,
-        "TORCHPASS": f"{sys.executable} -m torchpass.cli",
-        "TORCHPASS_JOB": job_id,
-        "TORCHPASS_NODE_HOST_CMD": "echo 127.0.0.1",
-        "SCRIPT": str(SCRIPT),
-        "PER_NODE": "2",
-        "SPARES_PER_NODE": "1",
-    }.items():
-        monkeypatch.setenv(k, v)
+    _environment(monkeypatch, cluster, client, state, job_id)
     out = tmp_path / "job.out"
     cluster.run("sbatch", "--nodes=3", f"--output={out}", str(TEMPLATE), *ARGS)
     detector = SlurmDetector(Jobs(state, "slurm"), SlurmSettings(poll_seconds=0.3))
@@ -113,6 +115,93 @@ async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarte
     assert planned.proof is not None and set(planned.proof.donor_of.values()) <= set(moved), planned.proof
     assert result.steps_recomputed == 0 and result.final_digest == long_reference.final_digest
     assert cluster.node_states()["node2"].drained  # left for the operator to resume
+
+
+async def test_spare_nodes_come_from_the_spare_partition_and_one_that_took_ranks_is_replaced(
+    client: Client, tmp_path: Path, spare_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The allocation has no spare node; the job asks for one (`KEEP_SPARE_NODES=1`). The detector's
+    keeper submits a one-node job to the `spares` partition running the job's node agent, which joins as
+    a spare node. node2 is drained: its ranks move to warm spares. Once the spare node runs ranks, the
+    keeper asks Slurm for another, which waits in the queue (the partition has no other node), and it
+    asks only once over later polls. The job is then stopped (SIGTERM to its coordinator, as `scancel`
+    would send): the waiting spare-node job is cancelled, the joined one ends with the job."""
+    state, job_id = tmp_path / "state", "slurm-spares"
+    _environment(monkeypatch, spare_cluster, client, state, job_id, SPARE_NODES="0", KEEP_SPARE_NODES="1")
+    out = tmp_path / "job.out"
+    args = ("--steps", "100000", "--width", "128", "--depth", "2")  # it trains until stopped
+    spare_cluster.run("sbatch", "--nodes=2", f"--output={out}", str(TEMPLATE), *args)
+    settings = SpareNodeSettings(
+        partition="spares", node_command=f"{sys.executable} -m torchpass.cli", host_command="echo 127.0.0.1"
+    )
+    keeper = SlurmSpares(state, settings)
+    detector = SlurmDetector(Jobs(state, "slurm"), SlurmSettings(poll_seconds=0.3), keeper.keep)
+    watching = threading.Thread(target=detector.run, daemon=True)
+    watching.start()
+    name = f"{PREFIX}{job_id}"
+    try:
+        joined = await _status(state, job_id, out, lambda s: "spare1" in s.nodes and s.spares >= 4)
+        assert {r.node for r in joined.ranks} == {"node1", "node2"}, joined
+        assert [q.state for q in read_queue() if q.name == name] == ["RUNNING"]
+        spare_cluster.drain("node2", "security patch")
+        await _status(state, job_id, out, lambda s: s.incidents == 1 and s.incident is None)
+        moved = await _status(state, job_id, out, lambda s: all(r.node != "node2" for r in s.ranks))
+        if "spare1" in {r.node for r in moved.ranks}:  # the spare node took a rank: another is asked for
+            deadline = time.monotonic() + 30
+            while sorted(q.state for q in read_queue() if q.name == name) != ["PENDING", "RUNNING"]:
+                assert time.monotonic() < deadline, read_queue()
+                await asyncio.sleep(0.3)
+        await asyncio.sleep(2)  # several more polls: nothing more is asked for
+        assert len([q for q in read_queue() if q.name == name]) <= 2, read_queue()
+        pid = registered_pid(state / "jobs" / job_id)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        result = await _result(state, job_id, out)
+        deadline = time.monotonic() + 30
+        while [q for q in read_queue() if q.name == name]:  # the waiting one cancelled, the joined one done
+            assert time.monotonic() < deadline, read_queue()
+            await asyncio.sleep(0.3)
+    finally:
+        detector.close()
+        watching.join(10)
+    assert result.status is JobState.FAILED and "stopped by SIGTERM" in (result.error or ""), _tail(out)
+    (o,) = result.incidents
+    assert o.disposition is Disposition.MIGRATED and o.success and o.kind is FailureKind.NODE_DRAIN, o
+
+
+def _environment(
+    mp: pytest.MonkeyPatch, cluster: SlurmCluster, client: Client, state: Path, job_id: str, **extra: str
+) -> None:
+    """What the template and the Slurm clients read: the test cluster, the job, two ranks a node."""
+    for k, v in {
+        **cluster.env,
+        "TORCHPASS_STATE_DIR": str(state),
+        "TORCHPASS_TEMPORAL_ADDRESS": client.service_client.config.target_host,
+        "TORCHPASS": f"{sys.executable} -m torchpass.cli",
+        "TORCHPASS_JOB": job_id,
+        "TORCHPASS_NODE_HOST_CMD": "echo 127.0.0.1",
+        "SCRIPT": str(SCRIPT),
+        "PER_NODE": "2",
+        "SPARES_PER_NODE": "1",
+        **extra,
+    }.items():
+        mp.setenv(k, v)
+
+
+async def _status(state: Path, job_id: str, out: Path, ok: Callable[[wire.Status], bool]) -> wire.Status:
+    """The job's status once it trains with its four ranks and `ok` holds."""
+    deadline = time.monotonic() + 120
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = await asyncio.to_thread(request, state, job_id, wire.StatusRequest())
+        except Exception:  # not registered yet
+            await asyncio.sleep(0.2)
+            continue
+        if isinstance(last, wire.Status) and last.state == "training" and len(last.ranks) == 4 and ok(last):
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the job never got there: {last}\n{_tail(out)}")
 
 
 async def _training(state: Path, job_id: str, out: Path, incidents: int = 0) -> wire.Status:

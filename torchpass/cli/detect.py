@@ -31,6 +31,20 @@ def register(sub: Any) -> None:
         "--poll", type=float, default=5.0, help="slurm: seconds between reads of the nodes' states"
     )
     d.add_argument("--partition", default=None, help="slurm: only the nodes of this partition")
+    d.add_argument(
+        "--spare-partition", default=None, help="slurm: the partition spare nodes come from (--spare-nodes)"
+    )
+    d.add_argument("--spare-reservation", default=None, help="slurm: the reservation spare nodes come from")
+    d.add_argument(
+        "--node-command",
+        default="torchpass",
+        help="slurm: how a spare node runs torchpass (e.g. '/opt/venv/bin/python -m torchpass.cli')",
+    )
+    d.add_argument(
+        "--node-host-command",
+        default="hostname -i",
+        help="slurm: prints a spare node's address, reachable from the job's other nodes",
+    )
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
@@ -43,7 +57,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         from workers.slurm import SlurmDetector, SlurmSettings
 
         slurm = SlurmSettings(poll_seconds=args.poll, partition=args.partition)
-        detector = SlurmDetector(Jobs(settings.state_dir, "slurm"), slurm)
+        detector = SlurmDetector(Jobs(settings.state_dir, "slurm"), slurm, _spares(args, settings.state_dir))
     done = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
@@ -57,6 +71,26 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     while worker.is_alive() and not done.wait(0.5):
         pass
     return 0
+
+
+def _spares(args: argparse.Namespace, state_dir: Path) -> Any:
+    """The keeper of the jobs' spare nodes (`workers.slurm_spares`), with a place to take them from."""
+    if args.spare_partition is None and args.spare_reservation is None:
+        return None
+    from pydantic import ValidationError
+
+    from workers.slurm_spares import SlurmSpares, SpareNodeSettings
+
+    try:
+        spares = SpareNodeSettings(
+            partition=args.spare_partition,
+            reservation=args.spare_reservation,
+            node_command=args.node_command,
+            host_command=args.node_host_command,
+        )
+    except ValidationError as e:
+        raise CliError(f"spare nodes: {e}") from None
+    return SlurmSpares(state_dir, spares).keep
 
 
 def _kube(args: argparse.Namespace, jobs: Any) -> Any:

@@ -26,7 +26,11 @@ def register(sub: Any) -> None:
     r.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (with --nnodes)")
     r.add_argument("--spares-per-node", type=int, default=1, help="warm spares on each node")
     r.add_argument(
-        "--spare-nodes", type=int, default=0, help="spare nodes (no ranks, a node's worth of spares)"
+        "--spare-nodes",
+        type=int,
+        default=0,
+        help="spare nodes (no ranks, a node's worth of spares): started here, or with --remote kept by the "
+        "cluster detector from its spare partition or reservation",
     )
     r.add_argument(
         "--remote",
@@ -198,6 +202,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "node_timeout": args.node_timeout,
         "stripe_donors": args.stripe_donors,
         "batch_host": args.batch_host,
+        "spare_nodes": args.spare_nodes if args.remote else 0,  # here, they are this host's own
         "checkpoint_every": args.checkpoint_every,
         "verify_every": args.verify_every,
         "keep_checkpoints": args.keep_checkpoints,
