@@ -6,6 +6,7 @@ Run it with `torchpass run --nproc 4 --spares 1 examples/train_dp.py -- --steps 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,12 @@ def main(agent_type: type[RankAgent] = RankAgent) -> None:
     p.add_argument(
         "--fail-at", type=int, default=-1, help="raise an error at this step (a bug in the script)"
     )
+    p.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="seconds each step waits (to watch a run; the math is the same)",
+    )
     args = p.parse_args()
 
     agent = agent_type()  # torchpass
@@ -40,6 +47,7 @@ def main(agent_type: type[RankAgent] = RankAgent) -> None:
 
     def train_step(step: int) -> None:
         # Per-rank data from (step, rank): the agent seeds torch's RNG for each step.
+        time.sleep(args.pace)
         x = torch.randn(args.batch, args.width, device=agent.device)
         y = x.sum(dim=1, keepdim=True).sin()
         if step == args.fail_at:

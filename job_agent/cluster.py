@@ -107,11 +107,18 @@ class ClusterSignals:
 
     def _of_incident(self, ev: wire.NodeEvent) -> tuple[wire.Ok, Evidence | None]:
         """A node with no rank left: one more piece of evidence of the incident that lost its ranks (a power
-        loss seen first as the ranks' exits, then as NotReady), else nothing."""
+        loss seen first as the ranks' exits, then as NotReady); if that failure's outcome is recorded
+        already, a late report into its history (its workflow lingers for it); else nothing."""
         inc = self._incidents.current
         slots = sorted(
             {s for e in inc.evidence if e.failure_domain == ev.node for s in e.slots} if inc else ()
         )
+        failed = ev.kind not in CLUSTER_PLANNED  # a cordon after the node failed is no news of the failure
+        if (inc is None or not slots) and failed and (done := self._incidents.recent(ev.node)) is not None:
+            late = self._evidence(ev, ev.kind, done.lost_slots, "lost with it, already replaced")
+            self._incidents.late(late, done.incident_id)
+            detail = {"acted": True, "slots": list(done.lost_slots), "kind": ev.kind.value, "late": True}
+            return wire.Ok(detail={**detail, "incident": done.incident_id}), None
         if inc is None or not slots:
             return _nothing(f"no rank of job {self._job_id} runs on {ev.node}"), None
         evidence = self._evidence(ev, ev.kind, tuple(slots), "lost with it")

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,7 +33,7 @@ from torchpass.classify import CATEGORY_OF
 from torchpass.errors import ErrorType, TorchpassError
 from torchpass.ids import REKEY_HEX, incident_workflow_id, job_task_queue
 from torchpass.job import JobSpec
-from torchpass.models import Category, ContractRef, Evidence, FailureReport
+from torchpass.models import Category, ContractRef, Disposition, Evidence, FailureReport
 from torchpass.outcome import MigrationOutcome
 from torchpass.proof import filed_ending
 from torchpass.steps import FallbackResult, FreezeResult, LocalRecord, RejoinResult, TransferProof
@@ -117,6 +118,7 @@ class IncidentTracker:
         retry_for: timedelta = REPORT_RETRY_FOR,
         records: Path | None = None,
         local_after: timedelta = LOCAL_AFTER,
+        late_window: timedelta = timedelta(0),
     ) -> None:
         self._job_id = job_id
         self._generation = generation
@@ -125,6 +127,8 @@ class IncidentTracker:
         self._retry_for = retry_for
         self._records = records
         self.local_after = local_after
+        self.late_window = late_window  # an incident's workflow stays open this long after its outcome
+        self._recorded: dict[str, float] = {}  # incident id -> when its outcome was recorded (monotonic)
         self.current: Incident | None = None
         self.queued: list[Evidence] = []
         self.outcomes: list[MigrationOutcome] = []
@@ -145,6 +149,7 @@ class IncidentTracker:
             spec.contract,
             records=spec.job_dir / "local",
             local_after=local_after,
+            late_window=timedelta(seconds=spec.late_window),
         )
 
     def add(self, ev: Evidence) -> Incident | None:
@@ -181,17 +186,29 @@ class IncidentTracker:
     def _report(self, inc: Incident, ev: Evidence, generation: int) -> None:
         if inc.generation < 0:
             inc.generation = generation
-        report = FailureReport(
-            evidence=ev,
-            job_task_queue=job_task_queue(self._job_id),
-            generation=generation,
-            contract=self._contract,
-        )
+        report = self._report_of(ev, generation)
         lead = inc.lead.get(inc.workflow_id)
         task = self._spawn(self._deliver(inc, inc.workflow_id, report, after=lead))
         inc.lead.setdefault(inc.workflow_id, task)
         inc.deliveries.add(task)
         task.add_done_callback(inc.deliveries.discard)
+
+    def _report_of(self, ev: Evidence, generation: int, late: bool = False) -> FailureReport:
+        return FailureReport(
+            evidence=ev,
+            job_task_queue=job_task_queue(self._job_id),
+            generation=generation,
+            contract=self._contract,
+            linger_seconds=self.late_window.total_seconds(),
+            late=late,
+        )
+
+    def late(self, ev: Evidence, incident_id: str) -> None:
+        """`ev` came after its incident's outcome was recorded (`incident_id`: workflow id/run id): it
+        goes to that run alone, open for the late window, into its history; it starts nothing."""
+        self._spawn(
+            self._deliver(None, incident_id, self._report_of(ev, self._generation(), late=True), None)
+        )
 
     def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
@@ -286,7 +303,7 @@ class IncidentTracker:
             await asyncio.sleep(0.1)
 
     async def _deliver(
-        self, inc: Incident, workflow_id: str, report: FailureReport, after: asyncio.Task[None] | None
+        self, inc: Incident | None, workflow_id: str, report: FailureReport, after: asyncio.Task[None] | None
     ) -> None:
         if after is not None:  # signal-with-start: the first report delivered starts the workflow
             await asyncio.wait({after})
@@ -298,9 +315,9 @@ class IncidentTracker:
                 await self._reporter(workflow_id, report)
                 return
             except Squatted as e:  # delivered to a workflow that is not this job's incident
-                if inc.workflow_id == workflow_id and inc.rekeyed < MAX_REKEYS:
+                if inc is not None and inc.workflow_id == workflow_id and inc.rekeyed < MAX_REKEYS:
                     self.rekey(inc, str(e))
-                elif inc.workflow_id == workflow_id:
+                elif inc is None or inc.workflow_id == workflow_id:
                     self.undelivered += 1
                     log.error(
                         "incident %s squatted %d times; report NOT delivered: %s", workflow_id, MAX_REKEYS, e
@@ -308,7 +325,7 @@ class IncidentTracker:
                 return
             except Exception as e:  # any failure to reach Temporal: retried, then logged, never raised
                 # One the job handles itself is retried until Temporal is back: its record waits there.
-                if not inc.local and loop.time() + backoff > deadline:
+                if not (inc is not None and inc.local) and loop.time() + backoff > deadline:
                     self.undelivered += 1
                     log.error(
                         "report of %s to incident %s NOT delivered after %.0f s: %s",
@@ -331,6 +348,7 @@ class IncidentTracker:
         new = all(o.incident_id != outcome.incident_id for o in self.outcomes)
         if new:
             self.outcomes.append(outcome)
+            self._recorded[outcome.incident_id] = time.monotonic()
         if refuted:
             return new
         self.current = None
@@ -339,6 +357,16 @@ class IncidentTracker:
             if not replaced(ev):
                 self.add(ev)
         return new
+
+    def recent(self, node: str) -> MigrationOutcome | None:
+        """The last failure of `node` (not a planned move, not a refuted claim) whose workflow is still open
+        for late evidence (`late`)."""
+        for o in reversed(self.outcomes):
+            planned = o.classification.category is Category.PLANNED
+            if o.failure_domain == node and o.disposition is not Disposition.NOT_A_FAILURE and not planned:
+                recorded = self._recorded.get(o.incident_id, float("-inf"))
+                return o if time.monotonic() - recorded < self.late_window.total_seconds() else None
+        return None
 
     def cancel(self) -> None:
         for t in self._tasks:

@@ -32,9 +32,11 @@ class SparePool(abc.ABC):
         """What `incident` holds: spares reserved for it, including those that already took a slot."""
 
     @abc.abstractmethod
-    def reserve(self, incident: str, n: int, near: Collection[str] = ()) -> list[Member]:
+    def reserve(
+        self, incident: str, n: int, near: Collection[str] = (), then: Collection[str] = ()
+    ) -> list[Member]:
         """Up to `n` live spares, held for `incident` (those it already holds first, then those on the
-        nodes `near`: a lost rank's own node)."""
+        nodes `near`: a lost rank's own node; then those on the nodes `then`: spare nodes)."""
 
     @abc.abstractmethod
     def release(self, incident: str) -> None:
@@ -98,9 +100,12 @@ class LocalSparePool(SparePool):
     def held(self, incident: str) -> list[Member]:
         return [m for m in self._roster.members.values() if m.reserved_for == incident]
 
-    def reserve(self, incident: str, n: int, near: Collection[str] = ()) -> list[Member]:
+    def reserve(
+        self, incident: str, n: int, near: Collection[str] = (), then: Collection[str] = ()
+    ) -> list[Member]:
         held = [m for m in self.held(incident) if m.alive]  # one lost on the way is replaced
-        ready = sorted(self.ready(), key=lambda m: m.node not in near)  # stable: the pool's order otherwise
+        # Stable: the pool's order otherwise.
+        ready = sorted(self.ready(), key=lambda m: (m.node not in near, m.node not in then))
         for m in ready[: max(0, n - len(held))]:
             m.reserved_for = incident
             held.append(m)

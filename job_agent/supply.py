@@ -48,9 +48,11 @@ class Supplier:
             )
         if held() + len(job.spares.ready()) < need:
             raise IncidentError(ErrorType.NO_SPARE, f"{need} spare(s) needed, {len(job.spares.ready())} warm")
-        # A spare on a lost rank's own node first (not one a planned move leaves).
+        # A spare on a lost rank's own node first (not one a planned move leaves); then one on a node that
+        # runs no rank (a spare node: a whole node's ranks land together, the training nodes keep theirs).
         near = {n for s in inc.lost - inc.leaving if (n := job.roster.home(s)) is not None}
-        return [m for m in job.spares.reserve(inc.workflow_id, need, near) if m.alive]
+        spare_nodes = {m.node for m in job.spares.ready()} - {m.node for m in job.roster.ranks()}
+        return [m for m in job.spares.reserve(inc.workflow_id, need, near, spare_nodes) if m.alive]
 
     async def supply(self, inc: Incident, tick: Tick) -> TransferProof:
         """Every slot that needs the state gets it from a replica at the frozen step. A donor, receiver or

@@ -72,6 +72,14 @@ class JobSpec(Model):
         description="seconds an incident waits for its workflow's first step; past it (Temporal or the "
         "control worker away) the job carries the recovery out itself and files the record later",
     )
+    late_window: float = Field(
+        default=600.0,
+        ge=0,
+        le=3600,
+        description="seconds an incident's workflow stays open once its outcome is recorded, taking the "
+        "evidence that comes late (a Kubernetes NotReady some 40 s after a node died, a Slurm DOWN after "
+        "SlurmdTimeout) into its history; 0: it closes at once",
+    )
     contract: ContractRef | None = Field(default=None, description="YOCO contract its outcomes go to")
     host: str = Field(
         default="127.0.0.1",

@@ -105,6 +105,18 @@ class FailureReport(Model):
     job_task_queue: str = Field(min_length=1)
     generation: NonNegativeInt = Field(description="world generation of the job when the report was made")
     contract: ContractRef | None = Field(default=None, description="the job's contract, if it has one")
+    linger_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="how long the incident's workflow stays open once its outcome is recorded, taking late "
+        "reports into its history (the job's --late-window); 0: it closes at once",
+    )
+    late: bool = Field(
+        default=False,
+        description="evidence that came after the incident's outcome was recorded (a NotReady seen after the "
+        "move): signalled to that run alone, never starting an incident",
+    )
 
 
 class Category(StrEnum):

@@ -31,7 +31,8 @@ QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
-    """Signal-with-start: the first report of a failure starts its incident, later ones fold into it."""
+    """Signal-with-start: the first report of a failure starts its incident, later ones fold into it; a
+    late one (after the outcome) is only signalled to the run that recorded it."""
 
     async def report(workflow_id: str, rep: FailureReport) -> None:
         with _span(client, f"ReportIncident:{workflow_id}"):
@@ -47,6 +48,10 @@ def _span(client: Client, name: str) -> contextlib.AbstractContextManager[object
 
 
 async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
+    if rep.late:  # to the run that recorded the outcome, open for the late window: never a new incident
+        wf, _, run = workflow_id.partition("/")
+        await client.get_workflow_handle(wf, run_id=run or None).signal("report", rep)
+        return
     handle = await client.start_workflow(
         "MigrationWorkflow",
         rep,

@@ -51,6 +51,7 @@ class KubeSettings(BaseModel):
     job_label: str = Field(default="torchpass.io/job", min_length=1, max_length=253)
     resync_seconds: float = Field(default=60.0, gt=0, le=3600)
     watch_seconds: int = Field(default=30, gt=0, le=3600, description="server-side bound of one watch")
+    spare_seconds: float = Field(default=5.0, gt=0, le=3600, description="between passes of the spare keeper")
     cordon_after_failure: bool = True
 
 
@@ -99,24 +100,41 @@ def _when(t: datetime | None) -> str:
 class KubeDetector:
     """Watches Nodes (cluster-wide) and the jobs' Pods (in `settings.namespace`) until `stop` is set."""
 
-    def __init__(self, api: client.CoreV1Api, jobs: Jobs, settings: KubeSettings | None = None) -> None:
+    def __init__(
+        self,
+        api: client.CoreV1Api,
+        jobs: Jobs,
+        settings: KubeSettings | None = None,
+        keep_spares: Callable[[], object] | None = None,
+    ) -> None:
         self.api = api
         self.jobs = jobs
         self.settings = settings or KubeSettings()
+        self.keep_spares = keep_spares  # `workers.kube_spares.KubeSpares.keep`, every `spare_seconds`
         self.stop = threading.Event()
         self._watches: list[watch.Watch] = []
         self._lock = threading.Lock()
 
     def run(self) -> None:
-        """Both watches, each in a thread of its own, until `close`."""
+        """Both watches, each in a thread of its own (and the spare keeper in a third), until `close`."""
         threads = [
             threading.Thread(target=self.follow, args=(kind,), name=f"torchpass-kube-{kind}", daemon=True)
             for kind in ("nodes", "pods")
         ]
+        if self.keep_spares is not None:
+            threads.append(threading.Thread(target=self._keep, name="torchpass-kube-spares", daemon=True))
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+
+    def _keep(self) -> None:
+        assert self.keep_spares is not None
+        while not self.stop.wait(self.settings.spare_seconds):
+            try:
+                self.keep_spares()
+            except Exception:  # one bad pass must not end the keeping
+                log.exception("spare nodes: a pass failed")
 
     def close(self) -> None:
         self.stop.set()

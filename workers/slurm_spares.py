@@ -14,34 +14,28 @@ difference. A spare node whose spares took over a drained node's ranks is idle n
 Slurm for another, which waits in the queue until the partition has a node. Everything is re-read each
 time (Slurm's queue and the job's own status), so a restarted detector submits nothing twice.
 
-Bounds: a job gets at most its N plus `RETRY_SUBMITS` submissions per `SUBMIT_WINDOW` (a node agent that
-cannot start ends at once and would otherwise be submitted again at every poll). A spare-node job whose
-job no longer runs (its directory is here, its coordinator is not) is cancelled.
+Bounds: a job gets at most its N plus `spare_nodes.RETRY_STARTS` submissions per `START_WINDOW` (a node
+agent that cannot start ends at once and would otherwise be submitted again at every poll). A spare-node
+job whose job no longer runs (its directory is here, its coordinator is not) is cancelled.
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from job_agent import wire
-from job_agent.jobs import ask, registered_jobs
-from workers.detect import ASK_TIMEOUT, MAX_JOBS
+from workers.detect import ASK_TIMEOUT
 from workers.slurm import SlurmError, slurm
+from workers.spare_nodes import Budget, Wanted, missing, wanted
 
 log = logging.getLogger("torchpass.slurm")
 PREFIX = "torchpass-spare-"
-RETRY_SUBMITS = 2
-SUBMIT_WINDOW = timedelta(minutes=10)
 _SEP = "\x1f"
 _WAITING = "PENDING,CONFIGURING,RUNNING"
 
@@ -98,14 +92,6 @@ def read_queue(run: Callable[[Sequence[str]], str] = slurm) -> list[Queued]:
     return queued
 
 
-def missing(count: int, status: wire.Status, mine: Sequence[Queued]) -> int:
-    """Spare nodes to ask Slurm for: `count` less the job's idle nodes (joined, running no rank, not
-    drained: as the job says) and its spare-node jobs not yet joined (waiting, or running before their
-    agent joined)."""
-    joining = [q for q in mine if q.state != "RUNNING" or q.node not in status.nodes]
-    return max(0, count - len(status.idle_nodes) - len(joining))
-
-
 class SlurmSpares:
     """Keeps every job's spare nodes; `keep` is called at each poll of the Slurm detector."""
 
@@ -120,7 +106,7 @@ class SlurmSpares:
         self.settings = settings
         self._run = run
         self._timeout = timeout
-        self._submitted: dict[str, deque[float]] = {}
+        self._budget = Budget()
 
     def keep(self) -> list[str]:
         """One pass over the jobs; the Slurm ids of the spare-node jobs it submitted."""
@@ -129,59 +115,21 @@ class SlurmSpares:
         except SlurmError as e:
             log.warning("the queue could not be read; no spare node kept this time: %s", e)
             return []
-        running, submitted = set(), []
-        for info in registered_jobs(self.state_dir)[:MAX_JOBS]:
-            job_id, want = str(info.get("job_id", "")), info.get("spare_node")
-            if not info["alive"]:
-                continue
-            running.add(job_id)
-            if isinstance(want, dict):
-                mine = [q for q in queued if q.name == job_name(job_id)]
-                submitted += self._keep(job_id, info, want, mine)
+        jobs, running = wanted(self.state_dir, self._timeout)
+        submitted = []
+        for w in jobs:
+            mine = [q.node if q.state == "RUNNING" else None for q in queued if q.name == job_name(w.job_id)]
+            for _ in range(missing(w.count, w.status, mine)):
+                if not self._budget.take(w.job_id, w.count) or (slurm_id := self._submit(w)) is None:
+                    break
+                submitted.append(slurm_id)
         self._cancel_orphans(queued, running)
         return submitted
 
-    def _keep(self, job_id: str, info: dict[str, Any], want: dict[str, Any], mine: list[Queued]) -> list[str]:
-        try:
-            count, spares = int(want["count"]), int(want["spares"])
-            script, args = str(want["script"]), [str(a) for a in want["args"]]
-        except (KeyError, TypeError, ValueError) as e:
-            log.warning("job %s asks for spare nodes unreadably (%r): none kept", job_id, e)
-            return []
-        try:
-            status = ask(info, wire.StatusRequest(), self._timeout)
-        except Exception as e:  # gone or not listening yet: the next poll asks again
-            log.info("job %s not reached for its spare nodes: %s", job_id, e)
-            return []
-        if not isinstance(status, wire.Status) or status.state != "training":
-            return []  # starting (its own nodes still joining) or ending: nothing to keep
-        out = []
-        for _ in range(min(missing(count, status, mine), 64)):
-            if not self._may_submit(job_id, count):
-                log.error(
-                    "job %s: %d spare-node jobs submitted within %s; not more", job_id, count, SUBMIT_WINDOW
-                )
-                break
-            slurm_id = self._submit(job_id, spares, script, args)
-            if slurm_id is None:
-                break
-            out.append(slurm_id)
-        return out
-
-    def _may_submit(self, job_id: str, count: int) -> bool:
-        now = time.monotonic()
-        recent = self._submitted.setdefault(job_id, deque())
-        while recent and now - recent[0] > SUBMIT_WINDOW.total_seconds():
-            recent.popleft()
-        if len(recent) >= count + RETRY_SUBMITS:
-            return False
-        recent.append(now)
-        return True
-
-    def _submit(self, job_id: str, spares: int, script: str, args: list[str]) -> str | None:
-        s, job_dir = self.settings, self.state_dir / "jobs" / job_id
-        node = shlex.join(["node", "--job", job_id, "--slots", "0", "--spares", str(spares)])
-        rest = shlex.join(["--watch-path", str(self.state_dir), script, *args])
+    def _submit(self, w: Wanted) -> str | None:
+        s, job_id, job_dir = self.settings, w.job_id, self.state_dir / "jobs" / w.job_id
+        node = shlex.join(["node", "--job", job_id, "--slots", "0", "--spares", str(w.spares)])
+        rest = shlex.join(["--watch-path", str(self.state_dir), w.script, *w.args])
         command = (
             f"export TORCHPASS_STATE_DIR={shlex.quote(str(self.state_dir))}; exec {s.node_command} {node}"
             f' --name "$SLURMD_NODENAME" --host "$({s.host_command})" {rest}'

@@ -14,6 +14,7 @@ recorded as live, and the outcome's figures are the job's measurements (`torchpa
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -82,6 +83,8 @@ MEASURED = "measured-outcome"
 LOCAL = "local-recovery"
 # A replica found corrupted is rebuilt from the majority of its shard, live (before: a checkpoint restart).
 RESYNC = "resync-from-majority"
+# After its outcome, the run stays open for the job's late window (`FailureReport.linger_seconds`).
+LATE = "late-evidence"
 
 # A flapping detector must not grow the history without bound; a real incident has a handful of reports.
 MAX_EVIDENCE = 256
@@ -114,6 +117,8 @@ class MigrationWorkflow:
         self._disposition: Disposition | None = None
         self._phases: dict[Phase, PhaseTiming] = {}
         self._measured = False
+        self._late_window = 0.0 if self._bad else first.linger_seconds
+        self._outcome: MigrationOutcome | None = None
 
     @workflow.signal
     def report(self, raw: RawValue) -> None:
@@ -146,6 +151,11 @@ class MigrationWorkflow:
             job_id=self._job_id,
             job_task_queue=self._queue,
         )
+
+    @workflow.query
+    def outcome(self) -> MigrationOutcome | None:
+        """The outcome once recorded (the run may stay open for the late window after it)."""
+        return self._outcome
 
     @workflow.run
     async def run(self, start: RawValue) -> MigrationOutcome:
@@ -318,7 +328,12 @@ class MigrationWorkflow:
         if stored is not None:
             update["error"] = bounded_error(f"{outcome.error}; {stored}" if outcome.error else stored)
         workflow.upsert_search_attributes([_OUTCOME.value_set(outcome.disposition.value)])
-        return outcome.model_copy(update=update)
+        self._outcome = outcome.model_copy(update=update)
+        if self._late_window > 0 and workflow.patched(LATE):
+            # Open a while: evidence that comes after the outcome (a NotReady 40 s after the node died) is
+            # signalled here by the job, into this history; the outcome stands (`outcome` answers it).
+            await asyncio.sleep(self._late_window)
+        return self._outcome
 
     async def _record_on_contract(self, outcome: MigrationOutcome) -> str | None:
         """Signal the job's contract workflow; a contract that is not running is an error kept here."""

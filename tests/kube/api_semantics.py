@@ -35,6 +35,7 @@ RESOURCES = (
     Resource("v1", "nodes", "Node", False, ("no",), True),
     Resource("v1", "pods", "Pod", True, ("po",), True),
     Resource("v1", "configmaps", "ConfigMap", True, ("cm",)),
+    Resource("v1", "podtemplates", "PodTemplate", True),
     Resource("v1", "secrets", "Secret", True),
     Resource("v1", "serviceaccounts", "ServiceAccount", True, ("sa",)),
     Resource("v1", "services", "Service", True, ("svc",), True),

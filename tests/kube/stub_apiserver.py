@@ -1,13 +1,14 @@
 """A stub Kubernetes API server for tests, in standard-library Python.
 
 It stands for the kube-apiserver's REST semantics that the torchpass detectors and deploy files use: Nodes,
-Pods and what ``kubectl apply`` of a typical manifest sends (Namespaces, ConfigMaps, Secrets, ServiceAccounts,
-Services, Deployments, DaemonSets, RBAC, Leases), in memory: list/get/create/replace/patch/delete and pod
-eviction, label and field selectors, chunked watch streams from a resourceVersion with BOOKMARKs and the
-410 "Expired" of a compacted history, ``Status`` errors, and the discovery documents kubectl reads. A stub
-because no kube-apiserver, kind, k3s, kwok or envtest binary can run on the machines the tests run on (the
-project's testing notes, "Kubernetes: no API server can run here"): the real ``kubernetes`` client and
-``kubectl`` talk to this instead. What the API means (selectors, patches) is in ``api_semantics``.
+Pods and what ``kubectl apply`` of a typical manifest sends (Namespaces, ConfigMaps, Secrets,
+ServiceAccounts, Services, Deployments, DaemonSets, PodTemplates, RBAC, Leases), in memory:
+list/get/create/replace/patch/ delete and pod eviction, label and field selectors, chunked watch streams
+from a resourceVersion with BOOKMARKs and the 410 "Expired" of a compacted history, ``Status`` errors, and
+the discovery documents kubectl reads. A stub because no kube-apiserver, kind, k3s, kwok or envtest binary
+can run on the machines the tests run on (the project's testing notes, "Kubernetes: no API server can run
+here"): the real ``kubernetes`` client and ``kubectl`` talk to this instead. What the API means (selectors,
+patches) is in ``api_semantics``.
 
 Faithful where code could pass here and fail on a cluster: a write to an object leaves its status alone and
 a write to ``/status`` changes only the status; a no-op write keeps the resourceVersion; a selector watch sees

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -188,6 +188,34 @@ async def test_not_ready_after_the_ranks_died_is_evidence_of_the_same_incident(
         m.evidence.append(second.evidence)
         outcome = await m.run()
         assert (outcome.disposition, outcome.kind) == (Disposition.MIGRATED, K.NODE_NOT_READY)
+        await job.finished()
+    assert job.result is not None and len(job.result.incidents) == 1
+
+
+async def test_not_ready_after_the_incident_was_recorded_goes_into_its_history_late(
+    tmp_path: Path, allowance: Counts
+) -> None:
+    """Rank 2 exits and is migrated; only then does the cluster say its node is NotReady (a real kubelet's
+    silence takes some 40 s). Still that incident's evidence: a late report to its run (open for the
+    job's late window), nothing new started. Said again, already heard; past the window, nothing."""
+    job = Job(tmp_path, allowance, nproc=3, spares=1)
+    job.launcher.fail_at(2, 5)
+    async with job:
+        workflow_id, first = await job.report()
+        node = first.evidence.failure_domain
+        m = Migration(job, workflow_id, first)
+        outcome = await m.run()
+        assert outcome.disposition is Disposition.MIGRATED and job.coordinator.incidents.current is None
+        said = await _tell(job, _event(node, K.NODE_NOT_READY, "uid-2:ready:Unknown", "kubelet stopped"))
+        assert said["acted"] is True and said["late"] is True and said["incident"] == m.incident_id
+        to, late = await job.report()
+        assert to == m.incident_id and late.late and late.evidence.kind is K.NODE_NOT_READY
+        assert late.evidence.slots == (2,) and late.linger_seconds == job.spec.late_window
+        again = await _tell(job, _event(node, K.NODE_NOT_READY, "uid-2:ready:Unknown"))
+        assert again["acted"] is False and "already heard" in str(again["why"])
+        job.coordinator.incidents.late_window = timedelta(0)  # the run has closed by now
+        gone = await _tell(job, _event(node, K.NODE_NOT_READY, "uid-2:ready:Unknown:later"))
+        assert gone["acted"] is False and job.reports.empty()
         await job.finished()
     assert job.result is not None and len(job.result.incidents) == 1
 

@@ -12,9 +12,10 @@ import pytest
 from pydantic import ValidationError
 
 from job_agent import wire
-from workers import slurm_spares
+from workers import slurm_spares, spare_nodes
 from workers.slurm import SlurmError
-from workers.slurm_spares import PREFIX, RETRY_SUBMITS, Queued, SlurmSpares, SpareNodeSettings, missing
+from workers.slurm_spares import PREFIX, Queued, SlurmSpares, SpareNodeSettings
+from workers.spare_nodes import RETRY_STARTS, missing
 
 
 def _status(nodes: tuple[str, ...], idle: tuple[str, ...] = ()) -> wire.Status:
@@ -49,7 +50,8 @@ def _q(state: str, node: str = "") -> Queued:
 def test_what_is_missing(
     count: int, nodes: tuple[str, ...], idle: tuple[str, ...], queued: list[Queued], want: int
 ) -> None:
-    assert missing(count, _status(nodes, idle), queued) == want
+    running_on = [q.node if q.state == "RUNNING" else None for q in queued]
+    assert missing(count, _status(nodes, idle), running_on) == want
 
 
 class Recorder:
@@ -86,8 +88,8 @@ def _keeper(
             "args": ["--lr", "1e-3; rm -rf /"],
         },
     }
-    monkeypatch.setattr(slurm_spares, "registered_jobs", lambda state_dir: [info])
-    monkeypatch.setattr(slurm_spares, "ask", lambda info, frame, timeout: status)
+    monkeypatch.setattr(spare_nodes, "registered_jobs", lambda state_dir: [info])
+    monkeypatch.setattr(spare_nodes, "ask", lambda info, frame, timeout: status)
     settings = SpareNodeSettings(partition="spares", node_command="/opt/venv/bin/python -m torchpass.cli")
     return SlurmSpares(tmp_path, settings, run=run)
 
@@ -115,11 +117,11 @@ def test_submissions_are_bounded_when_spare_nodes_never_join(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each spare-node job ends at once (its agent cannot start): the queue is empty at every poll, yet
-    only 1 + RETRY_SUBMITS are submitted within the window."""
+    only 1 + RETRY_STARTS are submitted within the window."""
     run = Recorder()
     keeper = _keeper(tmp_path, run, _status(("n1",)), monkeypatch)
     submitted = [s for _ in range(10) for s in keeper.keep()]
-    assert len(submitted) == 1 + RETRY_SUBMITS
+    assert len(submitted) == 1 + RETRY_STARTS
 
 
 def test_a_spare_node_of_a_job_that_ended_is_cancelled(
@@ -133,7 +135,7 @@ def test_a_spare_node_of_a_job_that_ended_is_cancelled(
     queue = "".join(sep.join(r) + "\n" for r in rows)
     run = Recorder(queue)
     (tmp_path / "jobs" / "ended").mkdir(parents=True)
-    monkeypatch.setattr(slurm_spares, "registered_jobs", lambda state_dir: [])
+    monkeypatch.setattr(spare_nodes, "registered_jobs", lambda state_dir: [])
     SlurmSpares(tmp_path, SpareNodeSettings(reservation="maint"), run=run).keep()
     assert [c for c in run.calls if c[0] == "scancel"] == [["scancel", "55"]]
 

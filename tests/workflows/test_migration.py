@@ -17,7 +17,9 @@ from datetime import timedelta
 
 import pytest
 from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from tests.workflows.fake_job import (
     T0,
@@ -34,7 +36,7 @@ from torchpass.contract_models import ContractTerms
 from torchpass.credit import Money
 from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE, SA_JOB_ID, SA_KIND, SA_OUTCOME, SA_QUALIFYING, JobActivity
-from torchpass.models import Category, ContractRef, Disposition, FailureKind, Phase
+from torchpass.models import Category, ContractRef, Disposition, FailureKind, FailureReport, Phase
 from torchpass.outcome import MigrationOutcome
 from torchpass.policies import ACTIVITY_TIMEOUTS, JOB_PICKUP, MIGRATION_RETRY
 from workers import contract_client as cc
@@ -178,6 +180,42 @@ async def test_a_malformed_signal_does_not_break_the_incident(env: WorkflowEnvir
         status = await handle.query(MigrationWorkflow.status)  # a closed workflow's query needs a worker
     assert outcome.success and outcome.evidence_count == 1 and outcome.kind == FailureKind.PROCESS_EXIT
     assert status.phase == Phase.RECORD and status.disposition == Disposition.MIGRATED
+
+
+async def test_evidence_after_the_outcome_goes_into_the_incidents_history(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    """The job's late window (3 s): the outcome is recorded and answered by `outcome` while the run stays
+    open; a NotReady that comes then is signalled to that run, into its history and its count, and the
+    outcome stands as recorded. Once the window is over the run closes with that outcome, and a later
+    report to it is refused: nothing starts again."""
+    job = FakeJob()
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    first = report(job_id).model_copy(update={"linger_seconds": 3.0})
+    late = report(job_id, FailureKind.NODE_NOT_READY).model_copy(update={"late": True, "linger_seconds": 3.0})
+    async with control_worker(env):
+        handle = await signal_with_start(env, first)
+        async with Worker(env.client, task_queue=first.job_task_queue, activities=job.activities()):
+            recorded = None
+            while recorded is None:
+                recorded = await handle.query(MigrationWorkflow.outcome)
+                await asyncio.sleep(0.05)
+            await handle.signal("report", late)
+            status = await handle.query(MigrationWorkflow.status)
+            outcome = await asyncio.wait_for(handle.result(), 30)
+    assert status.evidence_count == 2 and recorded.evidence_count == 1
+    assert outcome == recorded and outcome.success
+    signalled = [
+        FailureReport.model_validate_json(
+            e.workflow_execution_signaled_event_attributes.input.payloads[0].data
+        )
+        for e in (await handle.fetch_history()).events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    assert [r.evidence.kind for r in signalled if r.late] == [FailureKind.NODE_NOT_READY]
+    with pytest.raises(RPCError):  # closed: a report now goes nowhere, and starts nothing
+        await handle.signal("report", late)
+    await save_history(handle, name)
 
 
 async def test_a_false_alarm_changes_nothing(env: WorkflowEnvironment, name: str) -> None:

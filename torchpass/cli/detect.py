@@ -26,6 +26,12 @@ def register(sub: Any) -> None:
     )
     d.add_argument("--namespace", default="torchpass", help="kubernetes: where the jobs' pods run")
     d.add_argument("--job-label", default="torchpass.io/job", help="kubernetes: the label naming a pod's job")
+    d.add_argument(
+        "--spare-node-label",
+        default=None,
+        help="kubernetes: keep the jobs' spare nodes (--spare-nodes) on Nodes of this label selector, each"
+        " a Pod from the job's spare-node PodTemplate (e.g. torchpass.io/spare-node=true)",
+    )
     d.add_argument("--resync", type=float, default=60.0, help="seconds between full reads of the cluster")
     d.add_argument(
         "--poll", type=float, default=5.0, help="slurm: seconds between reads of the nodes' states"
@@ -106,4 +112,10 @@ def _kube(args: argparse.Namespace, jobs: Any) -> Any:
     except (config.ConfigException, OSError) as e:
         raise CliError(f"no Kubernetes API to watch: {e}") from None
     settings = KubeSettings(namespace=args.namespace, job_label=args.job_label, resync_seconds=args.resync)
-    return KubeDetector(client.CoreV1Api(), jobs, settings)
+    api = client.CoreV1Api()
+    keep = None
+    if args.spare_node_label:
+        from workers.kube_spares import KubeSpares
+
+        keep = KubeSpares(api, jobs.state_dir, settings, args.spare_node_label).keep
+    return KubeDetector(api, jobs, settings, keep)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from torchpass.cli.common import CliError, connect, temporal_args
@@ -71,10 +71,24 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
         desc = await handle.describe()
     except RPCError as e:
         raise CliError(f"no incident {args.incident!r}: {e.message}") from None
-    if desc.status != WorkflowExecutionStatus.COMPLETED:
-        status = await handle.query("status")
-        print(json.dumps(status if isinstance(status, dict) else status.model_dump(mode="json"), indent=2))
-        return 0
-    outcome = MigrationOutcome.model_validate(await handle.result())
+    if desc.status == WorkflowExecutionStatus.COMPLETED:
+        recorded = await handle.result()
+    else:  # running; or recorded and open a while for late evidence (`outcome` answers then)
+        recorded = await _recorded(handle)
+        if recorded is None:
+            status = await handle.query("status")
+            print(
+                json.dumps(status if isinstance(status, dict) else status.model_dump(mode="json"), indent=2)
+            )
+            return 0
+    outcome = MigrationOutcome.model_validate(recorded)
     print(outcome.model_dump_json(indent=2) if args.json else format_outcome(outcome))
     return 0
+
+
+async def _recorded(handle: Any) -> Any:
+    """The outcome a running incident recorded already, None if none yet (or a run too old to say)."""
+    try:
+        return await handle.query("outcome")
+    except WorkflowQueryFailedError:
+        return None

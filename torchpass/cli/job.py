@@ -79,6 +79,12 @@ def register(sub: Any) -> None:
         help="seconds the ranks' code after the training loop may run once training finished",
     )
     r.add_argument(
+        "--late-window",
+        type=float,
+        default=600.0,
+        help="seconds an incident stays open after its outcome, taking late evidence (a NotReady) into it",
+    )
+    r.add_argument(
         "--control-plane-wait",
         type=float,
         default=5.0,
@@ -211,6 +217,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         "seed": args.seed,
         "threads": args.threads,
         "control_plane_wait": args.control_plane_wait,
+        "late_window": args.late_window,
         "finish_grace": args.finish_grace,
         "agent": not args.no_agent,
         "max_restarts": args.max_restarts,
