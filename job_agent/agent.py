@@ -234,6 +234,10 @@ class RankAgent:
             return
         frame = self._link.inbox.get()
         if isinstance(frame, wire.Freeze):  # planned migration: stop at this step boundary
+            # A peer already inside the next step's collective must see it fail now. Destroying the group
+            # is not enough where the model still holds it (FSDP2's mesh): its sockets would stay open
+            # and that peer would wait out the collective timeout (found on a drained FSDP2 job).
+            self._group_sockets.abort(nccl=self.device.type == "cuda")
             self._freeze(None, "freeze requested")
         else:
             self._handle(frame)

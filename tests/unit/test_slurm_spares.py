@@ -90,7 +90,9 @@ def _keeper(
     }
     monkeypatch.setattr(spare_nodes, "registered_jobs", lambda state_dir: [info])
     monkeypatch.setattr(spare_nodes, "ask", lambda info, frame, timeout: status)
-    settings = SpareNodeSettings(partition="spares", node_command="/opt/venv/bin/python -m torchpass.cli")
+    settings = SpareNodeSettings(
+        partition="spares", reservation="standby", node_command="/opt/venv/bin/python -m torchpass.cli"
+    )
     return SlurmSpares(tmp_path, settings, run=run)
 
 
@@ -102,6 +104,7 @@ def test_a_missing_spare_node_is_submitted_to_the_partition_quoted(
     assert keeper.keep() == ["101"]
     (sbatch,) = [c for c in run.calls if c[0] == "sbatch"]
     assert f"--job-name={PREFIX}job-1" in sbatch and "--partition=spares" in sbatch and "--nodes=1" in sbatch
+    assert "--reservation=standby" in sbatch and "--exclusive" in sbatch
     command = sbatch[sbatch.index("--wrap") + 1]
     # The script's path and arguments reach the node agent as words, never as shell.
     words = shlex.split(
