@@ -186,14 +186,16 @@ class IncidentTracker:
     def _report(self, inc: Incident, ev: Evidence, generation: int) -> None:
         if inc.generation < 0:
             inc.generation = generation
-        report = self._report_of(ev, generation)
         lead = inc.lead.get(inc.workflow_id)
+        report = self._report_of(ev, generation, opens=lead is None)
         task = self._spawn(self._deliver(inc, inc.workflow_id, report, after=lead))
         inc.lead.setdefault(inc.workflow_id, task)
         inc.deliveries.add(task)
         task.add_done_callback(inc.deliveries.discard)
 
-    def _report_of(self, ev: Evidence, generation: int, late: bool = False) -> FailureReport:
+    def _report_of(
+        self, ev: Evidence, generation: int, late: bool = False, opens: bool = False
+    ) -> FailureReport:
         return FailureReport(
             evidence=ev,
             job_task_queue=job_task_queue(self._job_id),
@@ -201,6 +203,7 @@ class IncidentTracker:
             contract=self._contract,
             linger_seconds=self.late_window.total_seconds(),
             late=late,
+            opens=opens,
         )
 
     def late(self, ev: Evidence, incident_id: str) -> None:

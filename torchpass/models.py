@@ -117,6 +117,11 @@ class FailureReport(Model):
         description="evidence that came after the incident's outcome was recorded (a NotReady seen after the "
         "move): signalled to that run alone, never starting an incident",
     )
+    opens: bool = Field(
+        default=False,
+        description="the incident's first report: the run it reaches must not have recorded an outcome "
+        "(one still open for late evidence is another incident's: the job moves to a fresh id)",
+    )
 
 
 class Category(StrEnum):

@@ -69,6 +69,10 @@ async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
         log.info("incident %s: no status answer to check it by (%s)", workflow_id, e)
         return
     job_id, queue = rep.evidence.job_id, rep.job_task_queue
+    if rep.opens and status.disposition is not None:
+        # A run of the same id that recorded its outcome and waits only for late evidence: an earlier
+        # incident of a job of the same id (run again within the late window), never this new one.
+        raise Squatted(f"the run at {workflow_id} has recorded its own incident's outcome already")
     if status.job_id and (status.job_id, status.job_task_queue) != (job_id, queue):
         raise Squatted(
             f"the run at {workflow_id} is an incident of job {status.job_id!r} with its activities on"

@@ -127,14 +127,14 @@ class MigrationWorkflow:
         if self._bad is not None:
             return
         try:
-            ev = decode(raw, FailureReport, "report signal").evidence
+            rep = decode(raw, FailureReport, "report signal")
         except ApplicationError as e:
             workflow.logger.warning("%s: dropped", e.message)
             return
-        if ev.job_id != self._job_id:
-            workflow.logger.warning(
-                "report for job %s ignored by an incident of job %s", ev.job_id, self._job_id
-            )
+        ev = rep.evidence
+        if (self._outcome is not None and rep.opens) or ev.job_id != self._job_id:
+            # Another incident's first report (this one's outcome is recorded), or another job's.
+            workflow.logger.warning("report of job %s ignored by this incident's run", ev.job_id)
         elif ev in self._evidence:
             return
         elif len(self._evidence) >= MAX_EVIDENCE:

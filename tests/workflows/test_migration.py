@@ -187,8 +187,9 @@ async def test_evidence_after_the_outcome_goes_into_the_incidents_history(
 ) -> None:
     """The job's late window (3 s): the outcome is recorded and answered by `outcome` while the run stays
     open; a NotReady that comes then is signalled to that run, into its history and its count, and the
-    outcome stands as recorded. Once the window is over the run closes with that outcome, and a later
-    report to it is refused: nothing starts again."""
+    outcome stands as recorded. The first report of another incident that lands here (a job run again
+    under the same id) is not taken: the job, told the outcome is recorded, moves it to a fresh id. Once
+    the window is over the run closes with that outcome, and a later report to it is refused."""
     job = FakeJob()
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     first = report(job_id).model_copy(update={"linger_seconds": 3.0})
@@ -201,9 +202,11 @@ async def test_evidence_after_the_outcome_goes_into_the_incidents_history(
                 recorded = await handle.query(MigrationWorkflow.outcome)
                 await asyncio.sleep(0.05)
             await handle.signal("report", late)
+            other = report(job_id, FailureKind.PROCESS_EXIT, slot=3).model_copy(update={"opens": True})
+            await handle.signal("report", other)
             status = await handle.query(MigrationWorkflow.status)
             outcome = await asyncio.wait_for(handle.result(), 30)
-    assert status.evidence_count == 2 and recorded.evidence_count == 1
+    assert status.evidence_count == 2 and recorded.evidence_count == 1  # the late one, not the other
     assert outcome == recorded and outcome.success
     signalled = [
         FailureReport.model_validate_json(
