@@ -115,7 +115,10 @@ class Detector:
         ranks = [
             m
             for a in report.agent_ids
-            if (m := self._roster.members.get(a)) is not None and m in self._roster.ranks() and not m.fenced
+            if (m := self._roster.members.get(a)) is not None
+            and m.slot >= 0
+            and m.alive
+            and not (m.fenced or m.leaving)
             if m.node == node
         ]
         if not ranks:

@@ -31,7 +31,7 @@ from workers.detect import Jobs, Seen, acted
 log = logging.getLogger("torchpass.slurm")
 COMMAND_TIMEOUT = 15.0
 MAX_OUTPUT = 4 << 20  # a cluster of tens of thousands of nodes reads in well under this
-_SEP = "\x1f"  # no node name, state or timestamp holds it; the reason comes last and may hold anything
+SEP = "\x1f"  # no node name, state or timestamp holds it; the reason comes last and may hold anything
 _DRAINING = {"drain", "drained", "draining"}
 _FAILED = {"down", "fail", "failing", "not_responding", "no_respond"}
 
@@ -72,12 +72,12 @@ class NodeState:
 
 def read_nodes(partition: str | None = None) -> list[NodeState]:
     """Every node (of `partition`), once each."""
-    argv = ["sinfo", "--Node", "--noheader", f"--format=%N{_SEP}%T{_SEP}%H{_SEP}%E"]
+    argv = ["sinfo", "--Node", "--noheader", f"--format=%N{SEP}%T{SEP}%H{SEP}%E"]
     if partition:
         argv.append(f"--partition={partition}")
     out: dict[str, NodeState] = {}
     for line in slurm(argv).splitlines():
-        parts = line.split(_SEP, 3)
+        parts = line.split(SEP, 3)
         if len(parts) != 4 or not parts[0].strip():
             raise SlurmError(f"sinfo: unreadable line {line[:200]!r}")
         name, state, since, reason = (p.strip() for p in parts)

@@ -31,12 +31,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.detect import ASK_TIMEOUT
-from workers.slurm import SlurmError, slurm
+from workers.slurm import SEP, SlurmError, slurm
 from workers.spare_nodes import Budget, Wanted, missing, wanted
 
 log = logging.getLogger("torchpass.slurm")
 PREFIX = "torchpass-spare-"
-_SEP = "\x1f"
 _WAITING = "PENDING,CONFIGURING,RUNNING"
 
 
@@ -81,10 +80,10 @@ def job_name(job_id: str) -> str:
 
 def read_queue(run: Callable[[Sequence[str]], str] = slurm) -> list[Queued]:
     """Our spare-node jobs that are waiting or running (every user's queue is read, ours kept)."""
-    out = run(["squeue", "--noheader", f"--states={_WAITING}", f"--format=%i{_SEP}%j{_SEP}%T{_SEP}%N"])
+    out = run(["squeue", "--noheader", f"--states={_WAITING}", f"--format=%i{SEP}%j{SEP}%T{SEP}%N"])
     queued = []
     for line in out.splitlines():
-        parts = [p.strip() for p in line.split(_SEP)]
+        parts = [p.strip() for p in line.split(SEP)]
         if len(parts) != 4:
             raise SlurmError(f"squeue: unreadable line {line[:200]!r}")
         if parts[1].startswith(PREFIX):
