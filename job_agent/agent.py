@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import queue
 import signal
 import threading
@@ -70,7 +69,7 @@ class RankAgent:
         self._recovery_timeout = timedelta(seconds=s.recovery_timeout)
         host, port = s.store_addr
         self._store = RendezvousStore(host, port, self._secret, self._recovery_timeout)
-        hello = wire.Hello(agent_id=s.agent_id, role=wire.Role(s.role), slot=s.slot, pid=os.getpid())
+        hello = s.hello(wire.Role(s.role), s.slot)
         self._link = CoordinatorLink(
             *s.coordinator_addr,
             self._secret,
@@ -384,7 +383,7 @@ class RankAgent:
         that put it where it stands (ready, or in its generation: training, frozen or done)."""
         role = wire.Role.SPARE if self.is_spare else wire.Role.RANK
         s, c = self.settings, self.completed_step
-        hello = wire.Hello(agent_id=s.agent_id, role=role, slot=self.slot, pid=os.getpid(), rejoin=True)
+        hello = s.hello(role, self.slot, rejoin=True)
         layout = self._tracked.layout() if self._tracked is not None else None
         if self.is_spare or self.generation < 0:  # before its Ready (model still building): the hello
             ready = [] if self._steps is None else [wire.Ready(completed=c, steps=self._steps, layout=layout)]

@@ -372,16 +372,12 @@ def operator_request(c: Coordinator, injector: Injector, frame: wire.Frame) -> w
 def job_status(c: Coordinator) -> wire.Status:
     """The job's state, its ranks' steps, its warm spares and its incidents (`torchpass status`)."""
     inc = c.incidents.current
-    ranks = tuple(
-        wire.RankStatus(slot=m.slot, agent=m.agent_id, state=m.state.value, step=m.step, node=m.node)
-        for m in c.roster.ranks()
-    )
     return wire.Status(
         job_id=c.job_id,
         state=c.state.value,
         generation=c.generation,
         world_size=c.world_size,
-        ranks=ranks,
+        ranks=tuple(m.status() for m in c.roster.ranks()),
         spares=len(c.spares.ready()),
         incident=inc.workflow_id if inc else None,
         incidents=len(c.incidents.outcomes),

@@ -1,5 +1,6 @@
-"""The base of every frame of the control channel, and the frames between a node agent and its job's
-coordinator. `job_agent.wire` holds them all in one union: nothing else decodes a frame."""
+"""The base of every frame of the control channel, the frames between a node agent and its job's
+coordinator, and the job's status as an operator asks for it. `job_agent.wire` holds them all in one
+union: nothing else decodes a frame."""
 
 from __future__ import annotations
 
@@ -207,3 +208,36 @@ class NodeEvent(FrameModel):
             allowed = sorted(k.value for k in CLUSTER_PLANNED | CLUSTER_FAILURES)
             raise ValueError(f"a node event is one of {allowed}, not {kind.value}")
         return kind
+
+
+# --- operator -> coordinator, and its answer ----------------------------------------------------------
+
+
+class StatusRequest(FrameModel):
+    t: Literal["status"] = "status"
+
+
+class RankStatus(FrameModel):
+    slot: int
+    agent: str
+    state: str
+    step: int
+    node: str = Field(default="", max_length=ID, description="where it runs (its failure domain)")
+    pid: int = Field(default=-1, description="its process id on its node, as it said in its hello")
+    device: int = Field(default=-1, description="its GPU index on its node (LOCAL_RANK), as it said")
+
+
+class Status(FrameModel):
+    t: Literal["job_status"] = "job_status"
+    job_id: str
+    state: str
+    generation: int
+    world_size: int
+    ranks: tuple[RankStatus, ...]
+    spares: NonNegativeInt
+    incident: str | None = None
+    incidents: NonNegativeInt = Field(default=0, description="incidents recorded so far")
+    nodes: tuple[str, ...] = Field(default=(), max_length=1024, description="node agents joined (multi-node)")
+    idle_nodes: tuple[str, ...] = Field(
+        default=(), max_length=1024, description="joined nodes with no rank that may take some: spare nodes"
+    )

@@ -147,7 +147,8 @@ def die_with_parent() -> list[str]:
 
 class LocalLauncher(Launcher):
     """Processes on this host; each is its own failure domain, named host/agent. Started from the main
-    thread, each dies with the coordinator (`die_with_parent`)."""
+    thread, each dies with the coordinator (`die_with_parent`). Each gets its own GPU: its LOCAL_RANK is
+    the lowest index no live process of this launcher holds (a spare that takes a slot keeps its own)."""
 
     def __init__(
         self,
@@ -160,6 +161,7 @@ class LocalLauncher(Launcher):
         self._reaper = die_with_parent()
         self._base_env = inherited_env(os.environ if base_env is None else base_env)
         self._procs: dict[str, subprocess.Popen[bytes] | Forked] = {}
+        self._devices: dict[str, int] = {}  # agent -> the LOCAL_RANK it was started with
         self._host = socket.gethostname()
         self._lock = threading.Lock()  # spawn runs on the coordinator's loop, shutdown in a thread
         self._closed = False
@@ -174,7 +176,8 @@ class LocalLauncher(Launcher):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
-            full_env = {**self._base_env, **env}
+            device = int(env["LOCAL_RANK"]) if "LOCAL_RANK" in env else self.free_devices(1)[0]
+            full_env = {**self._base_env, **env, "LOCAL_RANK": str(device)}
             if self._server is not None:
                 self._procs[agent_id] = self._server.start(agent_id, self._argv, full_env)
             else:
@@ -182,7 +185,17 @@ class LocalLauncher(Launcher):
                 main = threading.current_thread() is threading.main_thread()
                 cmd = [sys.executable, "-u", *self._argv]
                 self._procs[agent_id] = subprocess.Popen([*self._reaper, *cmd] if main else cmd, env=full_env)
+            self._devices[agent_id] = device
         return f"{self._host}/{agent_id}"
+
+    def devices(self) -> dict[str, int]:
+        """The LOCAL_RANK of each live process."""
+        return {a: d for a, d in list(self._devices.items()) if self.poll(a) is None}
+
+    def free_devices(self, count: int) -> list[int]:
+        """The `count` lowest LOCAL_RANKs no live process holds."""
+        used = set(self.devices().values())
+        return [i for i in range(len(used) + count) if i not in used][:count]
 
     def _signal(self, agent_id: str, sig: signal.Signals) -> None:
         proc = self._procs.get(agent_id)

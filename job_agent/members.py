@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from job_agent import wire
 from job_agent.channel import send
+from job_agent.frames import RankStatus
 from job_agent.wire import Role
 from torchpass.classify import CATEGORY_OF
 from torchpass.models import Category, Evidence
@@ -39,6 +40,7 @@ class Member:
     pid: int
     node: str
     conn: socket.socket | None = None
+    device: int = -1  # its GPU index on its node (LOCAL_RANK), as it said in its hello
     state: MemberState = MemberState.CONNECTED
     last_heartbeat: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)  # its last step or collective entry
@@ -62,6 +64,18 @@ class Member:
     @property
     def alive(self) -> bool:
         return self.state is not MemberState.LOST
+
+    def status(self) -> RankStatus:
+        """What `torchpass status` shows of it: where it runs and how far it got."""
+        return RankStatus(
+            slot=self.slot,
+            agent=self.agent_id,
+            state=self.state.value,
+            step=self.step,
+            node=self.node,
+            pid=self.pid,
+            device=self.device,
+        )
 
     def send(self, frame: wire.Frame) -> None:
         if self.conn is not None:
@@ -111,7 +125,7 @@ class Roster:
         node = self.pending.pop(hello.agent_id, None)
         if node is None:
             return None
-        m = Member(hello.agent_id, hello.role, hello.slot, hello.pid, node, conn)
+        m = Member(hello.agent_id, hello.role, hello.slot, hello.pid, node, conn, device=hello.device)
         self.members[m.agent_id] = m
         self._by_conn[conn] = m
         return m

@@ -101,10 +101,9 @@ class NodeAgent:
             self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
         except (OSError, ValueError) as e:
             raise BadSecret(f"cannot read the job's secret from {settings.secret_file}: {e}") from None
-        # Started cold: a node's processes are told apart by their environment in /proc (the GPU a rank
-        # uses is its LOCAL_RANK), which a forked process cannot show (`job_agent.forkserver`).
-        self._launcher = LocalLauncher(str(settings.script), settings.args, fork=False)
-        self._devices: dict[str, int] = {}  # agent -> its local device index (LOCAL_RANK)
+        # Forked from a warm interpreter (`job_agent.forkserver`), as a single host's are: each says its pid
+        # and GPU in its hello (`torchpass status` shows them), as /proc cannot show a fork's environment.
+        self._launcher = LocalLauncher(str(settings.script), settings.args)
         self._failed_gpus: set[int] = set()  # NVML indices of the GPUs that failed
         self._gpu_count = 0
         self._collective_interface = collective_interface(settings.host, os.environ)
@@ -216,14 +215,12 @@ class NodeAgent:
                 )
 
     def _spawn(self, agent_id: str, env: dict[str, str]) -> None:
-        if agent_id in self._devices:
+        if agent_id in self._started:
             return  # said twice: the process is already there
-        used = {d for a, d in self._devices.items() if self._launcher.poll(a) is None}
-        free = [i for i in range(len(used) + len(self._failed_gpus) + 1) if i not in used]
+        free = self._launcher.free_devices(len(self._failed_gpus) + 1)
         # A GPU that failed is not given again while another is free (a spare there would be lost with it).
         healthy = [i for i in free if nvml_index(i, self._gpu_count, os.environ) not in self._failed_gpus]
         device = (healthy or free)[0]
-        self._devices[agent_id] = device
         slot = (
             int(env.get("TORCHPASS_SLOT", "-1"))
             if env.get("TORCHPASS_SLOT", "").lstrip("-").isdigit()
@@ -309,9 +306,7 @@ class NodeAgent:
         if not signal.planned:
             self._failed_gpus.add(signal.gpu)
         on_it = tuple(
-            a
-            for a, d in list(self._devices.items())
-            if nvml_index(d, count, os.environ) == signal.gpu and self._launcher.poll(a) is None
+            a for a, d in self._launcher.devices().items() if nvml_index(d, count, os.environ) == signal.gpu
         )
         log.warning("node %s: %s (processes on it: %s)", self.settings.node, signal.detail, on_it or "none")
         if on_it:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from job_agent import wire
 
 
 class AgentSettings(BaseSettings):
@@ -55,6 +58,17 @@ class AgentSettings(BaseSettings):
 
     def read_secret(self) -> bytes:
         return bytes.fromhex(self.secret_file.read_text().strip())
+
+    def hello(self, role: wire.Role, slot: int, rejoin: bool = False) -> wire.Hello:
+        """What this process says first to its coordinator: who and where it is."""
+        return wire.Hello(
+            agent_id=self.agent_id,
+            role=role,
+            slot=slot,
+            pid=os.getpid(),
+            device=self.local_rank,
+            rejoin=rejoin,
+        )
 
 
 def _split(addr: str) -> tuple[str, int]:

@@ -179,7 +179,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: unmodified.py SCRIPT [ARGS...]")
     s = AgentSettings.model_validate({})
-    hello = wire.Hello(agent_id=s.agent_id, role=wire.Role(s.role), slot=s.slot, pid=os.getpid())
+    hello = s.hello(wire.Role(s.role), s.slot)
     link = CoordinatorLink(
         *s.coordinator_addr, s.read_secret(), hello, timedelta(seconds=s.heartbeat_interval)
     )

@@ -25,7 +25,17 @@ from pydantic import Field, NonNegativeInt, TypeAdapter, ValidationError, model_
 
 from job_agent.frames import ID as _ID
 from job_agent.frames import TEXT as _TEXT
-from job_agent.frames import Exited, GpuReport, HostReport, NodeEvent, NodeHello, Signal, Spawn
+from job_agent.frames import (
+    Exited,
+    GpuReport,
+    HostReport,
+    NodeEvent,
+    NodeHello,
+    Signal,
+    Spawn,
+    Status,
+    StatusRequest,
+)
 from job_agent.frames import FrameModel as _Frame
 from job_agent.stream_frames import (
     MAX_SOURCES,
@@ -53,6 +63,7 @@ class Hello(_Frame):
     role: Role
     slot: int = Field(ge=-1)
     pid: NonNegativeInt
+    device: int = Field(default=-1, ge=-1, le=1024, description="its GPU index on its node (LOCAL_RANK)")
     rejoin: bool = Field(default=False, description="a running process back to a restarted coordinator")
 
 
@@ -279,34 +290,6 @@ class Drain(_Frame):
     slot: NonNegativeInt
     reason: str = Field(default="operator request", max_length=500)
     kind: Literal["drain", "cordon"] = "drain"
-
-
-class StatusRequest(_Frame):
-    t: Literal["status"] = "status"
-
-
-class RankStatus(_Frame):
-    slot: int
-    agent: str
-    state: str
-    step: int
-    node: str = Field(default="", max_length=_ID, description="where it runs (its failure domain)")
-
-
-class Status(_Frame):
-    t: Literal["job_status"] = "job_status"
-    job_id: str
-    state: str
-    generation: int
-    world_size: int
-    ranks: tuple[RankStatus, ...]
-    spares: NonNegativeInt
-    incident: str | None = None
-    incidents: NonNegativeInt = Field(default=0, description="incidents recorded so far")
-    nodes: tuple[str, ...] = Field(default=(), max_length=1024, description="node agents joined (multi-node)")
-    idle_nodes: tuple[str, ...] = Field(
-        default=(), max_length=1024, description="joined nodes with no rank that may take some: spare nodes"
-    )
 
 
 class Ok(_Frame):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from temporalio.client import Client
 
 from job_agent import wire
+from job_agent.frames import RankStatus
 from job_agent.jobs import request, running_jobs
 from tests.unit.job_driver import SHARED_PEERS
 from torchpass.dev.server import start_dev_server
@@ -109,6 +111,14 @@ async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactor
     )
     assert result.ok and result.final_digest and not result.incidents, result.error
     return result
+
+
+def kill(rank: RankStatus) -> None:
+    """SIGKILL a rank's process, found by the pid it said in its hello, which the job's status shows (the
+    tests' hosts share this host's PID namespace; a forked rank's environment in /proc is its fork
+    server's, so it cannot be found there)."""
+    assert rank.pid > 1, f"no pid for {rank}"  # os.kill(-1, ...) would signal every process
+    os.kill(rank.pid, signal.SIGKILL)
 
 
 def _training_children() -> list[int]:

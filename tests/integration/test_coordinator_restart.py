@@ -24,7 +24,7 @@ from temporalio.client import Client
 from job_agent import wire
 from job_agent.jobs import UnknownJob, request
 from job_agent.resume import latest_checkpoint
-from tests.integration.conftest import SCRIPT, run_with, spec
+from tests.integration.conftest import SCRIPT, kill, run_with, spec
 from tests.integration.test_multinode import coordinator_of, log_of, node_argv, status
 from tests.integration.test_resume import _cli
 from torchpass.dev.hosts import Fabric, fabric
@@ -56,17 +56,6 @@ async def reference(client: Client, tmp_path_factory: pytest.TempPathFactory) ->
     )
     assert result.ok and result.final_digest
     return result
-
-
-def pid_of(agent_id: str) -> int:
-    """The process of a rank, found by the agent id in its environment (the test's hosts share one PID
-    namespace)."""
-    needle = f"TORCHPASS_AGENT_ID={agent_id}".encode()
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
-                return int(entry.name)
-    raise LookupError(f"no process of {agent_id}")
 
 
 @pytest.mark.parametrize("away", [False, True], ids=["rank-killed-once-back", "rank-killed-while-away"])
@@ -106,7 +95,7 @@ async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_b
         first.wait(10)
         at = max(r.step for r in before.ranks)
         if away:
-            os.kill(pid_of(next(r.agent for r in before.ranks if r.slot == 1)), signal.SIGKILL)
+            kill(next(r for r in before.ranks if r.slot == 1))
             await asyncio.sleep(3)  # the others find their collective broken and freeze
         else:
             # Training goes on without it: rank 0 writes checkpoints past the step it was at.

@@ -27,7 +27,7 @@ from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     status,
 )
 from torchpass.dev.hosts import Fabric
-from torchpass.job import JobResult, JobSpec
+from torchpass.job import JobResult
 from torchpass.models import Category, Disposition, FailureKind
 
 ARGS = LONG_ARGS
@@ -56,10 +56,12 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
         await asyncio.sleep(0.05)
         before = await status(job)
     node = {r.slot: r.node for r in before.ranks}
-    # Which GPU a rank uses is its LOCAL_RANK, which its node gave it (as the processes started): read
-    # from the rank's own environment. 8 GPUs a node: no two of its processes share one.
-    hot_node, hot_gpu = node[3], local_rank(job, 3)
-    off_node, off_gpu = node[0], local_rank(job, 0)
+    # Which GPU a rank uses is its LOCAL_RANK, which its node gave it as it started it: the rank says it in
+    # its hello, and the job's status shows it. 8 GPUs a node: no two of its processes share one.
+    gpu = {r.slot: r.device for r in before.ranks}
+    assert all(d >= 0 for d in gpu.values()), before
+    hot_node, hot_gpu = node[3], gpu[3]
+    off_node, off_gpu = node[0], gpu[0]
     for celsius in (75, 80, 84, 88):  # a ramp: the move starts at the threshold (85), once
         with states[hot_node].open("a") as f:
             f.write(f"temp {hot_gpu} {celsius}\n")
@@ -87,20 +89,3 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
     assert failed.proof is not None and 0 in failed.proof.receiver_slots, failed.proof
     assert result.steps_recomputed == 0
     assert result.final_digest == long_reference.final_digest
-
-
-def local_rank(job: JobSpec, slot: int) -> int:
-    """The LOCAL_RANK of the process started for `slot` of `job`, from its environment in /proc."""
-    wanted = {
-        f"TORCHPASS_SLOT={slot}",
-        "TORCHPASS_ROLE=rank",
-        f"TORCHPASS_CHECKPOINT_DIR={job.job_dir / 'checkpoints'}",
-    }
-    for proc in Path("/proc").iterdir():
-        try:
-            env = set((proc / "environ").read_bytes().decode(errors="replace").split("\0"))
-        except OSError:
-            continue
-        if wanted <= env:
-            return next(int(v.split("=", 1)[1]) for v in env if v.startswith("LOCAL_RANK="))
-    raise AssertionError(f"no process of slot {slot} of job {job.job_id}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.jobs import request
-from tests.integration.conftest import LONG_ARGS, spec, start_job
+from tests.integration.conftest import LONG_ARGS, kill, spec, start_job
 from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     coordinator_of,
     hosts,
@@ -69,15 +68,15 @@ async def test_a_rank_lost_while_its_filesystem_is_full_or_its_host_out_of_memor
     os.close(fd)
     await asyncio.sleep(1.0)  # the node's next reading (every 0.2 s) says so
     on_disk_node = next(r.slot for r in before.ranks if r.node == disk_node)
-    kill = wire.Inject(action=wire.InjectAction.KILL, slot=on_disk_node)
-    assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)
+    inject = wire.Inject(action=wire.InjectAction.KILL, slot=on_disk_node)
+    assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, inject), wire.Ok)
     after = await training(job, task, incidents=1)
 
     # Room again; then the host's OOM killer takes a rank of the other node.
     (tmpfs / "step-40.pt").unlink()
     victim = next(r for r in after.ranks if r.node == memory_node)
     fake_proc(tmp_path, oom_kills=6)
-    os.kill(pid_of(job, victim.agent), signal.SIGKILL)
+    kill(victim)
     result = await asyncio.wait_for(task, 240)
 
     assert result.ok, (result.error, log_of(tmp_path, disk_node), log_of(tmp_path, memory_node))
@@ -112,16 +111,3 @@ async def training(
         await asyncio.sleep(0.05)
         now = await status(job)
     return now
-
-
-def pid_of(job: JobSpec, agent: str) -> int:
-    """The process of `agent` in `job`, from its environment in /proc."""
-    wanted = {f"TORCHPASS_AGENT_ID={agent}", f"TORCHPASS_JOB_ID={job.job_id}"}
-    for p in Path("/proc").iterdir():
-        try:
-            env = set((p / "environ").read_bytes().decode(errors="replace").split("\0"))
-        except OSError:
-            continue
-        if wanted <= env:
-            return int(p.name)
-    raise AssertionError(f"no process of {agent}")

@@ -25,6 +25,11 @@ from workers.job import run_job
 pytestmark = pytest.mark.integration
 
 
+def title_of(pid: int) -> bytes:
+    """A process's command line as `ps` shows it (a forked rank's names its job and agent)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def assert_migrated_live(result: JobResult, reference: JobResult, incidents: int) -> None:
     assert result.ok, result.error
     assert len(result.incidents) == incidents
@@ -121,7 +126,9 @@ async def test_a_planned_drain_moves_a_healthy_rank_to_the_spare(
     client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`torchpass drain`: rank 2 is healthy; every rank freezes at a step boundary, then rank 2 is
-    fenced and the spare takes its slot with state from a survivor."""
+    fenced and the spare takes its slot with state from a survivor. Before it, `torchpass status` shows
+    each rank's process: the pid is the process of that job and agent (its command line says so: it is
+    forked), and the local rank the one it was started with."""
     job = spec(tmp_path, "drain-rank-2", args=("--steps", "120", "--width", "128", "--depth", "2"))
     task = asyncio.create_task(run_job(job, client))
     try:
@@ -130,6 +137,13 @@ async def test_a_planned_drain_moves_a_healthy_rank_to_the_spare(
         with pytest.MonkeyPatch.context() as mp:
             for k, v in env.items():
                 mp.setenv(k, v)
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, ["status", "--job", job.job_id]) == 0
+            shown = capsys.readouterr().out.splitlines()
+            rows = [line.split("\t") for line in shown[2:]]
+            for slot, _, _, _, local_rank, pid, agent in rows:  # one host: LOCAL_RANK is the slot
+                assert int(local_rank) == int(slot)
+                assert f"[torchpass {job.job_id}/{agent}]".encode() in title_of(int(pid)), (pid, agent)
             argv = ["drain", "--job", job.job_id, "--rank", "2", "--reason", "security patch"]
             assert await asyncio.to_thread(main, argv) == 0
         assert "incident started" in capsys.readouterr().out
@@ -141,6 +155,8 @@ async def test_a_planned_drain_moves_a_healthy_rank_to_the_spare(
         client, spec(tmp_path / "ref", "drain-reference", spares=0, args=job.args)
     )
     assert_migrated_live(result, long_reference, 1)
+    assert shown[0].startswith(f"job {job.job_id}: training, generation 0, 4 ranks"), shown
+    assert [int(slot) for slot, *_ in rows] == [0, 1, 2, 3], shown
     (o,) = result.incidents
     assert o.kind == FailureKind.NODE_DRAIN and o.lost_slots == (2,)
     assert o.classification.category == Category.PLANNED and o.classification.qualifying

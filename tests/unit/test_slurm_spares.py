@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from job_agent import wire
+from job_agent.frames import RankStatus
 from workers import slurm_spares, spare_nodes
 from workers.slurm import SlurmError
 from workers.slurm_spares import PREFIX, Queued, SlurmSpares, SpareNodeSettings
@@ -21,7 +22,7 @@ from workers.spare_nodes import RETRY_STARTS, missing
 def _status(nodes: tuple[str, ...], idle: tuple[str, ...] = ()) -> wire.Status:
     """A training job on `nodes`, of which `idle` (as the job says) run no rank and may take some."""
     ranks = tuple(
-        wire.RankStatus(slot=i, agent=f"rank-{i}", state="training", step=5, node=n)
+        RankStatus(slot=i, agent=f"rank-{i}", state="training", step=5, node=n)
         for i, n in enumerate(n for n in nodes if n not in idle)
     )
     return wire.Status(

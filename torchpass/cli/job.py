@@ -10,7 +10,7 @@ from typing import Any
 
 from torchpass.cli.common import EXIT_JOB_FAILED, CliError, connect, temporal_args
 
-COMMANDS = ("run", "jobs", "inject", "drain")
+COMMANDS = ("run", "jobs", "status", "inject", "drain")
 
 
 def register(sub: Any) -> None:
@@ -115,6 +115,12 @@ def register(sub: Any) -> None:
 
     sub.add_parser("jobs", help="list this host's jobs: running, and lost (coordinator gone, unfinished)")
 
+    s = sub.add_parser(
+        "status", help="a running job's ranks: where each runs (node, local rank, pid), its step"
+    )
+    s.add_argument("--job", required=True)
+    s.add_argument("--json", action="store_true", help="the coordinator's whole answer, as JSON")
+
     i = sub.add_parser("inject", help="inject a failure into a running job (tests, demos, chaos)")
     i.add_argument(
         "action", choices=["kill", "hang", "pause"], help="pause: SIGSTOP, SIGCONT after --seconds"
@@ -157,6 +163,9 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
         return 0
     from job_agent import wire
 
+    if args.command == "status":
+        _print_status(_request(settings.state_dir, args.job, wire.StatusRequest(), wire.Status), args.json)
+        return 0
     if args.command == "inject" and args.spare:
         if args.rank is not None or args.during_transfer or args.after_step is not None:
             raise CliError("--spare hits a spare at once: not with --rank, --after-step or --during-transfer")
@@ -309,8 +318,25 @@ def _summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _request(state_dir: Path, job: str, frame: Any) -> Any:
-    """One request to a job's coordinator on this host; its `Ok` reply, or a CliError saying why not."""
+def _print_status(st: Any, as_json: bool) -> None:
+    if as_json:
+        print(st.model_dump_json(indent=2))
+        return
+    now = f", in incident {st.incident}" if st.incident else ""
+    print(
+        f"job {st.job_id}: {st.state}, generation {st.generation}, {st.world_size} ranks, "
+        f"{st.spares} warm spare(s), {st.incidents} incident(s) recorded{now}"
+    )
+    print("slot\tstate\tstep\tnode\tlocal_rank\tpid\tagent")
+    for r in sorted(st.ranks, key=lambda r: r.slot):
+        print(f"{r.slot}\t{r.state}\t{r.step}\t{r.node}\t{r.device}\t{r.pid}\t{r.agent}")
+    if st.idle_nodes:
+        print("idle nodes (spare): " + ", ".join(st.idle_nodes))
+
+
+def _request(state_dir: Path, job: str, frame: Any, answer: Any = None) -> Any:
+    """One request to a job's coordinator on this host; its reply (`Ok`, or the type `answer` names), or a
+    CliError saying why not."""
     from job_agent import wire
     from job_agent.jobs import UnknownJob, request
     from job_agent.protocol import ProtocolError
@@ -323,6 +349,6 @@ def _request(state_dir: Path, job: str, frame: Any) -> Any:
         raise CliError(f"cannot reach the coordinator of job {job}: {e}") from None
     if isinstance(reply, wire.Error):
         raise CliError(reply.reason)
-    if not isinstance(reply, wire.Ok):
+    if not isinstance(reply, answer or wire.Ok):
         raise CliError(f"unexpected answer from the coordinator of job {job}: {reply.t}")
     return reply
