@@ -112,7 +112,7 @@ class RankAgent:
         self._tracked = TrackedState(model, optimizer, held)
         self._grad_buckets = None
         try:
-            self._wrappers = Wrappers(model, self._at_collective)
+            self._wrappers = Wrappers(model, self._at_collective, optimizer)
             self._sharded = Sharded(model, self._at_collective)
         except ValueError as e:  # what will not replay: the job's result names it, not only the log
             step_failure(-1, e, self._send)
@@ -204,7 +204,8 @@ class RankAgent:
         check = step > 0 and (step == self._verify_at or (bool(every) and step % every == 0))
         self._send(wire.Step(k=step, digest=self._tracked.snapshot(step - 1).digest() if check else None))
         self._at = -1
-        self._tracked.buffers.keep()
+        self._tracked.begin_step()
+        self._wrappers.begin_step()
         seed_globals(step_seed(self.settings.seed, step, self.slot))
 
     def _after_step(self) -> None:
@@ -221,6 +222,8 @@ class RankAgent:
         self._drop_group()
         if in_flight is not None:  # the step is done again from where it began
             assert self._tracked is not None and self._sharded is not None
+            if self._tracked.stepped:  # its update is applied: done again, it would be applied twice
+                raise loop.step_applied(in_flight, reason, self._send)
             self._tracked.buffers.restore()
             self._sharded.reset()
         self._frozen = True

@@ -93,8 +93,14 @@ def running_statistics(model: torch.nn.Module) -> list[str]:
 class Wrappers:
     """The `DistributedDataParallel` modules in a tracked model."""
 
-    def __init__(self, model: torch.nn.Module, at_collective: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        at_collective: Callable[[], None],
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
         self.modules = [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
+        self._given = False  # this step's buffers already given, before the optimizer stepped
         if not self.modules and not fsdp_modules(model) and (stats := running_statistics(model)):
             raise ValueError(
                 f"{stats[0]} keeps running statistics that each rank updates from its own batches, and"
@@ -118,6 +124,8 @@ class Wrappers:
                     " (register_comm_hook(None, hook): allreduce, fp16 compression) or none"
                 )
             ddp.register_forward_hook(self._hook(ddp, at_collective))
+        if optimizer is not None and self.modules:
+            optimizer.register_step_pre_hook(self._before_optimizer)
 
     @staticmethod
     def _hook(ddp: DistributedDataParallel, at_collective: Callable[[], None]) -> Callable[..., None]:
@@ -127,9 +135,24 @@ class Wrappers:
 
         return after_forward
 
+    def begin_step(self) -> None:
+        self._given = False
+
+    def _before_optimizer(self, *_: object) -> None:
+        """Rank 0's buffers, given before the tracked optimizer steps rather than as the step ends: a peer
+        lost in this broadcast then fails the step before its update is applied, so that the step can be
+        done again (after the update, it would be applied twice). The forward changed them: nothing
+        after it in the step does."""
+        if not self._given:
+            self.after_step()
+            self._given = True
+
     def after_step(self) -> None:
-        """Give every rank rank 0's buffers as a step ends, as DDP does before each forward: the replicas
-        are then one state at every step boundary (a spare taking over rank 0 gets rank 0's buffers)."""
+        """Give every rank rank 0's buffers as a step ends (unless given already, before the optimizer
+        stepped), as DDP does before each forward: the replicas are then one state at every step
+        boundary (a spare taking over rank 0 gets rank 0's buffers)."""
+        if self._given:
+            return
         for ddp in self.modules:
             if ddp.will_sync_module_buffers():
                 ddp._sync_buffers()

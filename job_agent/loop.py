@@ -61,6 +61,23 @@ def step_failure(step: int, e: BaseException, send: Callable[[wire.Frame], None]
     return None
 
 
+class StepApplied(RuntimeError):
+    """A peer was lost in a collective that came after the optimizer's step: the step cannot be done
+    again (its update would be applied twice) and the job cannot go on live."""
+
+
+def step_applied(step: int, reason: str, send: Callable[[wire.Frame], None]) -> StepApplied:
+    """The error a rank ends with when its step failed after its optimizer stepped, said to the
+    coordinator as the script's (`UserError`): it is the script's shape that makes the step not redoable."""
+    e = StepApplied(
+        f"step {step} failed after optimizer.step() ({reason[:300]}): its update is applied, and doing the"
+        " step again would apply it twice. A step's collectives must come before the optimizer's step:"
+        " all-reduce a loss for logging after backward() and before optimizer.step(), or log each rank's own"
+    )
+    send(wire.UserError(step=step, traceback=str(e)))
+    return e
+
+
 class Step:
     """One step of the loop form: its number `k` and its `batch` (None without `data`). Enter it with
     `with step:`; a peer's failure inside ends the block quietly and the step comes round again."""

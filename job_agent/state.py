@@ -180,6 +180,17 @@ class TrackedState:
         streams = [v for v in self.extras.values() if getattr(v, "rewound_each_step", False)]
         self.buffers = StepBuffers(model, streams)
         self._sharded: dict[str, Any] = {}  # path -> this rank's DTensor there, as of the last snapshot
+        self.stepped = False  # the optimizer stepped in the step in flight: its update is applied
+        if optimizer is not None:
+            optimizer.register_step_post_hook(self._on_optimizer_step)
+
+    def _on_optimizer_step(self, *_: object) -> None:
+        self.stepped = True
+
+    def begin_step(self) -> None:
+        """A step begins: what a step done again starts from is kept, and the optimizer has not stepped."""
+        self.buffers.keep()
+        self.stepped = False
 
     def snapshot(self, step: int) -> Snapshot:
         tensors: list[tuple[str, torch.Tensor]] = []

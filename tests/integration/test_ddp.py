@@ -67,6 +67,42 @@ async def test_batchnorm_statistics_are_rank_0s_at_every_step_boundary_so_rank_0
     assert_migrated_live(result, reference, 2)
 
 
+async def test_rank_0_lost_after_its_optimizer_step_is_not_applied_twice(
+    client: Client, tmp_path: Path
+) -> None:
+    """Rank 0 dies right after its optimizer's step of step 12, the survivors having stepped too. The
+    agent gives every rank rank 0's buffers before the optimizer steps, not as the step ends: had that
+    broadcast come after (as it once did), the survivors' step would fail in it with their weights
+    already updated, and doing the step again would apply its update twice, every replica alike, so no
+    digest check could see it. The survivors finish step 12; the spare takes it from them; bitwise equal."""
+    args = ("--broadcast-buffers",)
+    ref = spec(tmp_path / "ref", "ddp-opt-ref", spares=0, script=LOCAL_BUFFERS, args=args)
+    reference = await run_with(client, ref)
+    assert reference.ok and reference.final_digest, reference.error
+    job = spec(
+        tmp_path / "kill", "ddp-opt-kill", script=LOCAL_BUFFERS, args=(*args, "--die-after-step", "12")
+    )
+    result = await run_with(client, job)
+    assert_migrated_live(result, reference, 1)
+    (o,) = result.incidents
+    assert o.lost_slots == (0,) and o.proof is not None and o.proof.step_before == 12, o
+
+
+async def test_a_peer_lost_in_a_collective_after_the_optimizer_step_ends_the_job_naming_it(
+    client: Client, tmp_path: Path
+) -> None:
+    """The script all-reduces its loss for logging after `opt.step()`, and rank 0 dies between the two:
+    the survivors' step fails with its update applied. Doing it again would apply it twice, silently and on
+    every replica alike, so the job ends instead, naming the step and the rule (the step's collectives
+    before the optimizer's step)."""
+    args = ("--broadcast-buffers", "--log-loss", "--die-after-step", "12")
+    job = spec(tmp_path, "ddp-log-after-step", script=LOCAL_BUFFERS, args=args)
+    result = await run_with(client, job, timeout=90)
+    assert result.status is JobState.USER_ERROR and result.error, result.error
+    assert "step 12 failed after optimizer.step()" in result.error, result.error
+    assert "before optimizer.step()" in result.error, result.error
+
+
 async def test_ddp_keeping_each_ranks_buffers_is_refused_at_track(client: Client, tmp_path: Path) -> None:
     """`broadcast_buffers=False` with a BatchNorm leaves every replica its own statistics, which no spare
     could take over: `track()` refuses it with the reason, and the job fails at once, naming it."""
