@@ -140,10 +140,11 @@ class Snapshot:
 
 
 class StepBuffers:
-    """The model's persistent buffers as a step began (BatchNorm's running statistics and counter), and
-    the positions of the script's own random streams: a forward changes them before the step's
-    collective, so a step done again must start from these, not from what the failed try left (which
-    would count its batch twice, or draw other numbers)."""
+    """The model's persistent buffers as a step began (BatchNorm's running statistics and counter), the
+    positions of the script's own random streams, and which parameters had no gradient: a forward and a
+    backward change them before the step's update, so a step done again must start from these, not from
+    what the failed try left (which would count its batch twice, draw other numbers, or add its
+    gradients to the failed try's where the script clears them as a step ends, as nanoGPT does)."""
 
     def __init__(self, model: torch.nn.Module, streams: Sequence[Stateful] = ()) -> None:
         persistent = {id(t) for t in model.state_dict(keep_vars=True).values()}
@@ -151,16 +152,26 @@ class StepBuffers:
         self._saved = [torch.empty_like(b) for b in self._buffers]
         self._streams = list(streams)
         self._positions: list[dict[str, Any]] = []
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._no_grad: list[bool] = []
 
     def keep(self) -> None:
         for saved, b in zip(self._saved, self._buffers, strict=True):
             saved.copy_(b)
         self._positions = [s.state_dict() for s in self._streams]
+        self._no_grad = [p.grad is None for p in self._params]
 
     def restore(self) -> None:
         with torch.no_grad():
             for saved, b in zip(self._saved, self._buffers, strict=True):
                 b.copy_(saved)
+            # A gradient there as the step began is one the script clears before its backward, or the
+            # zeros it left clearing them in place: zeros again either way.
+            for p, none in zip(self._params, self._no_grad, strict=True):
+                if none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
         for stream, position in zip(self._streams, self._positions, strict=True):
             stream.load_state_dict(position)
 

@@ -3,7 +3,8 @@ each rank's running statistics follow its own batches (pass `--broadcast-buffers
 `--no-ddp` for the same model reduced by the agent, with nothing to make the statistics agree).
 `--die-after-step K`: rank 0 (as first started, not a spare that took its slot) SIGKILLs itself right
 after its optimizer's step of step K, before the step ends. `--log-loss`: the loss is all-reduced for
-logging after the optimizer's step (a collective a step must not have there)."""
+logging after the optimizer's step (a collective a step must not have there). `--zero-grad-last`: the
+gradients are cleared as the step ends (as nanoGPT does), not before the backward."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def main() -> None:
     for step in agent.steps(30):
         with step:
             x = torch.randn(8, 16)  # seeded by the agent from (seed, step, rank): other data on each rank
-            opt.zero_grad()
+            if "--zero-grad-last" not in sys.argv:
+                opt.zero_grad()
             loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
             loss.backward()
             if no_ddp:
@@ -41,6 +43,8 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if "--log-loss" in sys.argv:
                 dist.all_reduce(loss.detach())
+            if "--zero-grad-last" in sys.argv:
+                opt.zero_grad()
 
 
 if __name__ == "__main__":

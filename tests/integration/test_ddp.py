@@ -88,6 +88,21 @@ async def test_rank_0_lost_after_its_optimizer_step_is_not_applied_twice(
     assert o.lost_slots == (0,) and o.proof is not None and o.proof.step_before == 12, o
 
 
+async def test_gradients_cleared_as_the_step_ends_do_not_leak_into_a_step_done_again(
+    client: Client, tmp_path: Path
+) -> None:
+    """nanoGPT clears its gradients at the end of a step, not before the backward. A step that failed in
+    its backward leaves gradients behind: the step done again would add to them. The agent puts them back
+    as the step began (none, or zeros), so a kill and a hang are still bitwise exact."""
+    args = ("--broadcast-buffers", "--zero-grad-last")
+    ref = spec(tmp_path / "ref", "ddp-zg-ref", spares=1, script=LOCAL_BUFFERS, args=args)
+    reference = await run_with(client, ref)
+    assert reference.ok and reference.final_digest, reference.error
+    job = spec(tmp_path / "kill", "ddp-zg-kill", spares=2, script=LOCAL_BUFFERS, args=args)
+    result = await run_with(client, job, [("kill", 1, 9), ("hang", 2, 20)])
+    assert_migrated_live(result, reference, 2)
+
+
 async def test_a_peer_lost_in_a_collective_after_the_optimizer_step_ends_the_job_naming_it(
     client: Client, tmp_path: Path
 ) -> None:
