@@ -37,6 +37,7 @@ def describe(c: Coordinator) -> JobDescription:
         generation=c.generation,
         world_size=c.world_size,
         ranks_connected=len(c.roster.ranks()),
+        live_migration=c.spec.agent,
         spares_ready=len(c.spares.ready()),
         spares_warming=c.spares.warming(),
         backend=backend,

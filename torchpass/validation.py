@@ -174,6 +174,9 @@ class JobDescription(Model):
     generation: int
     world_size: int = Field(ge=1)
     ranks_connected: NonNegativeInt = Field(description="live rank slots held by a connected agent")
+    live_migration: bool = Field(
+        default=True, description="its ranks run the agent (False: `--no-agent`, a whole-job restart)"
+    )
     spares_ready: NonNegativeInt = Field(description="warm spares free to be reserved")
     spares_warming: NonNegativeInt = Field(description="spares launched but not yet warm")
     backend: Literal["gloo", "nccl"]
@@ -250,6 +253,12 @@ def _agent(d: JobDescription) -> CheckResult:
     ok = d.ranks_connected == d.world_size and d.state == "training"
     if not ok:
         seen += "; every rank must run under the agent and the job must be training"
+    if not d.live_migration:
+        ok = False
+        seen += (
+            "; it runs without the agent (--no-agent): a failure restarts the whole job from the script's"
+            " checkpoint and is never migrated live; run it under the agent (docs/adopting.md)"
+        )
     return CheckResult(name=Check.AGENT, passed=ok, detail=seen)
 
 

@@ -125,6 +125,14 @@ def test_the_agent_must_hold_every_rank_of_a_training_job(kw: dict[str, Any]) ->
     assert not c.passed and "every rank" in c.detail
 
 
+def test_a_job_without_the_agent_fails_agent_present_with_the_reason() -> None:
+    """`--no-agent`: its wrapper processes connect, so every slot looks held; the job says it runs no
+    agent, and the check fails naming it (its failures would only ever restart the job)."""
+    c = by_name(evaluate_job(desc(live_migration=False)))[Check.AGENT]
+    assert not c.passed and "--no-agent" in c.detail and "never migrated live" in c.detail
+    assert by_name(evaluate_job(desc()))[Check.AGENT].passed
+
+
 def test_an_unreachable_job_fails_agent_present_and_leaves_the_rest_unchecked() -> None:
     checks = evaluate_job(None, "describe_job failed: activity ScheduleToClose timeout")
     assert not any(c.passed for c in checks)
