@@ -140,6 +140,13 @@ class Batches:
         self.per_epoch = len(data)  # type: ignore[arg-type]
         if self.per_epoch < 1:
             raise ValueError("agent.steps(data=...): the data has no batches")
+        if getattr(data, "persistent_workers", False) and getattr(data, "num_workers", 0) > 0:
+            raise ValueError(
+                "agent.steps(data=...): a DataLoader with persistent_workers=True keeps its worker processes,"
+                " and their random streams, from one pass to the next, so a spare's new workers would draw"
+                " other numbers than those of the rank it takes over: build it with persistent_workers=False"
+                " (the agent seeds each pass's workers from the pass and the rank)"
+            )
         self._seed = seed
         self._it: Iterator[Any] | None = None
         self._epoch = self._next = -1
@@ -199,7 +206,11 @@ class LoopAgent(Protocol):
 
 def steps(agent: LoopAgent, total: int, data: Iterable[Any] | None) -> Iterator[Step]:
     """The loop form of `RankAgent.run` (see the module's docstring)."""
-    batches = None if data is None else Batches(data, agent.settings.seed)
+    try:
+        batches = None if data is None else Batches(data, agent.settings.seed)
+    except ValueError as e:  # what will not replay: the job's result names it, not only the log
+        step_failure(-1, e, agent._send)
+        raise
     agent._begin(total)
     while (k := agent.completed_step + 1) < total:
         agent._check_inbox()

@@ -55,6 +55,44 @@ def test_a_step_done_again_gets_the_same_batch() -> None:
     assert b.at(7, 0, 1) is once
 
 
+class _Noisy(torch.utils.data.Dataset[torch.Tensor]):
+    """Samples with random augmentation drawn in the loader's worker processes."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.rand(1) + i
+
+
+def _second_pass(loader: DataLoader[torch.Tensor], fresh: bool) -> torch.Tensor:
+    """The loader's second pass, seeded as the agent seeds a pass: after a first one, or as a spare would
+    read it, its first."""
+    if not fresh:
+        torch.manual_seed(0)
+        list(loader)
+    torch.manual_seed(1)
+    return torch.cat(list(loader))
+
+
+def test_loader_workers_are_seeded_each_pass_and_persistent_ones_are_refused() -> None:
+    """Workers made for each pass draw from the pass's seed: a spare starting at step 13 reads what the
+    rank it replaces read. Persistent workers keep their streams from pass to pass, which a spare's new
+    ones cannot have (shown with torch alone): refused with the fix."""
+    make = lambda persistent: DataLoader(  # noqa: E731
+        _Noisy(), batch_size=4, num_workers=2, persistent_workers=persistent
+    )
+    first = Batches(make(False), seed=0)
+    reference = {k: first.at(k, 0, 1).clone() for k in range(20)}
+    spare = Batches(make(False), seed=0)
+    assert all(torch.equal(spare.at(k, 0, 1), reference[k]) for k in range(13, 20))
+
+    assert torch.equal(_second_pass(make(False), fresh=False), _second_pass(make(False), fresh=True))
+    assert not torch.equal(_second_pass(make(True), fresh=False), _second_pass(make(True), fresh=True))
+    with pytest.raises(ValueError, match="persistent_workers=False"):
+        Batches(make(True), seed=0)
+
+
 def test_a_sampler_built_for_another_world_is_refused_with_the_fix() -> None:
     loader = DataLoader(DATA, batch_size=4, sampler=DistributedSampler(DATA, num_replicas=3, rank=0))
     with pytest.raises(ValueError, match=r"num_replicas=agent\.world_size"):
