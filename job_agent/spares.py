@@ -16,6 +16,11 @@ from job_agent.wire import Role
 
 log = logging.getLogger("torchpass.spares")
 MAX_FAILED_STARTS = 3
+SPARE_HINT = (
+    "a spare runs the script before it holds a slot: agent.rank is -1 there and the placeholder group says"
+    " rank 0, so build what needs a rank from dist.get_rank() or leave it to the agent, as a"
+    " DistributedSampler's"
+)
 
 
 class SparePool(abc.ABC):
@@ -136,17 +141,18 @@ class LocalSparePool(SparePool):
 
     def failed_start(self, agent_id: str, code: int | None) -> None:
         how = f"exited (code {code}) before joining" if code is not None else "exited before it was warm"
+        how += f" (its output is above; {SPARE_HINT})"
         self._failed_starts += 1
         if self._failed_starts > MAX_FAILED_STARTS:
             log.error(
-                "spare %s %s (its output is above); %d spares in a row did: not starting more until one "
+                "spare %s %s; %d spares in a row did: not starting more until one "
                 "comes up (the job goes on, a failure now falls back to a restart)",
                 agent_id,
                 how,
                 self._failed_starts,
             )
             return
-        log.warning("spare %s %s (its output is above); starting another", agent_id, how)
+        log.warning("spare %s %s; starting another", agent_id, how)
         self._spawn()
 
     def started(self, m: Member) -> None:

@@ -250,10 +250,11 @@ async def test_a_spare_starting_as_the_job_ends_is_told_to_leave(tmp_path: Path,
 
 
 async def test_a_spare_dying_at_start_is_replaced_and_the_job_goes_on(
-    tmp_path: Path, allowance: Counts
+    tmp_path: Path, allowance: Counts, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The real coordinator against in-process fake ranks over the real protocol: two spares in a row
-    die before they ever connect (a crash at import); each is replaced, never fatal, and the third one
+    die before they ever connect (a crash at import); each is replaced, never fatal, said with the
+    likeliest cause (a script building something from `agent.rank`, -1 on a spare), and the third one
     takes a killed rank's slot live."""
     job = Job(tmp_path, allowance)
     job.launcher.spares_die_at_start(2)
@@ -266,6 +267,8 @@ async def test_a_spare_dying_at_start_is_replaced_and_the_job_goes_on(
     _assert_finished(job, incidents=1)
     dead = [f for f in job.launcher.fakes.values() if f.settings.role == "spare" and f.code == 1]
     assert len(dead) == 2
+    said = [r.getMessage() for r in caplog.records if "before joining" in r.getMessage()]
+    assert len(said) == 2 and all("agent.rank is -1" in m and "starting another" in m for m in said), said
 
 
 async def test_spares_whose_script_fails_before_they_are_warm_stop_being_replaced(
