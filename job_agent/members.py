@@ -119,6 +119,9 @@ class Roster:
         self.pending: dict[str, str] = {}  # agent_id -> node, launched but not yet connected
         self._by_conn: dict[socket.socket, Member] = {}
         self.shards: dict[int, str] = {}  # slot -> shard its rank last reported holding
+        self.suspects: dict[
+            int, str
+        ] = {}  # slot -> the process found holding another state than its replicas
 
     def admit(self, conn: socket.socket, hello: wire.Hello) -> Member | None:
         """The member a hello announces, or None when no such process was launched (or it was fenced)."""
@@ -175,9 +178,13 @@ class Roster:
     def repaired(self, ev: Evidence) -> bool:
         """Whether the failure `ev` reports is already repaired (say by a restart) or the planned move it
         asks for already made: every slot it names is held by a live process, off the drained node for a
-        planned one."""
+        planned one, and not the one found holding another state than its replicas."""
         planned = CATEGORY_OF[ev.kind] is Category.PLANNED
         members = [self.at(s) for s in ev.slots]
         return bool(members) and all(
-            m is not None and not m.fenced and not (planned and m.node == ev.failure_domain) for m in members
+            m is not None
+            and not m.fenced
+            and not (planned and m.node == ev.failure_domain)
+            and self.suspects.get(m.slot) != m.agent_id  # a corrupted replica is alive, not repaired
+            for m in members
         )

@@ -50,6 +50,9 @@ class ReplicaChecks:
         if not odd:
             return None
         slots = ", ".join(map(str, odd))
+        for s in odd:  # the processes that held another state: the evidence stands while they hold it
+            if (m := self.roster.at(s)) is not None:
+                self.roster.suspects[s] = m.agent_id
         return Evidence(
             kind=FailureKind.SILENT_DATA_CORRUPTION,
             source=EventSource.COORDINATOR,

@@ -6,7 +6,8 @@ environment (so the ranks restarted after the fault behave):
   does not match the donor's.
 - FAULT_SKIP_ONCE with FAULT_SKIP_SLOT: after the next re-formed world, that rank skips a step.
 - FAULT_FLIP_ONCE with FAULT_FLIP_SLOT and FAULT_FLIP_STEP: that rank's memory goes bad once it completed
-  that step (one parameter's value changes, as a flipped bit would): silent data corruption.
+  that step (one parameter's value changes, as a flipped bit would): silent data corruption. With
+  FAULT_FLIP_STEP=redone: the first step it completes after a re-formed world (the recovery's redone step).
 - FAULT_CUDA_ONCE with FAULT_CUDA_SLOT and FAULT_CUDA_STEP: that rank's step ends in the error a CUDA
   driver fault raises in torch (no GPU here: the exception is the stand-in, the rest of the path is real).
 """
@@ -55,7 +56,8 @@ class FaultyAgent(RankAgent):
     def _complete_step(self, step: int) -> None:
         super()._complete_step(step)
         flip = (os.environ.get("FAULT_FLIP_SLOT"), os.environ.get("FAULT_FLIP_STEP"))
-        if flip == (str(self.slot), str(step)) and _once("FAULT_FLIP_ONCE"):
+        at = "redone" if self.generation > 0 else str(step)
+        if flip in ((str(self.slot), str(step)), (str(self.slot), at)) and _once("FAULT_FLIP_ONCE"):
             assert self._tracked is not None
             with torch.no_grad():
                 next(self._tracked.model.parameters()).view(-1)[3] *= -1.0

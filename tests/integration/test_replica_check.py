@@ -45,6 +45,28 @@ async def test_a_corrupted_replica_is_named_and_rebuilt_from_the_majority_live(
     assert o.proof is not None and o.proof.donor_slot != 2
 
 
+async def test_a_replica_differing_after_the_redone_step_is_caught_there_with_periodic_checks_off(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 is killed; rank 2's state goes bad as it completes the recovery's redone step. With the
+    periodic check off, the check right after a recovery's redone step still catches it at once, names
+    rank 2 and rebuilds it live; the job ends with its replicas one state."""
+    flag = _armed(tmp_path, monkeypatch, "FAULT_FLIP_ONCE")
+    monkeypatch.setenv("FAULT_FLIP_SLOT", "2")
+    monkeypatch.setenv("FAULT_FLIP_STEP", "redone")
+    job = spec(tmp_path, "flip-after-redo", script=FAULTY, verify_every=0, spares=2)
+    result = await run_with(client, job, [("kill", 0, 12)])
+    assert not flag.exists()  # the fault fired
+    assert result.ok, result.error
+    lost, odd = result.incidents
+    assert lost.lost_slots == (0,) and lost.disposition is Disposition.MIGRATED, lost
+    assert lost.step_before is not None
+    redone = lost.step_before + 1
+    assert odd.kind is FailureKind.SILENT_DATA_CORRUPTION and odd.lost_slots == (2,), odd
+    assert f"after step {redone}" in odd.classification.reason, (redone, odd.classification.reason)
+    assert odd.disposition is Disposition.MIGRATED and result.steps_recomputed == 0
+
+
 async def test_without_the_check_the_corruption_is_only_found_at_the_end(
     client: Client, tmp_path: Path, flipped: Path
 ) -> None:

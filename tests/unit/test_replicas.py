@@ -43,6 +43,22 @@ def test_the_odd_replica_is_named_once_every_rank_reported() -> None:
     assert "after step 9" in ev.detail
 
 
+def test_the_odd_replica_stays_a_failure_while_its_process_holds_the_slot() -> None:
+    """Found while another incident still ran, the evidence waits behind it; then it is dropped only if
+    the slot's process changed meanwhile (a live process at the slot is no repair of a corrupted one: it
+    was dropped as repaired, and the corruption went on to the job's end)."""
+    checks, found = _checks(["s"] * 4)
+    for slot, digest in ((0, A), (1, A), (2, B), (3, A)):
+        checks.reported(slot, 10, digest)
+    (ev,) = found
+    roster = checks.roster
+    assert not roster.repaired(ev)
+    old = roster.members.pop("r2")
+    new = Member(agent_id="spare-1", role=wire.Role.RANK, slot=2, pid=9, node=old.node)
+    roster.members[new.agent_id] = new
+    assert roster.repaired(ev)
+
+
 def test_shards_are_compared_within_their_replicas_and_an_even_split_names_all() -> None:
     checks, found = _checks(["x", "y", "x", "y"])
     for slot, digest in ((0, A), (1, B), (2, A), (3, C)):  # x agrees; y split 1:1, no majority
