@@ -35,7 +35,7 @@ from job_agent.fsdp import Sharded
 from job_agent.handover import receive, serve
 from job_agent.link import CoordinatorLink, exit_now
 from job_agent.loop import CollectiveFailure, Step, step_failure
-from job_agent.rngs import as_stateful, seed_globals
+from job_agent.rngs import GlobalDraws, as_stateful, seed_globals
 from job_agent.settings import AgentSettings
 from job_agent.sever import GroupSockets
 from job_agent.state import TrackedState, shard_file
@@ -87,6 +87,7 @@ class RankAgent:
         self._sharded: Sharded | None = None
         self._at = -1  # the last step this rank said it reached the collective in
         self._verify_at = -1  # the step whose entry reports this rank's state digest (after a recovery)
+        self._draws: GlobalDraws | None = None
         placeholder_group(self.slot, self.world_size)  # `DDP(model)` before the job's group forms
 
     @property
@@ -130,6 +131,7 @@ class RankAgent:
                 self._tracked.warm()
             restore = shard_file(self.settings.restore, self.slot * sharded)
             self.completed_step = self._tracked.load_checkpoint(restore)
+        self._draws = GlobalDraws()  # a draw from here to the first step is data drawn outside a step
 
     def all_reduce_gradients(self) -> None:
         """Average gradients over the data-parallel group, in a fixed order (bitwise reproducible)."""
@@ -194,6 +196,7 @@ class RankAgent:
     def _begin(self, steps: int) -> None:
         if self._tracked is None:
             raise RuntimeError("call agent.track(model, optimizer) before the training loop")
+        loop.refuse_draws(self._draws, self._send)
         self._steps = steps
         self._send(wire.Ready(completed=self.completed_step, steps=steps, layout=self._tracked.layout()))
         self._obey_until_regrouped()

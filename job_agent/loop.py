@@ -28,6 +28,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from job_agent import wire
+from job_agent.rngs import GlobalDraws
 from job_agent.settings import AgentSettings
 from job_agent.tensors import step_seed
 
@@ -59,6 +60,22 @@ def step_failure(step: int, e: BaseException, send: Callable[[wire.Frame], None]
     # The script's own bug: the user must see their traceback, and no migration starts.
     send(wire.UserError(step=step, traceback="".join(traceback.format_exception(e))[-4000:]))
     return None
+
+
+def refuse_draws(draws: GlobalDraws | None, send: Callable[[wire.Frame], None]) -> None:
+    """As training begins: a draw from a global stream after `track()` (data fetched ahead of the loop, as
+    nanoGPT fetches its first batch) is one a spare taking a rank over would not draw the same, nor the
+    batch the script fetches within a step for the next. Refused, naming the fix."""
+    drawn = draws.drawn() if draws is not None else []
+    if drawn:
+        e = ValueError(
+            f"the script drew from {' and '.join(drawn)}'s global random stream after agent.track() and"
+            " before its first step: data drawn outside a step, or fetched in a step for the next, is not"
+            " what a spare taking a rank over would draw. Draw each step's data inside that step (or pass"
+            " data= to agent.steps), and build what needs randomness before agent.track()"
+        )
+        step_failure(-1, e, send)
+        raise e
 
 
 class StepApplied(RuntimeError):

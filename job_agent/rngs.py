@@ -29,6 +29,36 @@ def seed_globals(seed: int) -> None:
         numpy.random.seed(seed % 2**32)
 
 
+class GlobalDraws:
+    """Where the global streams stood at a moment, to tell whether the script has drawn from them since."""
+
+    def __init__(self) -> None:
+        self._at = _positions()
+
+    def drawn(self) -> list[str]:
+        """The global streams drawn from since (or seeded anew)."""
+        now = _positions()
+        return [name for name, state in now.items() if name in self._at and not _same(state, self._at[name])]
+
+
+def _positions() -> dict[str, Any]:
+    out: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        out["numpy"] = numpy.random.get_state()
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, tuple) and isinstance(b, tuple):  # numpy's: (name, key array, position, ...)
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if hasattr(a, "shape") and hasattr(a, "tolist"):  # a numpy array
+        return bool(a.shape == b.shape and (a == b).all())
+    return bool(a == b)
+
+
 def as_stateful(name: str, obj: Any) -> Stateful:
     """`obj` as tracked state: as it is when it has `state_dict`/`load_state_dict`, else wrapped when it
     is a random stream. Anything else is refused with the fix, before training starts."""

@@ -32,6 +32,20 @@ async def test_ranks_seeded_alike_start_as_replicas(client: Client, tmp_path: Pa
     assert result.ok and result.final_digest, result.error
 
 
+async def test_a_batch_fetched_ahead_of_its_step_is_refused_before_training(
+    client: Client, tmp_path: Path
+) -> None:
+    """nanoGPT's shape: the first batch drawn before the loop, each next one in the step before its own. A
+    spare taking a rank over at step k would use the batch it drew before its loop, not the one the lost
+    rank drew in step k - 1: the run would end with other bits, every replica alike (no check sees it).
+    The draw between track() and the first step gives it away: refused, naming the fix."""
+    job = spec(tmp_path / "d", "prefetch", spares=0, script=UNSEEDED, args=("--seeded", "--prefetch"))
+    result = await run_with(client, job, timeout=90)
+    assert result.status is JobState.USER_ERROR and result.error, result.error
+    assert "drew from torch's global random stream after agent.track()" in result.error, result.error
+    assert "Draw each step's data inside that step" in result.error and not result.incidents
+
+
 async def test_a_tracked_random_stream_seeded_per_rank_is_refused(client: Client, tmp_path: Path) -> None:
     args = ("--seeded", "--stream-per-rank")
     job = spec(tmp_path / "c", "stream-per-rank", spares=0, script=UNSEEDED, args=args)
