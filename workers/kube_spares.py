@@ -13,7 +13,8 @@ is idle no more and the next pass takes another free node, if there is one.
 
 Bounded like the Slurm keeper (`workers.spare_nodes.Budget`). Needs `create` on pods and `list` on
 podtemplates in the namespace (deploy/kubernetes/rbac.yaml); it deletes nothing: a spare-node Pod's agent
-exits with its job (restartPolicy Never).
+exits with its job (restartPolicy Never), and the Pod is owned by the job's PodTemplate, so Kubernetes'
+garbage collector deletes it with the job's objects.
 """
 
 from __future__ import annotations
@@ -110,7 +111,14 @@ class KubeSpares:
         source: Any = templates[0]
         template: Any = copy.deepcopy(source.template)
         labels = {**(template.metadata.labels or {}), label: w.job_id, APP_LABEL: SPARE_APP}
-        meta = client.V1ObjectMeta(generate_name=f"{source.metadata.name}-", labels=labels)
+        # Owned by the job's template: deleting the job's objects (`kubectl delete -k`) has Kubernetes'
+        # garbage collector delete its spare-node Pods, ended or not, with no delete right here.
+        owner = client.V1OwnerReference(
+            api_version="v1", kind="PodTemplate", name=source.metadata.name, uid=source.metadata.uid
+        )
+        meta = client.V1ObjectMeta(
+            generate_name=f"{source.metadata.name}-", labels=labels, owner_references=[owner]
+        )
         template.spec.node_name = node  # the node reserved: the scheduler is not asked
         try:
             pod: Any = self.api.create_namespaced_pod(ns, client.V1Pod(metadata=meta, spec=template.spec))

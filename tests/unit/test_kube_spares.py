@@ -90,6 +90,10 @@ def test_the_free_labelled_ready_node_is_reserved_by_creating_the_agent_there(
     assert pod["spec"]["nodeName"] == "s4" and name.startswith("job-a-spare-")
     assert pod["metadata"]["labels"] == {"torchpass.io/job": "job-a", APP_LABEL: SPARE_APP}
     assert pod["spec"]["restartPolicy"] == "Never"
+    template = server.get("podtemplates", "job-a-spare", NS)
+    (owner,) = pod["metadata"]["ownerReferences"]  # deleted with the job's objects, by the collector
+    assert owner == {"apiVersion": "v1", "kind": "PodTemplate", "name": "job-a-spare",
+                     "uid": template["metadata"]["uid"]}  # fmt: skip
 
 
 def test_nothing_is_created_while_one_waits_or_a_spare_node_is_idle(
