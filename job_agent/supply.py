@@ -173,6 +173,7 @@ class Supplier:
             lost_during=tuple(sorted(inc.lost - inc.confirmed)),
             donor_digests={d: x.digest for d, x in served},
             donor_shards={d: self.job.roster.shards.get(d, "") for d, _ in served},
+            receiver_shards={s: self.job.roster.shards[s] for s in got if s in self.job.roster.shards},
         )
 
     async def _assign_spares(self, inc: Incident) -> dict[int, Member]:

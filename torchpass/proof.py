@@ -61,6 +61,11 @@ def transfer_problems(proof: TransferProof, target_step: int) -> list[str]:
             )
     for r in proof.receivers:
         problems += stripe_problems(proof, r)
+    for slot, want in sorted(proof.receiver_shards.items()):
+        donor = proof.donor_of.get(slot, proof.donor_slot)
+        got = proof.donor_shards.get(donor)
+        if got and want and got != want:
+            problems.append(f"rank {slot} holds shard {want!r}, its donor rank {donor} served shard {got!r}")
     return problems
 
 

@@ -145,6 +145,10 @@ class TransferProof(Model):
         description="donor slot -> the shard it served (a sharded job's lost ranks of several shards each"
         " take their own shard's state); empty: one state for all",
     )
+    receiver_shards: dict[int, str] = Field(
+        default_factory=dict,
+        description="receiver slot -> the shard its slot holds, as its rank reported before the failure",
+    )
 
 
 class TransferResult(Model):

@@ -54,3 +54,15 @@ def test_two_donors_of_one_shard_that_differ_fail() -> None:
     assert problems == [
         f"donor rank 4 holds state hashing to {Z[:16]}, the donor's is {X[:16]}: the replicas differ"
     ]
+
+
+def test_a_receiver_served_another_shard_than_its_slot_holds_fails() -> None:
+    """Each receiver holds exactly what its donor sent, but rank 0's slot holds shard "a" and its donor
+    served shard "b": the bytes agree with themselves, not with the job's layout."""
+    proof = _proof({0: X, 1: Y}, {2: X, 3: Y}, {2: "b", 3: "b"}).model_copy(
+        update={"receiver_shards": {0: "a", 1: "b"}}
+    )
+    problems = transfer_problems(proof, 9)
+    assert any("rank 0 holds shard 'a', its donor rank 2 served shard 'b'" in p for p in problems), problems
+    right = proof.model_copy(update={"donor_shards": {2: "a", 3: "b"}})
+    assert transfer_problems(right, 9) == []
