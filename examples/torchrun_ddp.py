@@ -1,6 +1,7 @@
 """An unmodified torchrun script: it never imports torchpass. It forms its group from torchrun's
 environment, wraps its model in DDP, saves a checkpoint every few steps (rank 0's `torch.save`, or every
-rank's part with `torch.distributed.checkpoint`: `--save dcp`) and, when started again, resumes from it,
+rank's part with `torch.distributed.checkpoint`: `--save dcp`, or `dcp.async_save` on a group of its
+own: `--save dcp-async`) and, when started again, resumes from it,
 mid-epoch included (the pattern of the PyTorch DDP and elastic tutorials).
 
 The same file runs under torchrun and under torchpass without the agent:
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,9 +41,10 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument(
         "--save",
-        choices=["path", "file", "dcp"],
+        choices=["path", "file", "dcp", "dcp-async"],
         default="path",
-        help="torch.save to the path, torch.save to a file opened on it, or torch.distributed.checkpoint",
+        help="torch.save to the path, torch.save to a file opened on it, or torch.distributed.checkpoint"
+        " (dcp-async: its async_save, the next save waiting for the last)",
     )
     p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
     args = p.parse_args()
@@ -68,6 +71,7 @@ def main() -> None:
     sampler = DistributedSampler(data, seed=3, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler, drop_last=True)
 
+    saver = Saver(args.save, args.ckpt)
     step = start
     while step < args.steps:
         epoch, skip = divmod(step, len(loader))
@@ -80,31 +84,51 @@ def main() -> None:
             F.mse_loss(model(xb.to(device)), yb.to(device)).backward()
             opt.step()
             if (step + 1) % args.ckpt_every == 0:
-                save(args.save, args.ckpt, model, opt, step)
+                saver.save(model, opt, step)
             _log(args.step_log, rank, step, "end")
             step += 1
             if step >= args.steps:
                 break
+    saver.wait()
     dist.destroy_process_group()
 
 
-def save(how: str, path: str, model: DDP, opt: torch.optim.Optimizer, step: int) -> None:
-    """The checkpoint: rank 0's `torch.save` (to the path or a file), or every rank's part (DCP)."""
-    if how == "dcp":
-        model_state, opt_state = get_state_dict(model, opt)
-        dcp.save({"model": model_state, "opt": opt_state, "step": torch.tensor(step)}, checkpoint_id=path)
-    elif dist.get_rank() == 0:
-        state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}
-        if how == "file":
-            with open(path, "wb") as f:
-                torch.save(state, f)
-        else:
-            torch.save(state, path)
+class Saver:
+    """The checkpoint: rank 0's `torch.save` (to the path or a file), or every rank's part (DCP), saved
+    in the background with `dcp-async` (on a gloo group of its own, as torch's docs advise, so that it
+    never interleaves with the training's collectives; a save waits for the one before)."""
+
+    def __init__(self, how: str, path: str) -> None:
+        self.how, self.path = how, path
+        self.group = dist.new_group(backend="gloo") if how == "dcp-async" else None
+        self.pending: Any = None
+
+    def save(self, model: DDP, opt: torch.optim.Optimizer, step: int) -> None:
+        if self.how.startswith("dcp"):
+            model_state, opt_state = get_state_dict(model, opt)
+            state = {"model": model_state, "opt": opt_state, "step": torch.tensor(step)}
+            if self.how == "dcp":
+                dcp.save(state, checkpoint_id=self.path)
+                return
+            self.wait()
+            self.pending = dcp.async_save(state, checkpoint_id=self.path, process_group=self.group)
+        elif dist.get_rank() == 0:
+            state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}
+            if self.how == "file":
+                with open(self.path, "wb") as f:
+                    torch.save(state, f)
+            else:
+                torch.save(state, self.path)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
 
 
 def load(how: str, path: str, model: DDP, opt: torch.optim.Optimizer, device: torch.device) -> int:
     """Load the checkpoint into the model and optimizer; its step."""
-    if how == "dcp":
+    if how.startswith("dcp"):
         model_state, opt_state = get_state_dict(model, opt)
         state = {"model": model_state, "opt": opt_state, "step": torch.tensor(0)}
         dcp.load(state, checkpoint_id=path)

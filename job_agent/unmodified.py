@@ -86,16 +86,29 @@ class StepCounter:
 
     def watch_dcp(self, dcp: Any) -> None:
         """`torch.distributed.checkpoint.save` (every rank saves its part), reported by rank 0 with the
-        checkpoint's directory."""
-        save = dcp.save
+        checkpoint's directory; `async_save` once its upload completed, with the step it was asked at."""
+        save, async_save = dcp.save, getattr(dcp, "async_save", None)
 
         def saved(*args: Any, **kwargs: Any) -> Any:
             out = save(*args, **kwargs)
-            writer = kwargs.get("storage_writer")
-            self._saved(kwargs.get("checkpoint_id") or getattr(writer, "path", None))
+            self._saved(_dcp_dir(kwargs))
+            return out
+
+        def saved_later(*args: Any, **kwargs: Any) -> Any:
+            step, where = self.completed, _dcp_dir(kwargs)
+            out = async_save(*args, **kwargs)  # type: ignore[misc]
+            done = getattr(out, "upload_completion", out)  # an AsyncSaveResponse, or the upload's future
+
+            def uploaded(f: Any) -> None:
+                if f.exception() is None:  # a failed save is no checkpoint
+                    self._saved(where, step)
+
+            done.add_done_callback(uploaded)
             return out
 
         dcp.save = saved
+        if async_save is not None:
+            dcp.async_save = saved_later
 
     def watch_dcp_state_dict(self, module: Any) -> None:
         """`get_state_dict` steps a fresh optimizer once at lr 0 to make its state: not a training step."""
@@ -110,10 +123,15 @@ class StepCounter:
 
         module._init_optim_state = laying_out
 
-    def _saved(self, where: object) -> None:
-        if self._rank == 0 and self.completed >= 0 and isinstance(where, str | os.PathLike):
+    def _saved(self, where: object, step: int | None = None) -> None:
+        step = self.completed if step is None else step
+        if self._rank == 0 and step >= 0 and isinstance(where, str | os.PathLike):
             path = str(Path(where).resolve())[:4000]
-            self._link.send(wire.CheckpointSaved(step=self.completed, path=path))
+            self._link.send(wire.CheckpointSaved(step=step, path=path))
+
+
+def _dcp_dir(kwargs: dict[str, Any]) -> object:
+    return kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", None)
 
 
 class _OnImport(importlib.abc.MetaPathFinder):

@@ -20,13 +20,14 @@ pytestmark = pytest.mark.integration
 SCRIPT = ROOT / "examples" / "torchrun_ddp.py"
 
 
-@pytest.mark.parametrize("save", ["path", "file", "dcp"])
+@pytest.mark.parametrize("save", ["path", "file", "dcp", "dcp-async"])
 async def test_a_kill_restarts_the_whole_job_from_the_scripts_checkpoint_and_is_recorded(
     client: Client, tmp_path: Path, save: str
 ) -> None:
     """The script's checkpoint saved by rank 0 with `torch.save` to a path or to a file it opened, or by
-    every rank with `torch.distributed.checkpoint.save` (seen once the script imports it): each is found,
-    and the restart's recomputed steps measured from it."""
+    every rank with `torch.distributed.checkpoint.save` (seen once the script imports it) or its
+    `async_save` (counted once its upload completed): each is found, and the restart's recomputed steps
+    measured from it."""
     ckpt = str(tmp_path / "ckpt.pt")
     args = ("--steps", "40", "--width", "64", "--ckpt", ckpt, "--ckpt-every", "5", "--save", save)
     # The default hang timeout (10 s), not the tests' 1.5 s: on a loaded 2-core machine a rank saving the
