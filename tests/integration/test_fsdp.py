@@ -87,12 +87,16 @@ async def test_both_replicas_of_a_shard_lost_is_disqualified_and_restarts_from_t
     assert result.final_digest == hsdp_reference.final_digest
 
 
-async def test_plain_fsdp_has_no_replica_so_a_kill_restarts_from_the_checkpoint(
-    client: Client, tmp_path: Path
+@pytest.mark.parametrize("action", ["kill", "hang"])
+async def test_plain_fsdp_has_no_replica_so_a_kill_or_a_hang_restarts_from_the_checkpoint(
+    client: Client, tmp_path: Path, action: str
 ) -> None:
+    """FSDP2 on 4 ranks, each shard held once: a rank killed, or hung (fenced, then killed), leaves its
+    shard with no replica. Disqualified as the brief's row says, restarted from the sharded checkpoint,
+    and bitwise equal to the run never interrupted."""
     reference = await _reference(client, tmp_path / "ref", "fsdp-reference", FSDP)
-    job = spec(tmp_path / "run", "fsdp-kill", script=FSDP_SCRIPT, args=FSDP)
-    result = await run_with(client, job, [("kill", 2, 25)])
+    job = spec(tmp_path / "run", f"fsdp-{action}", script=FSDP_SCRIPT, args=FSDP)
+    result = await run_with(client, job, [(action, 2, 25)])
     assert result.ok, result.error
     (o,) = result.incidents
     assert o.disposition is Disposition.FALLBACK_RESTART and not o.classification.qualifying, o
