@@ -90,13 +90,35 @@ class ForkServer:
     @classmethod
     def shared(cls, prefix: Sequence[str], env: Mapping[str, str]) -> ForkServer:
         """This process's server for `prefix` and `env` (started now if there is none or it stopped): a
-        second job run by the same process (the tests run hundreds) forks from the same warm server."""
+        second job run by the same process (the tests run hundreds) forks from the same warm server. The
+        servers of other environments with nothing running are stopped: each holds its own torch (about
+        370 MB), and a process whose environment keeps changing (pytest names the test in it) once kept
+        one per test until it ran out of memory."""
         key = (tuple(prefix), frozenset(env.items()))
         with cls._shared_lock:
+            for other_key, other in list(cls._shared.items()):
+                if other_key != key and other.stop_if_idle():
+                    del cls._shared[other_key]
             server = cls._shared.get(key)
             if server is None or server._gone:
                 server = cls._shared[key] = cls(prefix, env)
             return server
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
+    def stop_if_idle(self) -> bool:
+        """Stop the server if no process it forked runs and none is being started; whether it is stopped."""
+        with self._lock:
+            if self._procs or self._started:
+                return False
+            self._gone = True  # `start` refuses from now on
+            stdin = self._proc.stdin
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()  # its end of input: it exits, having no child to wait for
+        return True
 
     def __init__(self, prefix: Sequence[str], env: Mapping[str, str]) -> None:
         r, w = os.pipe()

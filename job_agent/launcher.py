@@ -178,11 +178,13 @@ class LocalLauncher(Launcher):
                 raise RuntimeError(f"not starting {agent_id}: the job is shutting down")
             device = int(env["LOCAL_RANK"]) if "LOCAL_RANK" in env else self.free_devices(1)[0]
             full_env = {**self._base_env, **env, "LOCAL_RANK": str(device)}
+            main = threading.current_thread() is threading.main_thread()
+            if self._server is not None and self._server.gone and main:  # stopped idle, or died
+                self._server = ForkServer.shared(self._reaper, self._base_env)
             if self._server is not None:
                 self._procs[agent_id] = self._server.start(agent_id, self._argv, full_env)
             else:
                 # The death signal follows the starting thread: from any other, a rank would die with it.
-                main = threading.current_thread() is threading.main_thread()
                 cmd = [sys.executable, "-u", *self._argv]
                 self._procs[agent_id] = subprocess.Popen([*self._reaper, *cmd] if main else cmd, env=full_env)
             self._devices[agent_id] = device

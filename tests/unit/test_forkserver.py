@@ -95,3 +95,27 @@ def test_forked_processes_do_not_share_a_random_stream(server: ForkServer, tmp_p
         assert server.start(f"rank{i}-1", [str(script)], {}).wait(60) == 0
         draws.append(out.read_text().split())
     assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
+
+
+def test_a_server_of_another_environment_is_stopped_once_idle(tmp_path: Path) -> None:
+    """A process whose environment changes from job to job (pytest names the running test in it) once
+    kept a warm server, its own torch included, for each: the one of another environment is stopped when
+    nothing it forked runs, and kept while something does."""
+    base = {"PATH": os.environ.get("PATH", "")}
+    script = tmp_path / "wait.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    first = ForkServer.shared((), {**base, "JOB": "1"})
+    busy = first.start("rank0-1", [str(script)], {})
+    second = ForkServer.shared((), {**base, "JOB": "2"})
+    assert not first.gone and second is not first  # its process still runs: kept
+    busy.kill()
+    assert busy.wait(30) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while first._procs and time.monotonic() < deadline:  # the server says it ended
+        time.sleep(0.01)
+    third = ForkServer.shared((), {**base, "JOB": "3"})
+    assert first.gone and second.gone and not third.gone
+    assert first._proc.wait(30) == 0 and second._proc.wait(30) == 0  # they exited, having nothing to wait for
+    with pytest.raises(RuntimeError, match="stopped"):
+        first.start("rank0-2", [str(script)], {})
+    assert ForkServer.shared((), {**base, "JOB": "1"}) is not first  # asked again: a fresh one
