@@ -21,6 +21,7 @@ After a job acted on a node's failure, the node is left cordoned with the reason
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -177,9 +178,10 @@ class KubeDetector:
             return self.api.list_node, self._node
         ns, label = self.settings.namespace, self.settings.job_label
 
-        def pods(**kw: Any) -> Any:
-            return self.api.list_namespaced_pod(ns, label_selector=label, **kw)
-
+        # A partial, not a closure: the watch reads the type of what it streams from the lister's signature
+        # (V1PodList). A closure's says nothing, so every watched Pod came as a plain dict, and the first
+        # one killed the Pods' thread.
+        pods = functools.partial(self.api.list_namespaced_pod, ns, label_selector=label)
         return pods, self._pod
 
     def _list(self, lister: Callable[..., Any], handle: Callable[[str, Any], None]) -> str:
@@ -198,7 +200,10 @@ class KubeDetector:
             try:
                 bound = max(1, min(self.settings.watch_seconds, int(left)))
                 for ev in self._events(w, lister, rv, bound):
-                    handle(ev["type"], ev["object"])
+                    try:
+                        handle(ev["type"], ev["object"])
+                    except Exception as e:  # an object not as expected: said, and the watch goes on
+                        log.error("a watched %s event could not be read: %r", ev["type"], e)
                 rv = w.resource_version or rv
             finally:
                 with self._lock:
