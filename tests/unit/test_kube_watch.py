@@ -1,11 +1,14 @@
 """The Kubernetes detector's Pods watch (`workers.kube.KubeDetector`), end to end on the real `kubernetes`
-client against the stub API server (`tests/kube`: no API server can run on these machines): a job's Pod
-deleted after the watch began is heard by the jobs as that job's interruption on the Pod's node. The watch
-once received every Pod as a plain dict (the client reads what it streams from the lister's docstring) and
-its thread died on the first one, so a Pod deleted after the first listing was never heard."""
+client against the stub API server (`tests/kube`: no API server can run on these machines). A job's Pod
+deleted after the watch began, by real `kubectl delete pod` (by the client where kubectl is missing) and
+then another by the client, is heard by the jobs as that job's interruption on the Pod's node. The watch
+once received every Pod as a plain dict (the client reads the type of what it streams from the lister's
+signature) and its thread died on the first one, so a Pod deleted after the first listing went unheard."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -53,7 +56,8 @@ def test_a_jobs_pod_deleted_while_watched_is_heard_and_the_watch_lives_on(
 ) -> None:
     server.add(_pod("train-0", "job-a", "n1"))
     server.add(_pod("train-1", "job-a", "n2"))
-    api = client.CoreV1Api(config.new_client_from_config(config_file=str(server.kubeconfig(tmp_path / "kc"))))
+    kubeconfig = server.kubeconfig(tmp_path / "kc")
+    api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
     jobs = Recorder()
     detector = KubeDetector(api, jobs, KubeSettings(namespace=NS, resync_seconds=30, watch_seconds=5))  # type: ignore[arg-type]
     thread = threading.Thread(target=detector.follow, args=("pods",), daemon=True)
@@ -62,8 +66,17 @@ def test_a_jobs_pod_deleted_while_watched_is_heard_and_the_watch_lives_on(
         deadline = time.monotonic() + 20
         while not any(c.verb == "watch" for c in server.requests) and time.monotonic() < deadline:
             time.sleep(0.02)
+        kubectl = shutil.which("kubectl")
         for name in ("train-0", "train-1"):  # one after the other: the first must not end the watch
-            api.delete_namespaced_pod(name, NS)
+            if name == "train-0" and kubectl:
+                subprocess.run(
+                    [kubectl, "--kubeconfig", str(kubeconfig), "-n", NS, "delete", "pod", name],
+                    check=True,
+                    capture_output=True,
+                    timeout=30,
+                )
+            else:
+                api.delete_namespaced_pod(name, NS)
             while not any(name in s.reason for s in jobs.seen) and time.monotonic() < deadline:
                 time.sleep(0.02)
         assert thread.is_alive()
