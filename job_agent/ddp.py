@@ -144,15 +144,17 @@ class Wrappers:
         done again (after the update, it would be applied twice). The forward changed them: nothing
         after it in the step does."""
         if not self._given:
-            self.after_step()
+            self._sync_buffers()
             self._given = True
 
     def after_step(self) -> None:
         """Give every rank rank 0's buffers as a step ends (unless given already, before the optimizer
         stepped), as DDP does before each forward: the replicas are then one state at every step
         boundary (a spare taking over rank 0 gets rank 0's buffers)."""
-        if self._given:
-            return
+        if not self._given:
+            self._sync_buffers()
+
+    def _sync_buffers(self) -> None:
         for ddp in self.modules:
             if ddp.will_sync_module_buffers():
                 ddp._sync_buffers()

@@ -119,9 +119,8 @@ class Roster:
         self.pending: dict[str, str] = {}  # agent_id -> node, launched but not yet connected
         self._by_conn: dict[socket.socket, Member] = {}
         self.shards: dict[int, str] = {}  # slot -> shard its rank last reported holding
-        self.suspects: dict[
-            int, str
-        ] = {}  # slot -> the process found holding another state than its replicas
+        # slot -> the process found holding another state than its replicas
+        self.suspects: dict[int, str] = {}
 
     def admit(self, conn: socket.socket, hello: wire.Hello) -> Member | None:
         """The member a hello announces, or None when no such process was launched (or it was fenced)."""

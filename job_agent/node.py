@@ -106,7 +106,7 @@ class NodeAgent:
         self._launcher = LocalLauncher(str(settings.script), settings.args)
         # NVML indices of the GPUs that failed, or warned (hot, ECC rising, remaps pending): not given to a
         # new process while another is free (one warned with no process on it said nothing to anyone).
-        self._failed_gpus: set[int] = set()
+        self._avoided_gpus: set[int] = set()
         self._gpu_count = 0
         self._collective_interface = collective_interface(settings.host, os.environ)
         self._send_lock = threading.Lock()
@@ -219,9 +219,9 @@ class NodeAgent:
     def _spawn(self, agent_id: str, env: dict[str, str]) -> None:
         if agent_id in self._started:
             return  # said twice: the process is already there
-        free = self._launcher.free_devices(len(self._failed_gpus) + 1)
+        free = self._launcher.free_devices(len(self._avoided_gpus) + 1)
         # A GPU that failed or warned is not given while another is free (a spare would be lost with it).
-        healthy = [i for i in free if nvml_index(i, self._gpu_count, os.environ) not in self._failed_gpus]
+        healthy = [i for i in free if nvml_index(i, self._gpu_count, os.environ) not in self._avoided_gpus]
         device = (healthy or free)[0]
         slot = (
             int(env.get("TORCHPASS_SLOT", "-1"))
@@ -305,7 +305,7 @@ class NodeAgent:
                 )
 
     def _gpu_signal(self, signal: GpuSignal, count: int) -> None:
-        self._failed_gpus.add(signal.gpu)
+        self._avoided_gpus.add(signal.gpu)
         on_it = tuple(
             a for a, d in self._launcher.devices().items() if nvml_index(d, count, os.environ) == signal.gpu
         )
