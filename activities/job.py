@@ -1,7 +1,8 @@
 """Activities on a job's own task queue, served by the Temporal worker inside its coordinator.
 
-Thin: each turns one model into a call on `job_agent.steps.IncidentSteps` and its errors into
-ApplicationErrors that carry the retry decision. The transfer's heartbeats carry the bytes streamed.
+Thin: each turns one model into a call on `job_agent.coordinator.incident.executor.IncidentSteps` and its
+errors into ApplicationErrors that carry the retry decision. The transfer's heartbeats carry the bytes
+streamed.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from job_agent.coordinator import Coordinator
-from job_agent.describe import describe
-from job_agent.incident import IncidentError
-from job_agent.steps import IncidentSteps
-from job_agent.waiting import JobFailed
+from job_agent.coordinator.coordinator import Coordinator
+from job_agent.coordinator.describe import describe
+from job_agent.coordinator.incident.executor import IncidentSteps
+from job_agent.coordinator.incident.tracker import IncidentError
+from job_agent.coordinator.waiting import JobFailed
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity
 from torchpass.outcome import CompleteInput

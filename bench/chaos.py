@@ -31,8 +31,8 @@ from temporalio.client import Client
 
 from bench import write_block
 from job_agent import wire
-from job_agent.jobs import UnknownJob, request, running_jobs
-from job_agent.protocol import ProtocolError
+from job_agent.coordinator.jobs import UnknownJob, request, running_jobs
+from job_agent.wire.protocol import ProtocolError
 from torchpass.contract_models import LedgerRow
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench import write_block
-from job_agent.launcher import Launcher
+from job_agent.launch.launcher import Launcher
 
 SIZES = (64, 256, 1024)
 WINDOW = 5.0  # seconds of steady training over which the CPU is measured
@@ -46,8 +46,9 @@ SIM_THREADS = 8  # each multiplexes its share of the ranks with select(): 1,024 
 
 class _SimRank:
     def __init__(self, env: Mapping[str, str]) -> None:
-        from job_agent import protocol, wire
-        from job_agent.settings import AgentSettings
+        from job_agent import wire
+        from job_agent.rank.settings import AgentSettings
+        from job_agent.wire import protocol
 
         fields = {k[10:].lower(): v for k, v in env.items() if k.startswith("TORCHPASS_")}
         s = self.settings = AgentSettings.model_validate(fields)
@@ -65,7 +66,8 @@ class _SimRank:
         return min(self.beat, self.step) if self.training else self.beat
 
     def tick(self, now: float) -> None:
-        from job_agent import protocol, wire
+        from job_agent import wire
+        from job_agent.wire import protocol
 
         if now >= self.beat:
             protocol.send_frame(self.sock, wire.Heartbeat())
@@ -78,7 +80,8 @@ class _SimRank:
 
     def read(self) -> bool:
         """One frame from the coordinator, answered as a rank would; False once told to exit."""
-        from job_agent import protocol, wire
+        from job_agent import wire
+        from job_agent.wire import protocol
 
         frame = protocol.recv_frame(self.sock)
         if isinstance(frame, wire.Regroup):
@@ -102,7 +105,7 @@ class _SimThread:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        from job_agent import protocol
+        from job_agent.wire import protocol
 
         while True:
             with self.lock:
@@ -206,7 +209,7 @@ class SimLauncher(Launcher):
 
 async def one(n: int, state: Path) -> tuple[float, float, float]:
     """(CPU seconds per second while training, heartbeats per second, seconds from loss to report)."""
-    from job_agent.coordinator import Coordinator
+    from job_agent.coordinator.coordinator import Coordinator
     from job_agent.wire import Role
     from torchpass.job import JobSpec, JobState
     from torchpass.models import FailureReport

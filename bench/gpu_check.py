@@ -2,9 +2,9 @@
 
 1. Striped transfer of GPU-resident state: a model and its Adam state on the GPU, served by two donors
    (`StateServer`, each staging its snapshot to host memory) and received by a fresh replica whose
-   tensors are on the GPU (`stripes.receive_state`: slices into host buffers, copied up at the end).
+   tensors are on the GPU (`job_agent.transfer.receiver`: slices into host buffers, copied up at the end).
    Checked: the digests agree, every tensor is bit-for-bit the donor's and still on the GPU.
-2. The regroup a survivor does on NCCL: a group formed on the job's own store (`job_agent.store`), an
+2. The regroup a survivor does on NCCL: a group formed on the job's own store (`job_agent.rank.store`), an
    all-reduce, the group aborted from another thread (`GroupSockets.abort(nccl=True)`, what the agent does
    when told to abort), destroyed, and the next generation's group formed in the same process under a new
    store prefix, with an all-reduce on it. One GPU gives a world of one: NCCL refuses two ranks on one
@@ -29,11 +29,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from job_agent import stripes, wire
-from job_agent.sever import GroupSockets
-from job_agent.state import TrackedState
-from job_agent.store import STORE_PREFIX, RendezvousStore, StoreServer
-from job_agent.transport import StateServer
+from job_agent import wire
+from job_agent.rank.sever import GroupSockets
+from job_agent.rank.state import TrackedState
+from job_agent.rank.store import STORE_PREFIX, RendezvousStore, StoreServer
+from job_agent.transfer import receiver
+from job_agent.transfer.donor import StateServer
 
 SECRET = os.urandom(32)
 STEP = 11
@@ -66,7 +67,7 @@ def _tensors(s: TrackedState) -> list[torch.Tensor]:
 def striped(device: torch.device, width: int = 2048) -> dict[str, object]:
     """Part 1; `width` 2048 is about 400 MB of model and Adam state."""
     donor = _state(device, 0, trained=True, width=width)
-    receiver = _state(device, 1, trained=False, width=width)
+    spare = _state(device, 1, trained=False, width=width)
     sources, threads, served = [], [], []
     for slot in range(2):
         server = StateServer(SECRET, "127.0.0.1")
@@ -79,15 +80,15 @@ def striped(device: torch.device, width: int = 2048) -> dict[str, object]:
     for t in threads:
         t.start()
     t0 = time.perf_counter()
-    stats = stripes.receive_state(receiver, sources, SECRET, WAIT)
+    stats = receiver.receive_state(spare, sources, SECRET, WAIT)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     for t in threads:
         t.join(30)
-    mine, theirs = _tensors(receiver), _tensors(donor)
+    mine, theirs = _tensors(spare), _tensors(donor)
     checks = {
-        "digests agree": stats.digest == donor.snapshot(STEP).digest() == receiver.snapshot(STEP).digest(),
+        "digests agree": stats.digest == donor.snapshot(STEP).digest() == spare.snapshot(STEP).digest(),
         "both donors served the same digest": served == [stats.digest] * 2,
         "two slices, one per donor": sorted(s.donor for s in stats.stripes) == [0, 1],
         "every tensor bit-for-bit the donor's": len(mine) == len(theirs)

@@ -22,7 +22,7 @@ from temporalio.client import Client
 
 from bench import write_block
 from job_agent import wire
-from job_agent.jobs import request
+from job_agent.coordinator.jobs import request
 from torchpass.dev.hosts import fabric
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec

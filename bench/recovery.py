@@ -57,7 +57,7 @@ def _spec(state: Path, job_id: str, spares: int, times: Path) -> JobSpec:
 async def run_with_kills(client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]) -> JobResult:
     """Run `spec` to its end, each (rank, step) of `kills` armed as a SIGKILL once its coordinator is up."""
     from job_agent import wire
-    from job_agent.jobs import request, running_jobs
+    from job_agent.coordinator.jobs import request, running_jobs
 
     task = asyncio.create_task(run_job(spec, client))
     while kills and not any(j["job_id"] == spec.job_id for j in running_jobs(spec.state_dir)):

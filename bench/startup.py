@@ -1,4 +1,4 @@
-"""Start-up: ranks forked from the fork server (`job_agent.forkserver`) against ranks started cold.
+"""Start-up: ranks forked from the fork server (`job_agent.launch.forkserver`) against ranks started cold.
 
 In one invocation on the embedded dev server, interleaved (cold, forked, cold, forked...) so that a
 shared machine's drift hits both alike:

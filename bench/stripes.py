@@ -4,7 +4,7 @@ Four hosts, each a network namespace of its own on one bridge: three donors and 
 host's egress is limited with `tc` (a token bucket, `RATE`), as a node's NIC shared with training traffic
 is; the receiver's is not. Each donor is a real process holding the same ~50 MB of model + Adam state
 (4 x Linear(1024, 1024), seeded, a few steps trained) and serves it with the real `StateServer`; the
-receiver, a process on its own host, takes it with the real striped receiver (`job_agent.stripes`) from
+receiver, a process on its own host, takes it with the real striped receiver (`job_agent.transfer.receiver`) from
 k = 1, 2 and 3 donors in turn, `REPEATS` times each, in one invocation. The figure is the receiver's own
 time from connecting to the state installed and verified; each result's digest must equal the donors'.
 Target: k donors >= 0.8 x k times as fast as one. Needs root (namespaces and tc); writes its block of
@@ -26,7 +26,7 @@ from bench import write_block
 from torchpass.dev.hosts import Host, fabric
 
 if TYPE_CHECKING:
-    from job_agent.state import TrackedState
+    from job_agent.rank.state import TrackedState
 
 RATE = "400mbit"
 REPEATS = 3
@@ -37,7 +37,7 @@ _SECRET_ENV = "TORCHPASS_BENCH_SECRET"
 def _state(seed: int) -> TrackedState:
     import torch
 
-    from job_agent.state import TrackedState
+    from job_agent.rank.state import TrackedState
 
     torch.manual_seed(seed)
     layers = [torch.nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH)]
@@ -52,7 +52,7 @@ def _state(seed: int) -> TrackedState:
 
 def donor(host: str) -> None:
     """On a donor host: for each `serve` line on stdin, serve the state once; print the port, then done."""
-    from job_agent.transport import StateServer
+    from job_agent.transfer.donor import StateServer
 
     state = _state(0)
     secret = bytes.fromhex(os.environ[_SECRET_ENV])
@@ -70,7 +70,7 @@ def donor(host: str) -> None:
 def receiver() -> None:
     """On the receiver's host: for each line of donors (JSON), take the state; print seconds and digest."""
     from job_agent import wire
-    from job_agent.stripes import receive_state
+    from job_agent.transfer.receiver import receive_state
 
     secret = bytes.fromhex(os.environ[_SECRET_ENV])
     for line in sys.stdin:

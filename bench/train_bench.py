@@ -46,7 +46,10 @@ def main() -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        from job_agent.tensors import GRAD_BUCKET_BYTES, bucketize  # the agent's own: the same all-reduce
+        from job_agent.rank.tensors import (  # the agent's own: the same all-reduce
+            GRAD_BUCKET_BYTES,
+            bucketize,
+        )
 
         buckets = bucketize(list(model.parameters()), GRAD_BUCKET_BYTES)
         for step in range(args.steps):

@@ -100,8 +100,9 @@ def failure_key(report: FailureReport) -> str:
 
 def at_key(workflow_id: str, key: str) -> bool:
     """Whether an incident workflow's id is its failure's key, or the fresh id the job moved it to when a
-    squatter held that one (the key, ':x' and 16 hex digits: `job_agent.incident.IncidentTracker.rekey`).
-    Both count under the key, so the squatted and the moved incident are one failure in the ledger."""
+    squatter held that one (the key, ':x' and 16 hex digits:
+    `job_agent.coordinator.incident.tracker.IncidentTracker.rekey`). Both count under the key, so the squatted
+    and the moved incident are one failure in the ledger."""
     if workflow_id == key:
         return True
     head, sep, tail = workflow_id.rpartition(":x")

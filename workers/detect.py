@@ -1,11 +1,11 @@
 """What the cluster detectors (`workers.kube`, `workers.slurm`) share: telling the jobs what they saw.
 
-A detector reads the scheduler's view of its nodes and turns each change that matters into a `Seen`: a
-node cordoned or drained, NotReady or DOWN, a job's pod on it deleted. Every job registered under the
-state directory hears it as a `wire.NodeEvent` over its authenticated control channel (a pod's deletion
-only the job it belongs to). The job checks the claim against its own view and answers whether it acted
-(`job_agent.cluster`); its coordinator folds what it acts on into the incident of that node, so that
-the signals of one failure make one incident.
+A detector reads the scheduler's view of its nodes and turns each change that matters into a `Seen`: a node
+cordoned or drained, NotReady or DOWN, a job's pod on it deleted. Every job registered under the state
+directory hears it as a `wire.NodeEvent` over its authenticated control channel (a pod's deletion only the job
+it belongs to). The job checks the claim against its own view and answers whether it acted
+(`job_agent.coordinator.detect.cluster`); its coordinator folds what it acts on into the incident of that
+node, so that the signals of one failure make one incident.
 
 Nothing here keeps state between runs: a detector re-reads the whole cluster after a restart or a lost
 watch and says everything again, and each observation's key makes the second hearing a no-op.
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Literal
 
 from job_agent import wire
-from job_agent.frames import ID, TEXT
-from job_agent.jobs import UnknownJob, ask, registered_jobs
+from job_agent.coordinator.jobs import UnknownJob, ask, registered_jobs
+from job_agent.wire.node import ID, TEXT
 from torchpass.models import FailureKind
 
 log = logging.getLogger("torchpass.detect")

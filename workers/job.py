@@ -17,10 +17,10 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import Worker
 
 from activities.job import JobActivities
-from job_agent.coordinator import Coordinator
-from job_agent.incident import Squatted
-from job_agent.local import LocalRecovery
-from job_agent.steps import IncidentSteps
+from job_agent.coordinator.coordinator import Coordinator
+from job_agent.coordinator.incident.executor import IncidentSteps
+from job_agent.coordinator.incident.local import LocalRecovery
+from job_agent.coordinator.incident.tracker import Squatted
 from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport

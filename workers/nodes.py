@@ -108,7 +108,7 @@ class LocalNodes:
     async def _joined(self, n: LocalNode) -> None:
         """Until the coordinator has admitted `n` (its slots are placed in join order)."""
         from job_agent import wire
-        from job_agent.jobs import request
+        from job_agent.coordinator.jobs import request
 
         deadline = time.monotonic() + REGISTER_TIMEOUT.total_seconds()
         while time.monotonic() < deadline:
@@ -127,7 +127,7 @@ class LocalNodes:
     async def lose_at(self, name: str, step: int) -> None:
         """Lose node `name` whole once every rank has passed `step` with no incident in progress."""
         from job_agent import wire
-        from job_agent.jobs import request
+        from job_agent.coordinator.jobs import request
 
         while True:
             s = await asyncio.to_thread(request, self.spec.state_dir, self.spec.job_id, wire.StatusRequest())

@@ -4,7 +4,7 @@ Each section keeps the environment prefix it documents (deploy/README.md): TORCH
 TORCHPASS_TEMPORAL_*, TORCHPASS_OTEL_*, TORCHPASS_BILLING_*, TORCHPASS_VALIDATION_*. `Settings.load` reads
 all of them, applies the command line's overrides, and fails at once with a typed `ValidationError` naming
 the field; nothing deeper in the process reads `os.environ`. (A rank's own settings are
-`job_agent.settings.AgentSettings`, set by its coordinator.)
+`job_agent.rank.settings.AgentSettings`, set by its coordinator.)
 """
 
 from __future__ import annotations

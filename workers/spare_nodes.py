@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from job_agent import wire
-from job_agent.jobs import ask, registered_jobs
+from job_agent.coordinator.jobs import ask, registered_jobs
 from workers.detect import ASK_TIMEOUT, MAX_JOBS
 
 log = logging.getLogger("torchpass.detect")

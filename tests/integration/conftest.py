@@ -17,8 +17,8 @@ import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.frames import RankStatus
-from job_agent.jobs import request, running_jobs
+from job_agent.coordinator.jobs import request, running_jobs
+from job_agent.wire.node import RankStatus
 from tests.unit.job_driver import SHARED_PEERS
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
@@ -136,7 +136,7 @@ def _training_children() -> list[int]:
             continue
         parents[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
     children = {pid for pid, ppid in parents.items() if ppid == os.getpid()}
-    servers = {pid for pid in children if b"job_agent.forkserver" in cmds[pid]}
+    servers = {pid for pid in children if b"job_agent.launch.forkserver" in cmds[pid]}
     forked = {pid for pid, ppid in parents.items() if ppid in servers}
     return sorted({pid for pid in children if b"train_dp.py" in cmds[pid]} | forked)
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import train_dp
 
 from job_agent import RankAgent
-from job_agent.state import Stateful
+from job_agent.rank.state import Stateful
 
 
 def _once(variable: str) -> bool:

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from job_agent import protocol, wire
-from job_agent.jobs import UnknownJob, request, running_jobs
+from job_agent import wire
+from job_agent.coordinator.jobs import UnknownJob, request, running_jobs
+from job_agent.wire import protocol
 from tests.integration.conftest import SCRIPT, spec
 from torchpass.job import JobSpec, JobState
 from workers.job import run_job

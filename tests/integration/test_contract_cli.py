@@ -17,7 +17,7 @@ import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import request, wait_until_ready
+from job_agent.coordinator.jobs import request, wait_until_ready
 from tests.integration.conftest import run_with, spec, start_job
 from torchpass.cli import main
 from torchpass.models import ContractRef

@@ -23,7 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from job_agent import wire
-from job_agent.jobs import request
+from job_agent.coordinator.jobs import request
 from tests.integration.conftest import spec, start_job
 from torchpass.ids import SA_JOB_ID, JobActivity
 from torchpass.job import JobResult

@@ -22,8 +22,8 @@ import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import UnknownJob, request
-from job_agent.resume import latest_checkpoint
+from job_agent.coordinator.jobs import UnknownJob, request
+from job_agent.coordinator.resume import latest_checkpoint
 from tests.integration.conftest import SCRIPT, kill, run_with, spec
 from tests.integration.test_multinode import coordinator_of, log_of, node_argv, status
 from tests.integration.test_resume import _cli

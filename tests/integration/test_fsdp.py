@@ -13,7 +13,7 @@ import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import request, wait_until_ready
+from job_agent.coordinator.jobs import request, wait_until_ready
 from tests.integration.conftest import ROOT, run_with, spec, start_job
 from tests.integration.test_live_migration import assert_migrated_live
 from torchpass.job import JobResult, JobState

@@ -22,7 +22,7 @@ import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import request
+from job_agent.coordinator.jobs import request
 from tests.integration.conftest import LONG_ARGS, kill, spec, start_job
 from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     coordinator_of,

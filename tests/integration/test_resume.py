@@ -20,8 +20,8 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from job_agent.jobs import registered_jobs, wait_until_ready
-from job_agent.resume import PROGRESS, latest_checkpoint
+from job_agent.coordinator.jobs import registered_jobs, wait_until_ready
+from job_agent.coordinator.resume import PROGRESS, latest_checkpoint
 from tests.integration.conftest import SCRIPT, run_with, spec
 from tests.integration.test_stop import _ranks_of
 

@@ -29,7 +29,7 @@ import pytest
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import registered_pid, request
+from job_agent.coordinator.jobs import registered_pid, request
 from tests.integration.conftest import LONG_ARGS, ROOT, SCRIPT
 from tests.slurm.cluster import SlurmCluster, available
 from torchpass.job import JobResult, JobState

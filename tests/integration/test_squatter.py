@@ -16,7 +16,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from bench.chaos import ledger_rows, open_contract
 from job_agent import wire
-from job_agent.jobs import request, wait_until_ready
+from job_agent.coordinator.jobs import request, wait_until_ready
 from tests.integration.conftest import spec, start_job
 from tests.integration.test_live_migration import assert_migrated_live
 from torchpass.ids import CONTROL_TASK_QUEUE, incident_workflow_id

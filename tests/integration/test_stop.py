@@ -17,7 +17,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from job_agent.jobs import running_jobs, wait_until_ready
+from job_agent.coordinator.jobs import running_jobs, wait_until_ready
 from tests.integration.conftest import SCRIPT
 
 

@@ -26,7 +26,7 @@ from temporalio.worker import Worker
 from activities.ledger import LedgerActivities
 from activities.validation import ValidationSettings, validation_activities
 from job_agent import wire
-from job_agent.jobs import UnknownJob, request
+from job_agent.coordinator.jobs import UnknownJob, request
 from tests.integration.conftest import spec
 from torchpass.contract import add_months
 from torchpass.contract_models import ContractPurpose, ContractTerms

@@ -1,11 +1,11 @@
 """In-process fake ranks: a `Launcher` whose processes are threads (no torch, no subprocess).
 
 A fake reads the TORCHPASS_* variables a real rank reads (the real `AgentSettings`), connects with the real
-protocol and secret and sends what `job_agent.agent.RankAgent` sends, in its order: Hello, Ready (the same
-shard for every rank: data parallel), heartbeats; after each Regroup, Joined, then per step Step(k),
-Collective(k) and a lockstep "all-reduce" with the other fakes of that generation, which a peer killed or
-gone breaks: the survivors report Frozen(completed), as real ranks leaving a failed collective do. Its
-state is a function of the step it completed (`digest_of`): donor and receivers agree unless a fault says.
+protocol and secret and sends what `job_agent.rank.agent.RankAgent` sends, in its order: Hello, Ready (the
+same shard for every rank: data parallel), heartbeats; after each Regroup, Joined, then per step Step(k),
+Collective(k) and a lockstep "all-reduce" with the other fakes of that generation, which a peer killed or gone
+breaks: the survivors report Frozen(completed), as real ranks leaving a failed collective do. Its state is a
+function of the step it completed (`digest_of`): donor and receivers agree unless a fault says.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from job_agent import protocol, wire
-from job_agent.launcher import Launcher
-from job_agent.link import EXIT_COORDINATOR_LOST
-from job_agent.settings import AgentSettings
+from job_agent import wire
+from job_agent.launch.launcher import Launcher
+from job_agent.rank.link import EXIT_COORDINATOR_LOST
+from job_agent.rank.settings import AgentSettings
+from job_agent.wire import protocol
 
 SHARD = wire.ShardLayout(shard="fake-data-parallel-replica")
 STATE_BYTES = 1 << 20

@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
-from job_agent.coordinator import Coordinator
-from job_agent.incident import IncidentError
-from job_agent.local import LocalRecovery
-from job_agent.steps import IncidentSteps
+from job_agent.coordinator.coordinator import Coordinator
+from job_agent.coordinator.incident.executor import IncidentSteps
+from job_agent.coordinator.incident.local import LocalRecovery
+from job_agent.coordinator.incident.tracker import IncidentError
 from tests.unit.fake_ranks import FakeLauncher
 from torchpass import steps as st
 from torchpass.classify import classify, classify_input

@@ -9,8 +9,9 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from job_agent import protocol, wire
-from job_agent.channel import ControlServer
+from job_agent import wire
+from job_agent.coordinator.channel import ControlServer
+from job_agent.wire import protocol
 
 SECRET = b"s" * 32
 PEERS, FRAMES = 8, 300

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from job_agent.node import EXIT_REFUSED
+from job_agent.node.agent import EXIT_REFUSED
 from torchpass.cli import main
 
 SCRIPT = str(Path(__file__).resolve().parents[2] / "examples" / "train_dp.py")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from job_agent import wire
-from job_agent.jobs import request
+from job_agent.coordinator.jobs import request
 from tests.unit.job_driver import Counts, Job, Migration, until
 from torchpass.models import Disposition, EventSource, FailureKind
 from workers.detect import Jobs, Seen

@@ -4,8 +4,8 @@ used to finish "ok" with no digest; shards of a sharded model are compared withi
 from __future__ import annotations
 
 from job_agent import wire
-from job_agent.ending import diverged, final_digest
-from job_agent.members import Member
+from job_agent.coordinator.ending import diverged, final_digest
+from job_agent.coordinator.members import Member
 
 
 def _rank(slot: int, digest: str, shard: str = "s") -> Member:

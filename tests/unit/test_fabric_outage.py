@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from job_agent import detection
-from job_agent.detection import FABRIC_WINDOW, Detector
+from job_agent.coordinator.detect import detection
+from job_agent.coordinator.detect.detection import FABRIC_WINDOW, Detector
 from torchpass.classify import classify
 from torchpass.models import Category, ClassifyInput, FailureKind
 

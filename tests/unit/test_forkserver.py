@@ -1,7 +1,7 @@
-"""The fork server (`job_agent.forkserver`): a real server process, real forks. What a forked process sees
-is what `python -u SCRIPT ARGS` would give it (its argv, its script's directory first on the path, its
-own environment and nothing of the server's, stdin empty), its exit code is the interpreter's, and a
-signal that ends it is reported as `Popen` reports one."""
+"""The fork server (`job_agent.launch.forkserver`): a real server process, real forks. What a forked process
+sees is what `python -u SCRIPT ARGS` would give it (its argv, its script's directory first on the path, its
+own environment and nothing of the server's, stdin empty), its exit code is the interpreter's, and a signal
+that ends it is reported as `Popen` reports one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from job_agent.forkserver import ForkServer
+from job_agent.launch.forkserver import ForkServer
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux-only")
 

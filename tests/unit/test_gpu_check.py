@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench import gpu_check
-from job_agent import stripes
+from job_agent.transfer import receiver
 
 CPU = torch.device("cpu")
 
@@ -24,7 +24,7 @@ def test_the_gpu_check_holds_on_the_cpu() -> None:
 def test_its_transfer_check_fails_when_the_receiver_ends_up_with_other_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = stripes.receive_state
+    real = receiver.receive_state
 
     def receive_then_corrupt(tracked: Any, *args: Any, **kwargs: Any) -> Any:
         stats = real(tracked, *args, **kwargs)
@@ -32,7 +32,7 @@ def test_its_transfer_check_fails_when_the_receiver_ends_up_with_other_bits(
             next(iter(tracked.model.parameters())).view(-1)[0] += 1
         return stats
 
-    monkeypatch.setattr(stripes, "receive_state", receive_then_corrupt)
+    monkeypatch.setattr(receiver, "receive_state", receive_then_corrupt)
     checks = gpu_check.striped(CPU, width=128)["checks"]
     assert checks["every tensor bit-for-bit the donor's"] is False  # type: ignore[index]
     assert checks["digests agree"] is False  # type: ignore[index]

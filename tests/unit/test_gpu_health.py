@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from job_agent.gpu_health import CRITICAL_XIDS, GpuHealth
+from job_agent.node.gpu_health import CRITICAL_XIDS, GpuHealth
 from tests import nvml
 from torchpass.models import FailureKind as K
 
@@ -145,7 +145,7 @@ def test_no_nvml_library_means_no_gpus_and_no_error() -> None:
         "import pynvml\n"
         "def missing(*a, **k): raise OSError('libnvidia-ml.so.1: cannot open shared object file')\n"
         "pynvml.CDLL = missing\n"
-        "from job_agent.gpu_health import GpuHealth; h = GpuHealth(); print(h.gpus, h.reason)"
+        "from job_agent.node.gpu_health import GpuHealth; h = GpuHealth(); print(h.gpus, h.reason)"
     )
     cmd = [sys.executable, "-c", code]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -200,7 +200,7 @@ def test_a_report_of_a_kind_that_is_not_a_gpus_is_refused() -> None:
 def test_a_processs_gpu_is_the_one_its_local_rank_names(
     local_rank: int, visible: str | None, index: int | None
 ) -> None:
-    from job_agent.gpu_health import nvml_index
+    from job_agent.node.gpu_health import nvml_index
 
     environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     assert nvml_index(local_rank, 8, environ) == index

@@ -1,5 +1,6 @@
-"""Which failures a node's host conditions explain (`job_agent.conditions`), on the real incident tracker
-with a reporter that signals nothing (what reaches Temporal is the integration tests' business)."""
+"""Which failures a node's host conditions explain (`job_agent.coordinator.detect.conditions`), on the real
+incident tracker with a reporter that signals nothing (what reaches Temporal is the integration tests'
+business)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from job_agent import conditions, wire
-from job_agent.conditions import HostConditions
-from job_agent.incident import IncidentTracker
-from job_agent.members import Member, Roster
+from job_agent import wire
+from job_agent.coordinator.detect import conditions
+from job_agent.coordinator.detect.conditions import HostConditions
+from job_agent.coordinator.incident.tracker import IncidentTracker
+from job_agent.coordinator.members import Member, Roster
 from torchpass.models import EventSource, Evidence, FailureKind
 
 K = FailureKind

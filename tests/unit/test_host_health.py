@@ -1,4 +1,4 @@
-"""The node agent's reading of its own host (`job_agent.host_health`).
+"""The node agent's reading of its own host (`job_agent.node.host_health`).
 
 Filesystems are real: a tmpfs of 1 MiB mounted for the test (this needs root and CAP_SYS_ADMIN, which the
 project's CI machine has; elsewhere that one test is skipped with the reason), filled and unmounted for
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from job_agent.host_health import HostCondition, HostHealth, memory_cgroup
+from job_agent.node.host_health import HostCondition, HostHealth, memory_cgroup
 from torchpass.models import FailureKind
 
 K = FailureKind

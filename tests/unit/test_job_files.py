@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from job_agent.jobs import JobIdInUse, register_job, unregister_job
-from job_agent.launcher import LocalLauncher, die_with_parent, inherited_env
-from job_agent.state import TrackedState
+from job_agent.coordinator.jobs import JobIdInUse, register_job, unregister_job
+from job_agent.launch.launcher import LocalLauncher, die_with_parent, inherited_env
+from job_agent.rank.state import TrackedState
 
 
 def _mode(path: Path) -> int:
@@ -118,7 +118,7 @@ def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_p
     coordinator = tmp_path / "coordinator.py"
     coordinator.write_text(
         "import sys, time\n"
-        "from job_agent.launcher import LocalLauncher\n"
+        "from job_agent.launch.launcher import LocalLauncher\n"
         f"launcher = LocalLauncher({str(rank)!r}, ())\n"
         "launcher.spawn('rank0-1', {})\n"
         "print(launcher.pid('rank0-1'), flush=True)\n"

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from job_agent import steps, wire
-from job_agent.coordinator import SHUTDOWN_GRACE
-from job_agent.incident import IncidentError
-from job_agent.jobs import request
-from job_agent.members import Member
-from job_agent.spares import MAX_FAILED_STARTS
+from job_agent import wire
+from job_agent.coordinator.coordinator import SHUTDOWN_GRACE
+from job_agent.coordinator.incident import executor
+from job_agent.coordinator.incident.tracker import IncidentError
+from job_agent.coordinator.jobs import request
+from job_agent.coordinator.members import Member
+from job_agent.coordinator.spares import MAX_FAILED_STARTS
 from job_agent.wire import Role
 from tests.unit.fake_ranks import KILLED, digest_of
 from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, until
@@ -350,7 +351,7 @@ async def test_a_claim_is_checked_for_as_long_as_the_jobs_own_hang_detection_tak
     whose hang timeout says so: a forged claim of a healthy rank is still refuted, because the job watches
     for as long as its own hang detection would before it takes the rank for lost. (With the least wait
     alone, the healthy rank was fenced and migrated on the claim.)"""
-    monkeypatch.setattr(steps, "REFUTE_WAIT", timedelta(seconds=0.3))  # shorter than a step
+    monkeypatch.setattr(executor, "REFUTE_WAIT", timedelta(seconds=0.3))  # shorter than a step
     job = Job(tmp_path, allowance, hang_timeout=3.0)
     job.launcher.step_seconds = 1.2
     async with job:

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from job_agent.launcher import LocalLauncher
+from job_agent.launch.launcher import LocalLauncher
 
 
 def _seen(out: Path, agent: str) -> int:

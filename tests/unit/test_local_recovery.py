@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from job_agent import coordinator
+from job_agent.coordinator import coordinator
 from tests.unit.fake_ranks import digest_of
 from tests.unit.job_driver import STEPS, Counts, Job, Migration, until
 from torchpass.ids import incident_workflow_id

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from job_agent import wire
-from job_agent.loop import Batches, CollectiveFailure, Step
+from job_agent.rank.loop import Batches, CollectiveFailure, Step
 
 DATA = TensorDataset(torch.arange(96).float().unsqueeze(1))
 

@@ -1,5 +1,6 @@
-"""The coordinator's side of a multi-node job (`job_agent.nodes.NodeLauncher`) and the node frames, over
-real sockets: which node is admitted, where each process goes, what a node's loss or its word means."""
+"""The coordinator's side of a multi-node job (`job_agent.coordinator.node_launcher.NodeLauncher`) and the
+node frames, over real sockets: which node is admitted, where each process goes, what a node's loss or its
+word means."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from job_agent import protocol, wire
-from job_agent.frames import NodeProcess
-from job_agent.members import Roster
-from job_agent.nodes import NodeLauncher, admit_node
+from job_agent import wire
+from job_agent.coordinator.members import Roster
+from job_agent.coordinator.node_launcher import NodeLauncher, admit_node
+from job_agent.wire import protocol
+from job_agent.wire.node import NodeProcess
 
 
 def hello(node: str, slots: int, spares: int = 0, job: str = "job-1") -> wire.NodeHello:
@@ -149,7 +151,8 @@ def test_a_malformed_node_frame_never_decodes(body: bytes) -> None:
 def test_a_node_rejoins_only_a_coordinator_taking_its_job_back(nodes: Nodes) -> None:
     """A rejoin tells what the node runs and what ended while it had no coordinator. A live coordinator
     that lost the node refuses it (its processes were fenced); a restarted one taking the job back
-    (`job_agent.takeback`) admits it, its running processes may rejoin, the ended ones are losses."""
+    (`job_agent.coordinator.takeback`) admits it, its running processes may rejoin, the ended ones are
+    losses."""
     procs = (
         NodeProcess(agent_id="rank2-3", slot=2),
         NodeProcess(agent_id="rank3-4", slot=3, code=-9),
@@ -176,8 +179,8 @@ def test_a_nodes_gpu_report_counts_only_for_its_own_ranks(nodes: Nodes) -> None:
     node's rank or a process the job never started starts nothing)."""
     from datetime import timedelta
 
-    from job_agent.detection import Detector
-    from job_agent.members import Member
+    from job_agent.coordinator.detect.detection import Detector
+    from job_agent.coordinator.members import Member
     from torchpass.models import EventSource, FailureKind
 
     launcher = nodes.launcher

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from job_agent import wire
-from job_agent.jobs import request
+from job_agent.coordinator.jobs import request
 from tests.unit.fake_ranks import KILLED
 from tests.unit.job_driver import Counts, Job, Migration, until
 from torchpass.errors import ErrorType

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from job_agent import protocol, wire
+from job_agent import wire
+from job_agent.wire import protocol
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:

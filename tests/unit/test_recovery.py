@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from job_agent.recovery import Progress, choose_donor, find_hung, receivers
+from job_agent.coordinator.detect.recovery import Progress, choose_donor, find_hung, receivers
 
 
 def test_a_silent_rank_is_hung() -> None:

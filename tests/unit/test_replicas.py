@@ -4,8 +4,8 @@ shard by the coordinator; the odd one out is silent data corruption, named, and 
 from __future__ import annotations
 
 from job_agent import wire
-from job_agent.members import Member, Roster
-from job_agent.replicas import MAX_OPEN_STEPS, ReplicaChecks
+from job_agent.coordinator.detect.replicas import MAX_OPEN_STEPS, ReplicaChecks
+from job_agent.coordinator.members import Member, Roster
 from torchpass.classify import SDC_REASON, classify, resyncs, unable_to_recover
 from torchpass.decisions import RecoveryAction, plan_recovery
 from torchpass.models import ClassifyInput, Evidence, FailureKind

@@ -1,5 +1,5 @@
-"""Where a job that did not finish resumes (`job_agent.resume`), read from real files in a job directory
-as a lost coordinator, a stopped job and a finished one leave them."""
+"""Where a job that did not finish resumes (`job_agent.coordinator.resume`), read from real files in a job
+directory as a lost coordinator, a stopped job and a finished one leave them."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from job_agent import wire
-from job_agent.jobs import JobIdInUse, register_job, registered_jobs, unregister_job
-from job_agent.members import Member
-from job_agent.progress import StepTracker
-from job_agent.resume import (
+from job_agent.coordinator.jobs import JobIdInUse, register_job, registered_jobs, unregister_job
+from job_agent.coordinator.members import Member
+from job_agent.coordinator.progress import StepTracker
+from job_agent.coordinator.resume import (
     MAX_PENDING_SHARDS,
     PROGRESS,
     Checkpoints,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from job_agent.rngs import as_stateful, seed_globals
-from job_agent.state import TrackedState
+from job_agent.rank.rngs import as_stateful, seed_globals
+from job_agent.rank.state import TrackedState
 
 STREAMS: dict[str, tuple[Callable[[int], Any], Callable[[Any], float]]] = {
     "torch.Generator": (

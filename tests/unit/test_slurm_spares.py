@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from job_agent import wire
-from job_agent.frames import RankStatus
+from job_agent.wire.node import RankStatus
 from workers import slurm_spares, spare_nodes
 from workers.slurm import SlurmError
 from workers.slurm_spares import PREFIX, Queued, SlurmSpares, SpareNodeSettings

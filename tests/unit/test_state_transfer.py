@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from job_agent import wire
-from job_agent.state import TrackedState, shard_file
-from job_agent.stripes import receive_state
-from job_agent.transport import StateServer, TransferError
+from job_agent.rank.state import TrackedState, shard_file
+from job_agent.transfer.donor import StateServer, TransferError
+from job_agent.transfer.receiver import receive_state
 
 SECRET = b"k" * 32
 WAIT = timedelta(seconds=10)
@@ -155,7 +155,7 @@ def test_strays_before_the_receiver_are_skipped_and_the_transfer_goes_on() -> No
     import socket
     import time
 
-    from job_agent.transport import AUTH_TIMEOUT
+    from job_agent.transfer.donor import AUTH_TIMEOUT
 
     donor = _trained(0)
     server, out = _serve(donor, 3, receivers=2)

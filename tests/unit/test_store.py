@@ -1,6 +1,6 @@
-"""The job's rendezvous store (`job_agent.store`): what each generation's process group forms through, served
-only to peers that prove the job's secret. Real sockets and the real protocol; the groups themselves form
-over it in every integration test (real gloo ranks)."""
+"""The job's rendezvous store (`job_agent.rank.store`): what each generation's process group forms through,
+served only to peers that prove the job's secret. Real sockets and the real protocol; the groups themselves
+form over it in every integration test (real gloo ranks)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from job_agent import protocol, store, wire
-from job_agent.store import RendezvousStore, StoreRequest, StoreServer
+from job_agent import wire
+from job_agent.rank import store
+from job_agent.rank.store import RendezvousStore, StoreRequest, StoreServer
+from job_agent.wire import protocol
 
 SECRET = b"s" * 32
 WAIT = timedelta(seconds=5)

@@ -2,7 +2,7 @@
 
 Real tensors, real sockets, the real protocol. The donors that serve are `StateServer`s; the ones that
 misbehave (die mid-slice, stall, have a slice altered on the way) are real sockets speaking the same
-protocol through `job_agent.protocol`, each failing in one way a real donor or link does.
+protocol through `job_agent.wire.protocol`, each failing in one way a real donor or link does.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from job_agent import stripes, wire
-from job_agent.protocol import ProtocolError, authenticate_server, recv_frame, send_frame
-from job_agent.state import TrackedState, state_hash
-from job_agent.transport import StateServer, TransferError
+from job_agent import wire
+from job_agent.rank.state import TrackedState, state_hash
+from job_agent.transfer import receiver
+from job_agent.transfer.donor import StateServer, TransferError
+from job_agent.wire.protocol import ProtocolError, authenticate_server, recv_frame, send_frame
 from tests.unit.test_state_transfer import SECRET, WAIT, _at, _fresh, _trained
 from torchpass.proof import stripe_problems
 from torchpass.steps import ReceiverProof, TransferProof
@@ -31,7 +32,7 @@ STEP = 7
 @pytest.fixture(autouse=True)
 def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test models are small: slice them anyway, 1 KiB and up."""
-    monkeypatch.setattr(stripes, "MIN_SLICE", 1024)
+    monkeypatch.setattr(receiver, "MIN_SLICE", 1024)
 
 
 class _Servers:
@@ -132,7 +133,7 @@ def test_three_donors_each_send_one_slice_and_the_state_is_theirs_bit_for_bit(se
     donor = _trained(0, width=64)
     ports = [servers.real(donor) for _ in range(3)]
     spare = _fresh(1, width=64)
-    stats = stripes.receive_state(spare, _at(*ports), SECRET, WAIT)
+    stats = receiver.receive_state(spare, _at(*ports), SECRET, WAIT)
     servers.join()
     assert (
         stats.step == STEP and stats.digest == donor.snapshot(STEP).digest() == spare.snapshot(STEP).digest()
@@ -147,11 +148,11 @@ def test_three_donors_each_send_one_slice_and_the_state_is_theirs_bit_for_bit(se
 def test_a_donor_failing_its_slice_is_dropped_and_another_sends_it(
     servers: _Servers, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
-    monkeypatch.setattr(stripes, "STALL", timedelta(seconds=1))
+    monkeypatch.setattr(receiver, "STALL", timedelta(seconds=1))
     donor = _trained(0, width=64)
     ports = [servers.real(donor), servers.faulty(donor, fault), servers.real(donor)]
     spare = _fresh(1, width=64)
-    stats = stripes.receive_state(spare, _at(*ports), SECRET, WAIT)
+    stats = receiver.receive_state(spare, _at(*ports), SECRET, WAIT)
     assert stats.digest == donor.snapshot(STEP).digest() == spare.snapshot(STEP).digest()
     assert stats.dropped == (1,)
     assert len(stats.stripes) == 3 and 1 not in {s.donor for s in stats.stripes}  # slice 1 came from 0 or 2
@@ -164,14 +165,14 @@ def test_a_slice_no_donor_can_send_fails_the_transfer_and_nothing_is_installed(s
     spare = _fresh(1, width=64)
     sched_before = spare.extras["sched"].state_dict()
     with pytest.raises(TransferError, match="could not be had from any donor"):
-        stripes.receive_state(spare, _at(*ports), SECRET, WAIT)
+        receiver.receive_state(spare, _at(*ports), SECRET, WAIT)
     assert spare.extras["sched"].state_dict() == sched_before  # never loaded
 
 
 def test_replicas_that_differ_are_never_mixed(servers: _Servers) -> None:
     ports = [servers.real(_trained(0, width=64)), servers.real(_trained(5, width=64))]
     with pytest.raises(TransferError, match="donors' states differ"):
-        stripes.receive_state(_fresh(1, width=64), _at(*ports), SECRET, WAIT)
+        receiver.receive_state(_fresh(1, width=64), _at(*ports), SECRET, WAIT)
 
 
 def test_two_receivers_take_slices_of_the_same_donors_at_once(servers: _Servers) -> None:
@@ -181,7 +182,7 @@ def test_two_receivers_take_slices_of_the_same_donors_at_once(servers: _Servers)
     got: dict[int, str] = {}
 
     def one(i: int) -> None:
-        got[i] = stripes.receive_state(_fresh(i, width=64), _at(*ports), SECRET, WAIT).digest
+        got[i] = receiver.receive_state(_fresh(i, width=64), _at(*ports), SECRET, WAIT).digest
 
     threads = [threading.Thread(target=one, args=(i,)) for i in (1, 2)]
     for t in threads:
@@ -195,7 +196,7 @@ def test_two_receivers_take_slices_of_the_same_donors_at_once(servers: _Servers)
 def test_the_proof_check_fails_on_a_gap_an_altered_slice_and_a_stranger(servers: _Servers) -> None:
     donor = _trained(0, width=64)
     ports = [servers.real(donor) for _ in range(2)]
-    stats = stripes.receive_state(_fresh(1, width=64), _at(*ports), SECRET, WAIT)
+    stats = receiver.receive_state(_fresh(1, width=64), _at(*ports), SECRET, WAIT)
     proof = _proof(stats, donor)
     first, second = proof.receivers[0].stripes
     cases = {

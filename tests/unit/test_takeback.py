@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from job_agent import wire
-from job_agent.members import Member, Roster
-from job_agent.takeback import _fence_stale, _lost_meanwhile
+from job_agent.coordinator.members import Member, Roster
+from job_agent.coordinator.takeback import _fence_stale, _lost_meanwhile
 from torchpass.models import FailureKind
 
 

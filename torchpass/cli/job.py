@@ -152,7 +152,7 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
     if args.command == "run":
         return asyncio.run(_run(args, settings))
     if args.command == "jobs":
-        from job_agent.jobs import registered_jobs
+        from job_agent.coordinator.jobs import registered_jobs
 
         for j in registered_jobs(settings.state_dir):
             state = "running" if j["alive"] else "lost (torchpass run --job-id it again to resume)"
@@ -247,7 +247,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         spec_fields["contract"] = {"customer_id": args.customer, "contract_id": args.contract}
     spec = JobSpec(**spec_fields)
     client = await connect(settings, traced=True)
-    from job_agent.jobs import JobIdInUse
+    from job_agent.coordinator.jobs import JobIdInUse
     from workers.job import run_job
 
     if spec.nodes:
@@ -338,8 +338,8 @@ def _request(state_dir: Path, job: str, frame: Any, answer: Any = None) -> Any:
     """One request to a job's coordinator on this host; its reply (`Ok`, or the type `answer` names), or a
     CliError saying why not."""
     from job_agent import wire
-    from job_agent.jobs import UnknownJob, request
-    from job_agent.protocol import ProtocolError
+    from job_agent.coordinator.jobs import UnknownJob, request
+    from job_agent.wire.protocol import ProtocolError
 
     try:
         reply = request(state_dir, job, frame)

@@ -1,4 +1,4 @@
-"""`torchpass node`: the node agent of a multi-node job, one per host (`job_agent.node`)."""
+"""`torchpass node`: the node agent of a multi-node job, one per host (`job_agent.node.agent`)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from job_agent.node import NodeSettings, run_node
+    from job_agent.node.agent import NodeSettings, run_node
 
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     if args.coordinator is None or args.secret_file is None:

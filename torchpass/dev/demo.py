@@ -27,8 +27,8 @@ from urllib.parse import quote
 from temporalio.client import Client
 
 from job_agent import wire
-from job_agent.jobs import request, wait_until_ready
-from job_agent.launcher import free_port
+from job_agent.coordinator.jobs import request, wait_until_ready
+from job_agent.launch.launcher import free_port
 from torchpass.contract_models import DEVELOPMENT_BANNER, Standing
 from torchpass.dev.hosts import Fabric, fabric
 from torchpass.dev.server import start_dev_server

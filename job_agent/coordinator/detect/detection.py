@@ -1,0 +1,276 @@
+"""Failure detection: what the coordinator sees of its members, turned into evidence for an incident.
+
+- lost: a member's connection closed; its exit status (or a device error it reported first) names it;
+- hung: a rank silent past the hang timeout, or absent from a collective its peers have waited in;
+- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank alive;
+- refutes: the other way round, a failure someone else reports that the job's own view contradicts.
+
+Each returns `Evidence` and decides nothing else: the incident's workflow does.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from job_agent import wire
+from job_agent.coordinator.detect.recovery import Progress, find_hung
+from job_agent.coordinator.members import Member, MemberState, Roster
+from job_agent.coordinator.waiting import Changes
+from torchpass.classify import CATEGORY_OF
+from torchpass.models import Category, EventSource, Evidence, FailureKind
+
+# Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.
+STALL_MARGIN = timedelta(seconds=0.5)
+# Nodes holding ranks lost within this window, half the job's or more (two at least), are one outage of what
+# they share (a switch, the fabric), not host failures.
+FABRIC_WINDOW = timedelta(seconds=30)
+
+
+def signal_name(code: int) -> str:
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"exit code {code}"
+
+
+def _wall(monotonic: float, now: float) -> datetime:
+    """A monotonic instant of this process as wall-clock time."""
+    return datetime.fromtimestamp(time.time() - (now - monotonic), UTC)
+
+
+class Detector:
+    def __init__(self, job_id: str, roster: Roster, hang_timeout: timedelta) -> None:
+        self._job_id = job_id
+        self._roster = roster
+        self._hang = hang_timeout
+        self._nodes_lost: dict[str, float] = {}  # node -> when (monotonic), within FABRIC_WINDOW
+
+    def _evidence(self, m: Member, kind: FailureKind, detail: str, **kw: object) -> Evidence:
+        fields: dict[str, object] = {
+            "kind": kind,
+            "source": EventSource.COORDINATOR,
+            "job_id": self._job_id,
+            "failure_domain": m.node,
+            "slots": (m.slot,),
+            "detail": detail,
+            **kw,
+        }
+        return Evidence.model_validate(fields)
+
+    def lost(self, m: Member, code: int | None, reason: str, observed: float) -> Evidence:
+        """A rank's connection closed at wall time `observed`; `code` is its exit status if it ended."""
+        at = datetime.fromtimestamp(observed, UTC)
+        device = m.replies.get("device_error")
+        if isinstance(device, wire.DeviceError):
+            return self._evidence(m, FailureKind.CUDA_ERROR, device.detail, observed_at=at, exit_code=code)
+        if code is not None:
+            detail = f"rank {m.slot} ({m.agent_id}) {signal_name(code)}"
+            return self._evidence(m, FailureKind.PROCESS_EXIT, detail, observed_at=at, exit_code=code)
+        detail = f"rank {m.slot} connection lost: {reason}"
+        return self._evidence(m, FailureKind.CONNECTION_LOST, detail, observed_at=at)
+
+    def node_lost(
+        self, node: str, observed: float, world_size: int, why: str = "its agent's connection closed"
+    ) -> Evidence | None:
+        """A node agent's connection closed at wall time `observed`: the node failed, taking the slots it
+        held (None when it held none: a spare node's loss only costs its spares)."""
+        homes = {s: self._roster.home(s) for s in range(world_size)}
+        slots = tuple(s for s, n in homes.items() if n == node)
+        if not slots:
+            return None
+        now = time.monotonic()
+        self._nodes_lost = {
+            n: t for n, t in self._nodes_lost.items() if now - t < FABRIC_WINDOW.total_seconds()
+        }
+        self._nodes_lost[node] = now
+        kind, detail = FailureKind.NODE_FAILURE, f"node {node} lost: {why} ({len(slots)} rank(s) on it)"
+        held = {n for n in homes.values() if n is not None} | set(self._nodes_lost)
+        if len(self._nodes_lost) >= 2 and 2 * len(self._nodes_lost) >= len(held):
+            # Half the job's nodes or more gone within seconds: not one host's failure but what they share
+            # (a switch, the fabric, their power): the brief's shared-infrastructure row.
+            kind = FailureKind.FABRIC_OUTAGE
+            detail += (
+                f"; {len(self._nodes_lost)} of the job's {len(held)} nodes lost within"
+                f" {FABRIC_WINDOW.total_seconds():.0f} s ({', '.join(sorted(self._nodes_lost))}):"
+                " a fabric-wide outage"
+            )
+        return Evidence(
+            kind=kind,
+            source=EventSource.COORDINATOR,
+            job_id=self._job_id,
+            failure_domain=node,
+            slots=slots,
+            detail=detail,
+            observed_at=datetime.fromtimestamp(observed, UTC),
+        )
+
+    def gpu(self, node: str, report: wire.GpuReport) -> tuple[Evidence | None, list[Member]]:
+        """A node's GPU report, checked against the job's own view: the evidence for those of the named
+        processes that are training ranks on that node (none: nothing to do), and those ranks. A warning
+        is a planned move (the ranks freeze at a step boundary, then leave); a failure, evidence of the GPU's
+        kind."""
+        ranks = [
+            m
+            for a in report.agent_ids
+            if (m := self._roster.members.get(a)) is not None
+            and m.slot >= 0
+            and m.alive
+            and not (m.fenced or m.leaving)
+            if m.node == node
+        ]
+        if not ranks:
+            return None, []
+        slots = tuple(sorted(m.slot for m in ranks))
+        kind = FailureKind.NODE_DRAIN if report.planned else report.kind
+        what = "moved off pre-emptively" if report.planned else "lost with it"
+        return Evidence(
+            kind=kind,
+            source=EventSource.NVML,
+            job_id=self._job_id,
+            failure_domain=node,
+            slots=slots,
+            detail=f"node {node}: {report.detail}; rank(s) {list(slots)} {what}",
+            observed_at=datetime.now(UTC),
+            xid=report.xid,
+        ), ranks
+
+    def hung(self, now: float) -> list[Evidence]:
+        """Training ranks that are hung, each with the time it last made progress."""
+        training = [m for m in self._roster.ranks(MemberState.TRAINING) if not m.fenced]
+        progress = [
+            Progress(
+                m.slot,
+                m.last_heartbeat,
+                m.collective_step,
+                m.collective_at,
+                m.busy is not None or m.collective_step < 0,  # busy, or yet to reach its first collective
+            )
+            for m in training
+        ]
+        out = []
+        for hang in find_hung(progress, now, self._hang.total_seconds()):
+            m = self._roster.at(hang.slot)
+            if m is None:
+                continue
+            # A silent rank's last sign of life is its heartbeat; a rank that still heart-beats but never
+            # came to the collective last progressed when it entered its last step or collective.
+            last = min(m.last_heartbeat, m.last_progress) if hang.silent else m.last_progress
+            out.append(
+                self._evidence(
+                    m,
+                    FailureKind.HANG,
+                    f"rank {m.slot} hung: {hang.detail}",
+                    observed_at=datetime.now(UTC),
+                    last_progress_at=_wall(last, now),
+                )
+            )
+        return out
+
+    def silent(self, now: float, members: Sequence[Member]) -> list[tuple[Member, Evidence | None]]:
+        """Members not heard from at all (not even a heartbeat) for the hang timeout: stopped or wedged.
+        Each with its hang evidence when it holds a slot (a spare not yet given one is only replaced)."""
+        out: list[tuple[Member, Evidence | None]] = []
+        for m in members:
+            if not m.alive or m.fenced or now - m.last_heartbeat <= self._hang.total_seconds():
+                continue
+            detail = f"{m.agent_id} silent for {now - m.last_heartbeat:.1f} s during a recovery"
+            at = _wall(m.last_heartbeat, now)
+            ev = None
+            if m.slot >= 0:
+                ev = self._evidence(
+                    m, FailureKind.HANG, detail, observed_at=datetime.now(UTC), last_progress_at=at
+                )
+            out.append((m, ev))
+        return out
+
+    def stalled(self, now: float, world_size: int) -> Evidence | None:
+        """Ranks frozen with nobody lost: a collective failed or timed out with every rank alive.
+
+        Reported once every rank of the world is frozen (nobody died: a dead rank is never "frozen"), or
+        when some have been frozen past the hang timeout while the rest still heart-beat in a collective
+        of their own. A real loss or hang is detected well within that time and takes precedence.
+        """
+        ranks = self._roster.ranks()
+        frozen = [m for m in ranks if m.state is MemberState.FROZEN and m.frozen_at is not None]
+        if not frozen:
+            return None
+        everyone = len(ranks) == world_size and len(frozen) == len(ranks)
+        first = min(m.frozen_at for m in frozen if m.frozen_at is not None)
+        waited = now - first
+        if not everyone and waited <= (self._hang + STALL_MARGIN).total_seconds():
+            return None
+        return Evidence(
+            kind=FailureKind.COLLECTIVE_TIMEOUT,
+            source=EventSource.COORDINATOR,
+            job_id=self._job_id,
+            failure_domain="collective",
+            slots=(),
+            detail=f"ranks {sorted(m.slot for m in frozen)} left a failed collective with every rank alive"
+            f" ({len(frozen)} of {world_size} frozen for {waited:.1f} s); re-forming the group in place",
+            observed_at=_wall(first, now),
+        )
+
+
+async def refutes(
+    roster: Roster, changes: Changes, evidence: Sequence[Evidence], wait: timedelta
+) -> str | None:
+    """Why the job's own view contradicts a reported failure: every rank it names (naming none, for a
+    collective timeout, every rank) is connected and makes progress within `wait` of the report's arrival
+    (the caller makes `wait` at least the job's hang timeout, so that a rank is never taken for lost on a
+    claim alone while the job itself would still call it healthy). None when the claim may be true: a
+    named rank is gone or dies meanwhile, or does not progress within `wait`; or when it names no failure
+    (a planned drain moves healthy ranks)."""
+    claims = [ev for ev in evidence if CATEGORY_OF[ev.kind] is not Category.PLANNED]
+    ranks = {m.slot: m for m in roster.ranks()}
+    named = {s for ev in claims for s in ev.slots}
+    if not named and any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in claims):
+        named = set(ranks)
+    if not named or any(s not in ranks or not ranks[s].alive for s in named):
+        return None
+    since = time.monotonic()
+    try:
+        await changes.wait_for(
+            lambda: (
+                any(not ranks[s].alive for s in named) or all(ranks[s].last_progress > since for s in named)
+            ),
+            wait,
+            "the reported ranks to show progress",
+        )
+    except TimeoutError:
+        return None
+    if any(not ranks[s].alive for s in named):
+        return None
+    steps = ", ".join(f"{s}: step {ranks[s].step}" for s in sorted(named))
+    return f"refuted by the job: rank(s) {sorted(named)} connected and progressing after it ({steps})"
+
+
+async def disowns(
+    job_id: str,
+    own: Sequence[Evidence],
+    lost: set[int],
+    claims: Sequence[Evidence],
+    signed: Callable[[Evidence], bool],
+    changes: Changes,
+    wait: timedelta,
+) -> str | None:
+    """Why a workflow run at the id of the job's own incident, started by somebody else with `claims`, is
+    not that incident (a squatter's): a claim of another job, a planned move not signed with the job's
+    secret, a claim naming no rank of a kind the job did not see, or ranks the job has not lost itself
+    within `wait` of the check (a genuine other source reporting the same failure names what the job
+    lost, or is about to: its ranks' exits may reach the job a moment later). None when the claims agree."""
+    for ev in claims:
+        if ev.job_id != job_id:
+            return f"it reports a failure of job {ev.job_id!r}"
+        if CATEGORY_OF[ev.kind] is Category.PLANNED and not signed(ev):
+            return f"it claims a planned move of rank(s) {list(ev.slots)} not signed with the job's secret"
+        if not ev.slots and all(o.kind is not ev.kind for o in own):
+            return f"it claims a {ev.kind.value} the job did not see"
+    named = {s for ev in claims for s in ev.slots}
+    try:
+        await changes.wait_for(lambda: named <= lost, wait, "the claimed ranks to be lost")
+    except TimeoutError:
+        return f"it claims rank(s) {sorted(named - lost)} failed, which the job has not lost"
+    return None

@@ -1,0 +1,383 @@
+"""The incident in progress, as the coordinator keeps it, and the delivery of its reports to Temporal.
+
+Evidence of one failure folds into one incident (its workflow id is keyed by job, failure domain and
+world generation). A failure during the recovery (a donor, a spare or another rank lost while the state
+moves) folds into it too: the recovery re-plans around it. Once the world trains again, later evidence
+waits for the next incident. Every
+report is delivered to the incident's workflow by the `Reporter` (signal-with-start), retried with
+backoff for a bounded time; one that still cannot be delivered is logged and counted, never dropped
+silently.
+
+The job never waits on the control plane: an incident no workflow step has reached within `LOCAL_AFTER` (the
+server, or every control worker, away) is carried out by the job itself
+(`job_agent.coordinator.incident.local`), which keeps the record in its state directory (`local/`). Its
+reports are then retried until Temporal takes them; the incident's workflow, refused the steps, files that
+record (`recorded_outcome`), so it is recorded once, under the incident's own id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from job_agent import wire
+from torchpass.classify import CATEGORY_OF
+from torchpass.errors import ErrorType, TorchpassError
+from torchpass.ids import REKEY_HEX, incident_workflow_id, job_task_queue
+from torchpass.job import JobSpec
+from torchpass.models import Category, ContractRef, Disposition, Evidence, FailureReport
+from torchpass.outcome import MigrationOutcome
+from torchpass.proof import filed_ending
+from torchpass.steps import FallbackResult, FreezeResult, LocalRecord, RejoinResult, TransferProof
+
+log = logging.getLogger("torchpass.coordinator")
+
+Reporter = Callable[[str, FailureReport], Awaitable[None]]
+REPORT_RETRY_FOR = timedelta(seconds=60)
+MAX_REKEYS = 3
+# No workflow step for this long after an incident opened: the control plane is away, the job goes on alone.
+LOCAL_AFTER = timedelta(seconds=5)
+_FIRST_BACKOFF, _MAX_BACKOFF = 0.2, 5.0
+
+
+class Squatted(Exception):
+    """A report reached a workflow at the incident's id that is not this job's incident (it runs the job's
+    activities on another task queue, or holds another job's reports): the incident needs a fresh id."""
+
+
+class IncidentError(TorchpassError):
+    """A step of the incident failed; its `error_type` decides whether trying again can help."""
+
+    def __init__(self, error_type: ErrorType, message: str) -> None:
+        super().__init__(message, error_type)
+
+
+@dataclass
+class Supply:
+    """The state transfers of one recovery so far (several when a donor or receiver was lost)."""
+
+    got: dict[int, tuple[str, wire.Received, int]] = field(
+        default_factory=dict
+    )  # slot: agent, account, donor
+    served: list[tuple[int, wire.Served]] = field(default_factory=list)  # donor slot and its account
+    moves: int = 0
+    shards: set[str | None] = field(default_factory=set)  # the shards moved (one, data parallel)
+
+
+@dataclass
+class Incident:
+    """What the coordinator remembers of the incident in progress."""
+
+    workflow_id: str
+    evidence: list[Evidence] = field(default_factory=list)
+    lost: set[int] = field(default_factory=set)
+    leaving: set[int] = field(default_factory=set)  # planned: healthy until frozen, then fenced
+    confirmed: frozenset[int] = frozenset()  # the slots confirm found lost; the rest were lost later
+    past_freeze: bool = False
+    frozen: FreezeResult | None = None
+    proof: TransferProof | None = None
+    supply: Supply = field(default_factory=Supply)
+    rejoined: RejoinResult | None = None
+    fallback: FallbackResult | None = None
+    completed: bool = False
+    generation: int = -1  # the world generation its reports carry (the first report's)
+    rekeyed: int = 0  # times it moved to a fresh id because a squatter held its own
+    answered: bool = False  # a workflow step reached the job for it
+    local: bool = False  # the job carries it out itself: no workflow step came within LOCAL_AFTER
+    record: LocalRecord | None = None  # what the job did, once it is done (local only)
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)
+    deliveries: set[asyncio.Task[None]] = field(default_factory=set)
+    # The delivery of the report that names the workflow (its first evidence): the others wait for it, so
+    # the workflow is started by that report and its id is the one its start input keys (`torchpass.verify`).
+    lead: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    @property
+    def recovering(self) -> bool:
+        """Frozen and not yet training again: a failure now is one more loss of this recovery, whose plan
+        is re-made around it, not a failure of the world the recovery is building."""
+        return self.past_freeze and self.rejoined is None and self.fallback is None and not self.completed
+
+
+class IncidentTracker:
+    """The current incident, the evidence queued behind it, and every outcome recorded."""
+
+    def __init__(
+        self,
+        job_id: str,
+        generation: Callable[[], int],
+        reporter: Reporter,
+        contract: ContractRef | None,
+        retry_for: timedelta = REPORT_RETRY_FOR,
+        records: Path | None = None,
+        local_after: timedelta = LOCAL_AFTER,
+        late_window: timedelta = timedelta(0),
+    ) -> None:
+        self._job_id = job_id
+        self._generation = generation
+        self._reporter = reporter
+        self._contract = contract
+        self._retry_for = retry_for
+        self._records = records
+        self.local_after = local_after
+        self.late_window = late_window  # an incident's workflow stays open this long after its outcome
+        self._recorded: dict[str, float] = {}  # incident id -> when its outcome was recorded (monotonic)
+        self.current: Incident | None = None
+        self.queued: list[Evidence] = []
+        self.outcomes: list[MigrationOutcome] = []
+        self.undelivered = 0  # reports that never reached Temporal within the retry bound
+        # Set by the job worker (`job_agent.coordinator.incident.local`): carries out an incident no workflow
+        # step reached.
+        self.on_unanswered: Callable[[Incident], Awaitable[None]] | None = None
+        self.handled: dict[str, Incident] = {}  # incidents the job handled itself, until filed
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def of_job(cls, spec: JobSpec, generation: Callable[[], int], reporter: Reporter) -> IncidentTracker:
+        """The tracker of `spec`'s job: its records of incidents it handles itself go in its local/."""
+        local_after = timedelta(seconds=spec.control_plane_wait)
+        return cls(
+            spec.job_id,
+            generation,
+            reporter,
+            spec.contract,
+            records=spec.job_dir / "local",
+            local_after=local_after,
+            late_window=timedelta(seconds=spec.late_window),
+        )
+
+    def add(self, ev: Evidence) -> Incident | None:
+        """Fold `ev` into the current incident (or start one) and report it; None when it must wait."""
+        inc = self.current
+        if inc is None:
+            inc = self.current = Incident(
+                incident_workflow_id(self._job_id, ev.failure_domain, self._generation())
+            )
+            self._spawn(self._unanswered_after(inc))
+        elif inc.past_freeze and not (inc.recovering and CATEGORY_OF[ev.kind] is not Category.PLANNED):
+            # The world of this incident is already decided (or a planned move waits for a calm one):
+            # the next incident takes it.
+            self.queued.append(ev)
+            return None
+        inc.evidence.append(ev)
+        inc.lost.update(ev.slots)
+        self._report(inc, ev, self._generation())
+        return inc
+
+    def rekey(self, inc: Incident, why: str) -> str:
+        """The workflow at `inc`'s id is not this job's incident (a squatter holds it): the incident goes on
+        under a fresh id nobody can guess, and every report of it is delivered there again. Returns it."""
+        old = inc.workflow_id
+        base = old.rsplit(":", 1)[0] if old.rsplit(":", 1)[-1].startswith("x") else old
+        inc.workflow_id = f"{base}:x{secrets.token_hex(REKEY_HEX // 2)}"
+        inc.rekeyed += 1
+        inc.answered = False  # the squatter's step was no step of this incident
+        log.warning("incident %s moves to %s: %s", old, inc.workflow_id, why)
+        for ev in inc.evidence:
+            self._report(inc, ev, inc.generation)
+        return inc.workflow_id
+
+    def _report(self, inc: Incident, ev: Evidence, generation: int) -> None:
+        if inc.generation < 0:
+            inc.generation = generation
+        lead = inc.lead.get(inc.workflow_id)
+        report = self._report_of(ev, generation, opens=lead is None)
+        task = self._spawn(self._deliver(inc, inc.workflow_id, report, after=lead))
+        inc.lead.setdefault(inc.workflow_id, task)
+        inc.deliveries.add(task)
+        task.add_done_callback(inc.deliveries.discard)
+
+    def _report_of(
+        self, ev: Evidence, generation: int, late: bool = False, opens: bool = False
+    ) -> FailureReport:
+        return FailureReport(
+            evidence=ev,
+            job_task_queue=job_task_queue(self._job_id),
+            generation=generation,
+            contract=self._contract,
+            linger_seconds=self.late_window.total_seconds(),
+            late=late,
+            opens=opens,
+        )
+
+    def late(self, ev: Evidence, incident_id: str) -> None:
+        """`ev` came after its incident's outcome was recorded (`incident_id`: workflow id/run id): it
+        goes to that run alone, open for the late window, into its history; it starts nothing."""
+        self._spawn(
+            self._deliver(None, incident_id, self._report_of(ev, self._generation(), late=True), None)
+        )
+
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _unanswered_after(self, inc: Incident) -> None:
+        await asyncio.sleep(self.local_after.total_seconds())
+        if self.on_unanswered is None or self.current is not inc or inc.answered or inc.past_freeze:
+            return
+        inc.local = True
+        self.handled[inc.workflow_id] = inc
+        log.warning(
+            "incident %s: no workflow step within %.0f s (is Temporal or the control worker down?); the job"
+            " carries it out itself and files the record when the control plane is back",
+            inc.workflow_id,
+            self.local_after.total_seconds(),
+        )
+        await self.on_unanswered(inc)
+
+    def answered(self, workflow_id: str) -> bool:
+        """A workflow step for `workflow_id` reached the job. False: the job handled that incident itself,
+        and the step must be refused (the workflow files the job's record instead)."""
+        if workflow_id in self.handled:
+            return False
+        inc = self.current
+        if inc is not None and inc.workflow_id == workflow_id:
+            inc.answered = True
+        return True
+
+    def keep(self, inc: Incident, record: LocalRecord) -> None:
+        """The job's own recovery of `inc` is done: its record is kept (in memory and in the state
+        directory, owner-only) until the incident's workflow files it."""
+        inc.record = record
+        if self._records is not None:
+            self._records.mkdir(mode=0o700, exist_ok=True)
+            path = self._records / f"{_safe(inc.workflow_id)}.json"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(record.model_dump_json(indent=2))
+        inc.recorded.set()
+
+    async def record_of(self, workflow_id: str) -> LocalRecord:
+        """The record of an incident the job handled itself, once its recovery is done."""
+        inc = self.handled.get(workflow_id)
+        if inc is None:
+            raise IncidentError(
+                ErrorType.UNKNOWN_INCIDENT, f"job {self._job_id} holds no unfiled record of {workflow_id}"
+            )
+        await inc.recorded.wait()
+        assert inc.record is not None
+        return inc.record
+
+    def file(self, workflow_id: str, outcome: MigrationOutcome) -> bool:
+        """The workflow recorded a locally handled incident (`outcome`, under its own id): it replaces the
+        job's provisional one, the record file goes, no report of it is sent again. False: not one."""
+        inc = self.handled.get(workflow_id)
+        if inc is None or inc.record is None:
+            return False
+        mine = f"{workflow_id}/"
+        expected = filed_ending(inc.record).disposition
+        if not outcome.incident_id.startswith(mine) or outcome.disposition is not expected:
+            # A completion that is not the filing of this record (another run's, or forged): the job's
+            # own outcome stands, the record stays for its real workflow.
+            log.error(
+                "incident %s: a filing as %s (%s) does not match the job's record (%s); not taken",
+                workflow_id,
+                outcome.incident_id,
+                outcome.disposition.value,
+                expected.value,
+            )
+            return True
+        del self.handled[workflow_id]
+        for task in inc.deliveries:
+            task.cancel()
+        at = next((i for i, o in enumerate(self.outcomes) if o.incident_id.startswith(mine)), None)
+        if at is None:
+            self.outcomes.append(outcome)
+        else:
+            self.outcomes[at] = outcome
+        if self._records is not None:
+            (self._records / f"{_safe(workflow_id)}.json").unlink(missing_ok=True)
+        log.info("incident %s, handled by the job itself, is filed as %s", workflow_id, outcome.incident_id)
+        return True
+
+    async def filed(self, timeout: timedelta) -> None:
+        """Wait (at most `timeout`) for the incidents the job handled itself to be filed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout.total_seconds()
+        while any(inc.record is not None for inc in self.handled.values()) and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+
+    async def _deliver(
+        self, inc: Incident | None, workflow_id: str, report: FailureReport, after: asyncio.Task[None] | None
+    ) -> None:
+        if after is not None:  # signal-with-start: the first report delivered starts the workflow
+            await asyncio.wait({after})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry_for.total_seconds()
+        backoff = _FIRST_BACKOFF
+        while True:
+            try:
+                await self._reporter(workflow_id, report)
+                return
+            except Squatted as e:  # delivered to a workflow that is not this job's incident
+                if inc is not None and inc.workflow_id == workflow_id and inc.rekeyed < MAX_REKEYS:
+                    self.rekey(inc, str(e))
+                elif inc is None or inc.workflow_id == workflow_id:
+                    self.undelivered += 1
+                    log.error(
+                        "incident %s squatted %d times; report NOT delivered: %s", workflow_id, MAX_REKEYS, e
+                    )
+                return
+            except Exception as e:  # any failure to reach Temporal: retried, then logged, never raised
+                # One the job handles itself is retried until Temporal is back: its record waits there.
+                if not (inc is not None and inc.local) and loop.time() + backoff > deadline:
+                    self.undelivered += 1
+                    log.error(
+                        "report of %s to incident %s NOT delivered after %.0f s: %s",
+                        report.evidence.kind,
+                        workflow_id,
+                        self._retry_for.total_seconds(),
+                        e,
+                    )
+                    return
+                log.warning("report to incident %s failed, retrying in %.1f s: %s", workflow_id, backoff, e)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def end(
+        self, outcome: MigrationOutcome, replaced: Callable[[Evidence], bool], refuted: bool = False
+    ) -> bool:
+        """The incident's workflow is done with the job; queued evidence not yet repaired goes next. A
+        refuted claim (never this job's incident) is only recorded. Returns whether the outcome was new (a
+        retried completion records nothing twice)."""
+        new = all(o.incident_id != outcome.incident_id for o in self.outcomes)
+        if new:
+            self.outcomes.append(outcome)
+            self._recorded[outcome.incident_id] = time.monotonic()
+        if refuted:
+            return new
+        self.current = None
+        queued, self.queued = self.queued, []
+        for ev in queued:
+            if not replaced(ev):
+                self.add(ev)
+        return new
+
+    def recent(self, node: str) -> MigrationOutcome | None:
+        """The last failure of `node` (not a planned move, not a refuted claim) whose workflow is still open
+        for late evidence (`late`)."""
+        for o in reversed(self.outcomes):
+            planned = o.classification.category is Category.PLANNED
+            if o.failure_domain == node and o.disposition is not Disposition.NOT_A_FAILURE and not planned:
+                recorded = self._recorded.get(o.incident_id, float("-inf"))
+                return o if time.monotonic() - recorded < self.late_window.total_seconds() else None
+        return None
+
+    def cancel(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+
+
+def _safe(workflow_id: str) -> str:
+    """A file name for a workflow id (ids hold ':' and may hold '/'), its hash keeping two apart."""
+    readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in workflow_id)[:160]
+    return f"{readable}-{hashlib.sha256(workflow_id.encode()).hexdigest()[:12]}"

@@ -1,0 +1,189 @@
+"""The coordinator's view of the job's processes: each member from its hello to its loss, and the roster.
+
+Every field is what a process said of itself over the control channel (or what the coordinator saw of
+its connection); nothing here is assumed.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from job_agent import wire
+from job_agent.coordinator.channel import send
+from job_agent.wire import Role
+from job_agent.wire.node import RankStatus
+from torchpass.classify import CATEGORY_OF
+from torchpass.models import Category, Evidence
+
+
+class MemberState(StrEnum):
+    CONNECTED = "connected"  # said hello, still building its model
+    READY = "ready"  # model built: a rank waits for its world, a spare for a slot
+    JOINING = "joining"  # told to form the next generation of the world
+    JOINED = "joined"  # in the new world, not yet stepping
+    TRAINING = "training"
+    FROZEN = "frozen"  # left a failed collective (or was asked to stop) at a step boundary
+    DONE = "done"  # finished every step
+    LOST = "lost"  # its connection closed: dead, fenced or gone
+
+
+@dataclass
+class Member:
+    """A rank or spare process. Monotonic times are the coordinator's; `step_wall` is wall-clock."""
+
+    agent_id: str
+    role: Role
+    slot: int
+    pid: int
+    node: str
+    conn: socket.socket | None = None
+    device: int = -1  # its GPU index on its node (LOCAL_RANK), as it said in its hello
+    state: MemberState = MemberState.CONNECTED
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)  # its last step or collective entry
+    step: int = -1
+    step_wall: float = 0.0
+    busy: str | None = None  # what it said it is busy with (`agent.busy`), until it says it is done
+    collective_step: int = -1
+    collective_at: float = 0.0
+    completed: int = -1
+    frozen_at: float | None = None  # when it reported "frozen" while the job was training
+    fenced: bool = False
+    # A planned move's rank once frozen: out of the world (its slot is the spare's), alive to give its state.
+    leaving: bool = False
+    reserved_for: str | None = None
+    layout: wire.ShardLayout | None = None
+    digest: str | None = None
+    # The latest answer of each kind to a recovery command (serving, served, received, ...).
+    replies: dict[str, wire.Frame] = field(default_factory=dict)
+    bytes_moved: int = 0  # state bytes a transfer has streamed so far, as the donor reports them
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not MemberState.LOST
+
+    def status(self) -> RankStatus:
+        """What `torchpass status` shows of it: where it runs and how far it got."""
+        return RankStatus(
+            slot=self.slot,
+            agent=self.agent_id,
+            state=self.state.value,
+            step=self.step,
+            node=self.node,
+            pid=self.pid,
+            device=self.device,
+        )
+
+    def send(self, frame: wire.Frame) -> None:
+        if self.conn is not None:
+            send(self.conn, frame)
+
+    def observe(self, frame: wire.Frame, now: float, wall: float) -> None:
+        """What a frame from this process says about it (any frame is a sign of life)."""
+        self.last_heartbeat = now
+        match frame:
+            case wire.Step(k=k):
+                self.step, self.last_progress, self.step_wall, self.state = k, now, wall, MemberState.TRAINING
+                self.completed, self.frozen_at = k - 1, None
+            case wire.Collective(k=k):
+                self.collective_step, self.collective_at, self.last_progress = k, now, now
+            case wire.Busy(what=what, busy=busy):
+                self.busy = what if busy else None
+            case wire.Ready(completed=c):
+                self.state, self.completed = MemberState.READY, c
+            case wire.Frozen(completed=c):
+                self.state, self.completed = MemberState.FROZEN, c
+                self.frozen_at = self.frozen_at or now
+            case wire.Joined():
+                self.state, self.collective_step = MemberState.JOINED, -1
+                self.replies["joined"] = frame
+            case wire.Done(step=step, digest=digest):
+                # A rank with no step left to run (restored at the job's end) resumes by finishing.
+                self.state, self.completed, self.digest, self.step_wall = MemberState.DONE, step, digest, wall
+            case wire.TransferProgress(bytes=n):
+                self.bytes_moved = n
+            case (
+                wire.DeviceError() | wire.Serving() | wire.Served() | wire.Received() | wire.TransferFailed()
+            ):
+                self.replies[frame.t] = frame
+
+
+class Roster:
+    """Every process of the job: launched and not yet connected (`pending`), and connected (`members`)."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, Member] = {}
+        self.pending: dict[str, str] = {}  # agent_id -> node, launched but not yet connected
+        self._by_conn: dict[socket.socket, Member] = {}
+        self.shards: dict[int, str] = {}  # slot -> shard its rank last reported holding
+        # slot -> the process found holding another state than its replicas
+        self.suspects: dict[int, str] = {}
+
+    def admit(self, conn: socket.socket, hello: wire.Hello) -> Member | None:
+        """The member a hello announces, or None when no such process was launched (or it was fenced)."""
+        node = self.pending.pop(hello.agent_id, None)
+        if node is None:
+            return None
+        m = Member(hello.agent_id, hello.role, hello.slot, hello.pid, node, conn, device=hello.device)
+        self.members[m.agent_id] = m
+        self._by_conn[conn] = m
+        return m
+
+    def of(self, conn: socket.socket) -> Member | None:
+        return self._by_conn.get(conn)
+
+    def closed(self, conn: socket.socket) -> Member | None:
+        return self._by_conn.pop(conn, None)
+
+    def ranks(self, *states: MemberState) -> list[Member]:
+        """Live members holding a slot (optionally in given states), by slot."""
+        out = [
+            m
+            for m in self.members.values()
+            if m.slot >= 0 and m.alive and not m.leaving and (not states or m.state in states)
+        ]
+        return sorted(out, key=lambda m: m.slot)
+
+    def departing(self) -> list[Member]:
+        """Live ranks a planned move took out of the world, kept until their state has moved, by slot."""
+        return sorted((m for m in self.members.values() if m.leaving and m.alive), key=lambda m: m.slot)
+
+    def at(self, slot: int) -> Member | None:
+        return next((m for m in self.ranks() if m.slot == slot), None)
+
+    def is_spare(self, agent_id: str) -> bool:
+        """Started as a spare (connected or not yet) and not given a slot since."""
+        m = self.members.get(agent_id)
+        return m.role is Role.SPARE if m is not None else agent_id.startswith(Role.SPARE.value)
+
+    def finished(self, world_size: int) -> bool:
+        """Every slot's rank has done every step."""
+        ranks = self.ranks()
+        return len(ranks) == world_size and all(m.state is MemberState.DONE for m in ranks)
+
+    def home(self, slot: int) -> str | None:
+        """The node of the last process that held `slot`, alive or lost: where its replacement belongs."""
+        return next((m.node for m in reversed(self.members.values()) if m.slot == slot), None)
+
+    def record_layout(self, m: Member, layout: wire.ShardLayout | None) -> None:
+        if layout is not None:
+            m.layout = layout
+            if m.slot >= 0:
+                self.shards[m.slot] = layout.shard
+
+    def repaired(self, ev: Evidence) -> bool:
+        """Whether the failure `ev` reports is already repaired (say by a restart) or the planned move it
+        asks for already made: every slot it names is held by a live process, off the drained node for a
+        planned one, and not the one found holding another state than its replicas."""
+        planned = CATEGORY_OF[ev.kind] is Category.PLANNED
+        members = [self.at(s) for s in ev.slots]
+        return bool(members) and all(
+            m is not None
+            and not m.fenced
+            and not (planned and m.node == ev.failure_domain)
+            and self.suspects.get(m.slot) != m.agent_id  # a corrupted replica is alive, not repaired
+            for m in members
+        )

@@ -1,0 +1,378 @@
+"""`torchpass node`: the node agent, one per host of a multi-node job.
+
+It joins the job's coordinator over the authenticated control channel, then starts the ranks and warm
+spares the coordinator places on this node, each running the node's own command (the script and
+arguments its operator gave it, never a command sent over the network), and tells the coordinator when
+each one ends. It fences (kills) and stops or continues them when told. Its processes advertise the
+node's address to their peers (their state servers listen there), read the job's secret from the node's
+own copy of it, and die with the agent (a parent-death signal): a node agent that is gone has no process
+left running.
+
+The agent leaves, stopping its processes, when the coordinator says the job has ended or when its
+connection to the coordinator is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from job_agent import wire
+from job_agent.launch.launcher import LocalLauncher
+from job_agent.node.gpu_health import GpuHealth, GpuSignal, nvml_index
+from job_agent.node.host_health import HostHealth
+from job_agent.rank.link import EXIT_COORDINATOR_LOST
+from job_agent.wire import protocol
+from job_agent.wire.node import TEXT, NodeProcess, SignalAction
+from torchpass.errors import ErrorType
+
+log = logging.getLogger("torchpass.node")
+CONNECT_TIMEOUT = timedelta(seconds=30)
+HEARTBEAT = timedelta(seconds=0.5)
+STOP_GRACE = timedelta(seconds=5)
+REJOIN_EVERY = timedelta(seconds=0.5)
+EXIT_REFUSED = 3
+
+
+class BadSecret(Exception):
+    """The node's copy of the job's secret is missing or unreadable."""
+
+
+class NodeRefused(Exception):
+    """The coordinator did not admit this node (another job's, a name already taken, ...)."""
+
+
+class NodeSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    node: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    coordinator: str = Field(min_length=3, max_length=300, description="host:port the coordinator printed")
+    host: str = Field(min_length=1, max_length=200, description="this node's address, reachable by peers")
+    secret_file: Path
+    slots: int = Field(default=0, ge=0, le=1024, description="ranks this node runs; 0: a spare node")
+    spares: int = Field(default=0, ge=0, le=64, description="warm spares this node keeps")
+    coordinator_wait: float = Field(
+        default=120.0,
+        ge=0,
+        le=86400,
+        description="seconds its processes train on without the coordinator while it waits for it to be "
+        "back (restarted); 0: they stop with it",
+    )
+    gpu_check_every: float = Field(
+        default=1.0, ge=0, le=3600, description="seconds between reads of the GPUs' health (0: never)"
+    )
+    max_gpu_temperature: int = Field(default=85, ge=30, le=150, description="Celsius: move ranks off above")
+    watch_paths: tuple[Path, ...] = Field(
+        default=(), max_length=16, description="filesystems the job writes to (checkpoints), checked for room"
+    )
+    min_free_disk: int = Field(default=64 << 20, ge=0, description="bytes under which a watched path is full")
+    min_free_memory: float = Field(
+        default=0.02, ge=0, le=1, description="share of memory available under which the host is out of it"
+    )
+    host_check_every: float = Field(
+        default=1.0, ge=0, le=3600, description="seconds between reads of the host's filesystems and memory"
+    )
+    proc: Path = Field(default=Path("/proc"), description="the host's /proc (in a container: where mounted)")
+    script: Path
+    args: tuple[str, ...] = ()
+
+    def coordinator_addr(self) -> tuple[str, int]:
+        host, _, port = self.coordinator.rpartition(":")
+        return host, int(port)
+
+
+class NodeAgent:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        try:
+            self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
+        except (OSError, ValueError) as e:
+            raise BadSecret(f"cannot read the job's secret from {settings.secret_file}: {e}") from None
+        # Forked from a warm interpreter (`job_agent.launch.forkserver`), as a single host's are: each says
+        # its pid and GPU in its hello (`torchpass status` shows them), as /proc cannot show a fork's
+        # environment.
+        self._launcher = LocalLauncher(str(settings.script), settings.args)
+        # NVML indices of the GPUs that failed, or warned (hot, ECC rising, remaps pending): not given to a
+        # new process while another is free (one warned with no process on it said nothing to anyone).
+        self._avoided_gpus: set[int] = set()
+        self._gpu_count = 0
+        self._collective_interface = collective_interface(settings.host, os.environ)
+        self._send_lock = threading.Lock()
+        self._done = threading.Event()
+        self._started: dict[str, int] = {}  # agent -> the slot it was started for (-1: a spare)
+        self._exits: dict[str, int] = {}
+        self._first_slot = -1  # of the slots this node holds: its first rank's
+        self._killed: set[str] = set()  # processes this agent was told to kill: their SIGKILL is no OOM
+        self._host = HostHealth(
+            settings.watch_paths, settings.min_free_disk, settings.min_free_memory, settings.proc
+        )
+        self._host_lock = threading.Lock()
+        self._sock = self._join(rejoin=False)
+
+    def _join(self, rejoin: bool) -> socket.socket:
+        """Connect and say hello (a rejoin says what it runs); the connection once welcomed."""
+        s = self.settings
+        sock = protocol.connect(*s.coordinator_addr(), self._secret, CONNECT_TIMEOUT)
+        procs = tuple(
+            NodeProcess(agent_id=a, slot=slot, code=self._exits.get(a)) for a, slot in self._started.items()
+        )
+        hello = wire.NodeHello(
+            job_id=s.job_id,
+            node=s.node,
+            host=s.host,
+            slots=s.slots,
+            spares=s.spares,
+            pid=os.getpid(),
+            rejoin=rejoin,
+            first_slot=self._first_slot,
+            processes=procs if rejoin else (),
+        )
+        try:
+            protocol.send_frame(sock, hello)
+            reply = protocol.recv_frame(sock)
+        except (OSError, ConnectionError, protocol.ProtocolError):
+            sock.close()
+            raise
+        if not isinstance(reply, wire.Welcome):
+            sock.close()
+            raise NodeRefused(reply.reason if isinstance(reply, wire.Reject | wire.Error) else reply.t)
+        return sock
+
+    def run(self) -> int:
+        """Serve the coordinator until the job ends (0) or the coordinator is lost for good; from the main
+        thread, so that the processes' parent-death signal follows the agent itself."""
+        threading.Thread(target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True).start()
+        if self.settings.gpu_check_every:
+            threading.Thread(target=self._watch_gpus, name="torchpass-node-gpus", daemon=True).start()
+        if self.settings.host_check_every:
+            threading.Thread(target=self._watch_host, name="torchpass-node-host", daemon=True).start()
+        try:
+            while True:
+                try:
+                    frame = protocol.recv_frame(self._sock)
+                except (OSError, ConnectionError, protocol.ProtocolError) as e:
+                    if not self._rejoin(e):
+                        return EXIT_COORDINATOR_LOST
+                    continue
+                if isinstance(frame, wire.Exit):
+                    return 0
+                self._on_frame(frame)
+        finally:
+            self._done.set()
+            self._launcher.shutdown(STOP_GRACE)
+            self._sock.close()
+
+    def _rejoin(self, why: Exception) -> bool:
+        """The coordinator is lost: its processes go on training while the node waits `coordinator_wait`
+        for it to be back at the same address (restarted with the job's state directory). False: it never
+        came back, or refused the node (fenced: the node was lost to the job); its processes then stop."""
+        node, wait = self.settings.node, self.settings.coordinator_wait
+        log.error("node %s: lost the job's coordinator (%s); rejoining for %.0f s", node, why, wait)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(REJOIN_EVERY.total_seconds())
+            try:
+                sock = self._join(rejoin=True)
+            except NodeRefused as e:
+                log.error("node %s: the coordinator refused it back (%s); stopping its processes", node, e)
+                return False
+            except (OSError, ConnectionError, protocol.ProtocolError):
+                continue
+            with self._send_lock:
+                self._sock.close()
+                self._sock = sock
+            log.warning("node %s: rejoined the job's coordinator", node)
+            return True
+        log.error("node %s: no coordinator within %.0f s; stopping its processes", node, wait)
+        return False
+
+    def _on_frame(self, frame: wire.Frame) -> None:
+        match frame:
+            case wire.Spawn(agent_id=agent_id, env=env):
+                self._spawn(agent_id, env)
+            case wire.Signal(agent_id=agent_id, action=action):
+                act = {
+                    SignalAction.KILL: self._kill,
+                    SignalAction.STOP: self._launcher.suspend,
+                    SignalAction.CONT: self._launcher.resume,
+                }[action]
+                act(agent_id)
+            case wire.Ok():
+                pass  # joined a running job: its first spares' Spawns came before this
+            case _:
+                self._send(
+                    wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"a node does not take {frame.t!r}")
+                )
+
+    def _spawn(self, agent_id: str, env: dict[str, str]) -> None:
+        if agent_id in self._started:
+            return  # said twice: the process is already there
+        free = self._launcher.free_devices(len(self._avoided_gpus) + 1)
+        # A GPU that failed or warned is not given while another is free (a spare would be lost with it).
+        healthy = [i for i in free if nvml_index(i, self._gpu_count, os.environ) not in self._avoided_gpus]
+        device = (healthy or free)[0]
+        slot = (
+            int(env.get("TORCHPASS_SLOT", "-1"))
+            if env.get("TORCHPASS_SLOT", "").lstrip("-").isdigit()
+            else -1
+        )
+        self._started[agent_id] = slot
+        if self._first_slot < 0 and env.get("TORCHPASS_ROLE") == "rank":
+            self._first_slot = slot  # a node's ranks are started in slot order, its first slot first
+        mine = {
+            "TORCHPASS_REJOIN_FOR": str(self.settings.coordinator_wait),
+            "TORCHPASS_SECRET_FILE": str(self.settings.secret_file),
+            "TORCHPASS_ADVERTISE_HOST": self.settings.host,
+            "LOCAL_RANK": str(device),
+            "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),  # as NVML numbers GPUs
+            **self._collective_interface,
+        }
+        try:
+            self._launcher.spawn(agent_id, {**env, **mine})
+        except (OSError, RuntimeError) as e:
+            log.error("node %s: could not start %s: %s", self.settings.node, agent_id, e)
+            self._send(wire.Exited(agent_id=agent_id, code=127))
+            return
+        threading.Thread(
+            target=self._reap, args=(agent_id,), name=f"torchpass-wait-{agent_id}", daemon=True
+        ).start()
+
+    def _kill(self, agent_id: str) -> None:
+        self._killed.add(agent_id)
+        self._launcher.kill(agent_id)
+
+    def _reap(self, agent_id: str) -> None:
+        code = self._launcher.wait(agent_id)
+        if code == -signal.SIGKILL and agent_id not in self._killed and not self._done.is_set():
+            with self._host_lock:  # said before its exit: the coordinator learns why as it learns of it
+                oom = self._host.oom_killed(f"process {agent_id}")
+            if oom is not None:
+                log.error("node %s: %s", self.settings.node, oom.detail)
+                self._send(wire.HostReport(kind=oom.kind, detail=oom.detail, agent_ids=(agent_id,)))
+        self._exits[agent_id] = code  # said again on a rejoin, if the coordinator was away
+        self._send(wire.Exited(agent_id=agent_id, code=code))
+
+    def _heartbeats(self) -> None:
+        while not self._done.wait(HEARTBEAT.total_seconds()):
+            self._send(wire.Heartbeat())
+
+    def _watch_gpus(self) -> None:
+        """Read the GPUs' health and tell the coordinator what concerns the processes on each GPU (the
+        one a process's LOCAL_RANK names, through CUDA_VISIBLE_DEVICES). A GPU running none of them
+        starts nothing. A reading that fails is logged and read again; the watch never dies of it."""
+        s = self.settings
+        health = GpuHealth(s.max_gpu_temperature)
+        if not health.gpus:
+            log.info("node %s: %s; GPU health not watched", s.node, health.reason or "no GPUs")
+            return
+        wait_ms, self._gpu_count = int(s.gpu_check_every * 1000), len(health.gpus)
+        try:
+            while not self._done.is_set():
+                try:
+                    signals = health.poll(wait_ms)
+                except Exception as e:  # an NVML failure of a kind not foreseen: said, then read again
+                    log.error("node %s: reading the GPUs failed: %s", s.node, e)
+                    self._done.wait(s.gpu_check_every)
+                    continue
+                for signal in signals:
+                    self._gpu_signal(signal, len(health.gpus))
+        finally:
+            health.close()
+
+    def _watch_host(self) -> None:
+        """Read the host's watched filesystems and its memory; tell the coordinator what began or ended.
+        Nothing is acted on here: the coordinator joins it to the failures it explains."""
+        every = self.settings.host_check_every
+        while not self._done.wait(every):
+            with self._host_lock:
+                changes = self._host.poll()
+            for c in changes:
+                (log.error if c.active else log.warning)("node %s: %s", self.settings.node, c.detail)
+                self._send(wire.HostReport(kind=c.kind, active=c.active, detail=c.detail[:TEXT], path=c.path))
+
+    def _gpu_signal(self, signal: GpuSignal, count: int) -> None:
+        self._avoided_gpus.add(signal.gpu)
+        on_it = tuple(
+            a for a, d in self._launcher.devices().items() if nvml_index(d, count, os.environ) == signal.gpu
+        )
+        log.warning("node %s: %s (processes on it: %s)", self.settings.node, signal.detail, on_it or "none")
+        if on_it:
+            report = wire.GpuReport(
+                gpu=signal.gpu,
+                agent_ids=on_it[:64],
+                kind=signal.kind,
+                planned=signal.planned,
+                detail=signal.detail[:TEXT],
+                xid=signal.xid,
+            )
+            self._send(report)
+
+    def _send(self, frame: wire.Frame) -> None:
+        try:
+            with self._send_lock:
+                protocol.send_frame(self._sock, frame)
+        except OSError:
+            pass  # the reader sees the loss and ends the agent
+
+
+def collective_interface(host: str, environ: os._Environ[str] | dict[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for the interface holding `host`, unless already set.
+
+    Left to itself, gloo binds the address the host name resolves to, often loopback: its peers on other
+    hosts then never connect. The node's processes talk collectives where the node said it is reached."""
+    name = _interface_holding(host)
+    if name is None:
+        return {}
+    return {k: name for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in environ}
+
+
+def _interface_holding(host: str) -> str | None:
+    try:
+        wanted = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                # SIOCGIFADDR: the interface's IPv4 address, at bytes 20-24 of the answer.
+                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                if ipaddress.ip_address(got[20:24]) == wanted:
+                    return name
+    return None
+
+
+def run_node(settings: NodeSettings) -> int:
+    try:
+        agent = NodeAgent(settings)
+    except BadSecret as e:
+        print(f"torchpass node: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except NodeRefused as e:
+        print(f"torchpass node: the coordinator refused node {settings.node}: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (OSError, ConnectionError, protocol.ProtocolError) as e:
+        # A wrong secret ends the handshake: the coordinator hangs up on a peer that cannot prove it.
+        print(
+            f"torchpass node: node {settings.node} could not join the coordinator at {settings.coordinator} "
+            f"(refused, or unreachable; is the secret file this job's?): {e}",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    print(
+        f"torchpass node {settings.node}: joined job {settings.job_id} at {settings.coordinator}", flush=True
+    )
+    return agent.run()
