@@ -18,14 +18,14 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.billing_settings import BillingSettings
 from activities.webhook import send_webhook
-from torchpass.billing import (
+from torchpass.contract.billing import (
     BillingError,
     BillingNotConfigured,
     PermanentBillingError,
     TransientBillingError,
     WebhookAck,
 )
-from torchpass.credit import CreditDelivery, CreditNotice
+from torchpass.contract.credit import CreditDelivery, CreditNotice
 from torchpass.ids import ControlActivity
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import AnyHttpUrl, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from torchpass.billing import DEFAULT_SIGNAL_NAME
+from torchpass.contract.billing import DEFAULT_SIGNAL_NAME
 from torchpass.policies import MAX_WEBHOOK_TIMEOUT_S
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from torchpass.classify import classify
 from torchpass.ids import ControlActivity
+from torchpass.incident.classify import classify
 from torchpass.models import Classification, ClassifyInput
 
 

@@ -21,8 +21,8 @@ from job_agent.coordinator.incident.tracker import IncidentError
 from job_agent.coordinator.waiting import JobFailed
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity
-from torchpass.outcome import CompleteInput
-from torchpass.steps import (
+from torchpass.incident.outcome import CompleteInput
+from torchpass.incident.steps import (
     ConfirmInput,
     ConfirmResult,
     FallbackInput,
@@ -34,7 +34,7 @@ from torchpass.steps import (
     ReserveResult,
     TransferResult,
 )
-from torchpass.validation import JobDescription, ValidationTarget
+from torchpass.validation.checks import JobDescription, ValidationTarget
 
 T = TypeVar("T")
 

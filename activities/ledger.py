@@ -1,4 +1,5 @@
-"""The ledger's checks: read the history of the workflow a claim names and let `torchpass.verify` judge it.
+"""The ledger's checks: read the history of the workflow a claim names and let `torchpass.contract.verify`
+judge it.
 
 Served by the control worker, whose client reads the namespace the incidents and validations run in.
 Idempotent: it only reads. A claim naming no workflow (or one of another type, or one that never sent
@@ -16,11 +17,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from torchpass.ids import ControlActivity, ValidationActivity
-from torchpass.models import FailureReport
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import RecordValidationInput, ValidateInput, ValidationReport
-from torchpass.verify import (
+from torchpass.contract.verify import (
     MAX_EVENTS,
     IncidentFacts,
     OutcomeClaims,
@@ -32,6 +29,10 @@ from torchpass.verify import (
     judge_validation,
     split_run,
 )
+from torchpass.ids import ControlActivity, ValidationActivity
+from torchpass.incident.outcome import MigrationOutcome
+from torchpass.models import FailureReport
+from torchpass.validation.checks import RecordValidationInput, ValidateInput, ValidationReport
 
 _MAX_SENT = 20  # outcomes one incident signalled that are decoded; a genuine one sends one
 

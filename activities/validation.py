@@ -1,7 +1,7 @@
 """Validation activities served by the control worker: the control plane, the cluster scheduler, and the
 recording of a report on its contract.
 
-The first two gather facts; `torchpass.validation` judges them. The job's own facts come from
+The first two gather facts; `torchpass.validation.checks` judges them. The job's own facts come from
 `describe_job` on the job's task queue (activities/job.py). Every external call is bounded: the Temporal
 RPCs by their timeout, Slurm commands through `run_slurm`, the Kubernetes API by `_request_timeout`.
 """
@@ -24,9 +24,9 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from torchpass.contract_models import JobCoverage
+from torchpass.contract.models import JobCoverage
 from torchpass.ids import ValidationActivity, contract_workflow_id
-from torchpass.validation import (
+from torchpass.validation.checks import (
     ControlPlaneFacts,
     RecordValidationInput,
     RecordValidationResult,

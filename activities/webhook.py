@@ -1,7 +1,7 @@
 """The billing webhook's HTTP client: every billing HTTP call goes through `http_post`.
 
 Blocking (urllib): the `deliver_credit` activity runs it in a thread. What the body, the signature and
-billing's answers mean is pure and lives in `torchpass.billing`.
+billing's answers mean is pure and lives in `torchpass.contract.billing`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Mapping
 
 from activities.billing_settings import BillingSettings
-from torchpass.billing import (
+from torchpass.contract.billing import (
     MAX_REPLY_BYTES,
     BillingNotConfigured,
     HttpReply,
@@ -24,7 +24,7 @@ from torchpass.billing import (
     interpret,
     signed_headers,
 )
-from torchpass.credit import CreditNotice
+from torchpass.contract.credit import CreditNotice
 
 
 @functools.cache

@@ -25,11 +25,11 @@ from job_agent import wire
 from job_agent.coordinator.jobs import request
 from torchpass.dev.hosts import fabric
 from torchpass.dev.server import start_dev_server
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureKind
-from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
-from workers.nodes import LocalNode, LocalNodes, coordinator_address, run_on_local_nodes
+from workers.local_nodes import LocalNode, LocalNodes, coordinator_address, run_on_local_nodes
 from workers.temporal import exit_process
 
 ROOT = Path(__file__).resolve().parent.parent

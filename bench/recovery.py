@@ -26,8 +26,8 @@ from pathlib import Path
 from temporalio.client import Client
 
 from torchpass.dev.server import start_dev_server
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult, JobSpec
-from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
 from workers.job import run_job
 from workers.temporal import exit_process

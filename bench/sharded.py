@@ -23,8 +23,8 @@ from pathlib import Path
 from bench import write_block
 from bench.recovery import run_with_kills
 from torchpass.dev.server import start_dev_server
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobSpec
-from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import ContractRef, Model
-from torchpass.outcome import MigrationOutcome
 
 
 def new_job_id() -> str:

@@ -1,8 +1,8 @@
 """The domain models: what a failure is, how it was observed and classified, how an incident ended.
 
-The job-side steps' inputs and results are in `torchpass.steps`, an incident's record in
-`torchpass.outcome`. Every workflow, activity, signal and update takes one model and returns one. They
-are validated at the edges (a malformed signal is rejected with a typed error, it never kills a worker)
+The job-side steps' inputs and results are in `torchpass.incident.steps`, an incident's record in
+`torchpass.incident.outcome`. Every workflow, activity, signal and update takes one model and returns one.
+They are validated at the edges (a malformed signal is rejected with a typed error, it never kills a worker)
 and serialise to JSON through Temporal's pydantic data converter.
 """
 

@@ -6,9 +6,9 @@ and the demo print them. A development contract's standing and ledger open with 
 
 from __future__ import annotations
 
-from torchpass.contract_models import DEVELOPMENT_BANNER, ContractPurpose, LedgerPage, Standing
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import CheckResult, CheckStatus
+from torchpass.contract.models import DEVELOPMENT_BANNER, ContractPurpose, LedgerPage, Standing
+from torchpass.incident.outcome import MigrationOutcome
+from torchpass.validation.checks import CheckResult, CheckStatus
 
 _MARK = {CheckStatus.PASSED: "ok", CheckStatus.FAILED: "FAIL", CheckStatus.WAIVED: "WAIVED"}
 

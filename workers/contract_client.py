@@ -15,8 +15,8 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from torchpass.contract import add_months
-from torchpass.contract_models import (
+from torchpass.contract.credit import Money
+from torchpass.contract.models import (
     ContractInput,
     ContractPurpose,
     ContractTerms,
@@ -29,11 +29,11 @@ from torchpass.contract_models import (
     RenewInput,
     Standing,
 )
-from torchpass.credit import Money
+from torchpass.contract.rules import add_months
 from torchpass.ids import CONTROL_TASK_QUEUE, contract_workflow_id, validation_workflow_id
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import ContractRef
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import ValidateInput, ValidationReport
+from torchpass.validation.checks import ValidateInput, ValidationReport
 
 T = TypeVar("T")
 # A query waits for the workflow task in progress; a contract that just took a burst of outcomes (or is

@@ -22,9 +22,9 @@ from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.local import LocalRecovery
 from job_agent.coordinator.incident.tracker import Squatted
 from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
+from torchpass.incident.outcome import IncidentStatus
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport
-from torchpass.outcome import IncidentStatus
 
 log = logging.getLogger("torchpass.coordinator")
 QUERY_TIMEOUT = timedelta(seconds=5)

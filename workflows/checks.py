@@ -1,5 +1,5 @@
-"""The contract's checks of what it is told (`torchpass.verify`), as workflow steps: one activity each,
-run on the control worker, which reads the claimed workflow's history."""
+"""The contract's checks of what it is told (`torchpass.contract.verify`), as workflow steps: one activity
+each, run on the control worker, which reads the claimed workflow's history."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.contract_book import ContractBook
+    from torchpass.contract.book import ContractBook
+    from torchpass.contract.verify import MAX_CLAIMS, OutcomeClaims, ValidationClaim, Verdict, Verdicts
     from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
     from torchpass.policies import VERIFY_AGAIN_AFTER, VERIFY_RETRY, VERIFY_TIMEOUTS
-    from torchpass.validation import ValidationReport
-    from torchpass.verify import MAX_CLAIMS, OutcomeClaims, ValidationClaim, Verdict, Verdicts
+    from torchpass.validation.checks import ValidationReport
     from workflows.policy import retry_policy
 
 

@@ -10,7 +10,7 @@ only when that grace passes does it lapse and the workflow end. A credit is deli
 `deliver_credit` activity. A billing outage holds up the renewal timer, the evaluations and continue-as-new
 for at most `DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up, the credit stays pending, and it
 is offered again `REDELIVER_AFTER` later (that time travels in the state, across continue-as-new).
-The rules themselves are pure (`torchpass.contract`); this module only orders them in time.
+The rules themselves are pure (`torchpass.contract.rules`); this module only orders them in time.
 Continue-as-new carries everything in one `ContractState`.
 """
 
@@ -27,9 +27,9 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.contract import day_start
-    from torchpass.contract_book import ContractBook
-    from torchpass.contract_models import (
+    from torchpass.contract.book import ContractBook
+    from torchpass.contract.credit import CreditDelivery, CreditNotice, Money
+    from torchpass.contract.models import (
         ContractInput,
         ContractRuleError,
         ContractTerms,
@@ -42,12 +42,12 @@ with workflow.unsafe.imports_passed_through():
         RenewInput,
         Standing,
     )
-    from torchpass.credit import CreditDelivery, CreditNotice, Money
+    from torchpass.contract.rules import day_start
     from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
-    from torchpass.outcome import MigrationOutcome
+    from torchpass.incident.outcome import MigrationOutcome
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, VERIFY_AGAIN_AFTER
-    from torchpass.validation import ValidationReport
+    from torchpass.validation.checks import ValidationReport
     from workflows.checks import check_outcomes, check_validation
     from workflows.inputs import decode, decode_start
     from workflows.policy import retry_policy
@@ -151,7 +151,7 @@ class ContractWorkflow:
 
     @workflow.update
     async def record_validation(self, raw: RawValue) -> JobCoverage:
-        """Recorded once the report's own validation workflow shows it made it (`torchpass.verify`)."""
+        """Recorded once the report's own validation workflow shows it made it (`contract/verify.py`)."""
         report = decode(raw, ValidationReport, "record_validation input")
         self._handled += 1
         if workflow.patched(VERIFIED_LEDGER):
@@ -343,7 +343,8 @@ class ContractWorkflow:
             )
             return None
 
-    # --- the ledger's checks (torchpass.verify) ----------------------------------------------------------
+    # --- the ledger's checks (torchpass.contract.verify)
+    # ----------------------------------------------------------
 
     def _verify_due(self) -> bool:
         at = self._verify_at

@@ -7,9 +7,15 @@ classification now has one owner, the `classify_failure` activity.
 
 from __future__ import annotations
 
-from torchpass.classify import CATEGORY_OF, NO_SPARE_REASON, ROW_TITLE, primary_kind, unable_to_recover
+from torchpass.incident.classify import (
+    CATEGORY_OF,
+    NO_SPARE_REASON,
+    ROW_TITLE,
+    primary_kind,
+    unable_to_recover,
+)
+from torchpass.incident.steps import ConfirmResult
 from torchpass.models import QUALIFYING_CATEGORIES, Classification, ClassifyInput, Evidence, FailureKind
-from torchpass.steps import ConfirmResult
 
 
 def judged_by_kind(evidence: tuple[Evidence, ...], error: str) -> Classification:

@@ -5,11 +5,11 @@ Started by signal-with-start under an id made of job, failure domain and world g
 connection, a node watch, NVML) folds into one incident. Reports that arrive while a step runs are folded
 too: nothing waits for more evidence, the next step simply sees all of it.
 
-Only orchestration lives here. Job-side steps are activities on the job's own task queue, served by the
-worker inside its coordinator, and referenced by name; classification runs on the control queue, as an
-activity and its one owner, so that a change to the table changes future incidents without breaking the
-replay of old ones. What the job answers is checked again here (`torchpass.proof`) before a migration is
-recorded as live, and the outcome's figures are the job's measurements (`torchpass.outcome`).
+Only orchestration lives here. Job-side steps are activities on the job's own task queue, served by the worker
+inside its coordinator, and referenced by name; classification runs on the control queue, as an activity and
+its one owner, so that a change to the table changes future incidents without breaking the replay of old ones.
+What the job answers is checked again here (`torchpass.incident.proof`) before a migration is recorded as
+live, and the outcome's figures are the job's measurements (`torchpass.incident.outcome`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from temporalio.common import RawValue, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.classify import classify_input, resyncs, unclassified
-    from torchpass.decisions import RecoveryAction, plan_recovery
     from torchpass.errors import ErrorType
     from torchpass.ids import (
         CONTROL_TASK_QUEUE,
@@ -35,16 +33,9 @@ with workflow.unsafe.imports_passed_through():
         JobActivity,
         contract_workflow_id,
     )
-    from torchpass.models import (
-        Classification,
-        Disposition,
-        Evidence,
-        FailureKind,
-        FailureReport,
-        Phase,
-        PhaseTiming,
-    )
-    from torchpass.outcome import (
+    from torchpass.incident.classify import classify_input, resyncs, unclassified
+    from torchpass.incident.decisions import RecoveryAction, plan_recovery
+    from torchpass.incident.outcome import (
         CompleteInput,
         Ending,
         IncidentStatus,
@@ -52,9 +43,8 @@ with workflow.unsafe.imports_passed_through():
         bounded_error,
         build_outcome,
     )
-    from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
-    from torchpass.proof import filed_ending, resume_problems, transfer_problems
-    from torchpass.steps import (
+    from torchpass.incident.proof import filed_ending, resume_problems, transfer_problems
+    from torchpass.incident.steps import (
         ConfirmInput,
         ConfirmResult,
         FallbackInput,
@@ -66,6 +56,16 @@ with workflow.unsafe.imports_passed_through():
         ReserveResult,
         TransferResult,
     )
+    from torchpass.models import (
+        Classification,
+        Disposition,
+        Evidence,
+        FailureKind,
+        FailureReport,
+        Phase,
+        PhaseTiming,
+    )
+    from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
     from workflows import legacy
     from workflows.inputs import decode, decode_start
     from workflows.policy import retry_policy

@@ -3,7 +3,7 @@
 Three activities gather facts at once: the control plane (Temporal reachable, its torch and backends) and
 the cluster scheduler on this workflow's own task queue, and `describe_job` on the job's task queue, served
 by the worker inside the job's coordinator. A job that does not answer within a short deadline is a failed
-`agent_present` check, not a failed workflow. Pure functions in `torchpass.validation` judge the facts.
+`agent_present` check, not a failed workflow. Pure functions in `torchpass.validation.checks` judge the facts.
 
 The report is recorded through ContractWorkflow's `record_validation` *update*, run by an activity: a
 workflow cannot send an update, and a signal would be neither acknowledged nor validated (the contract
@@ -25,7 +25,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from torchpass.ids import JobActivity, ValidationActivity, contract_workflow_id, job_task_queue
     from torchpass.policies import DESCRIBE_ATTEMPT, VALIDATION_RETRY, VALIDATION_TIMEOUTS
-    from torchpass.validation import (
+    from torchpass.validation.checks import (
         Check,
         CheckResult,
         ControlPlaneFacts,

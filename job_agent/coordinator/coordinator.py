@@ -41,9 +41,9 @@ from job_agent.launch.launcher import Launcher, LocalLauncher, agent_env, comman
 from job_agent.rank.store import STORE_PREFIX, StoreServer
 from job_agent.wire import Role
 from torchpass.errors import ErrorType
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult, JobSpec, JobState, Resumed
 from torchpass.models import Evidence
-from torchpass.outcome import MigrationOutcome
 from torchpass.signing import is_signed
 
 SHUTDOWN_GRACE = timedelta(seconds=10)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import torchpass
-from torchpass.validation import JobDescription
+from torchpass.validation.checks import JobDescription
 
 if TYPE_CHECKING:
     from job_agent.coordinator.coordinator import Coordinator

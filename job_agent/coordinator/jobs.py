@@ -17,7 +17,7 @@ from torchpass.job import JobSpec
 
 def register(spec: JobSpec, secret: bytes, coordinator: str, store: str | None) -> None:
     """`register_job` for `spec`'s job; a job that asks for spare nodes also says how to start the node
-    agent of one (what the cluster detector keeping them needs: `workers.spare_nodes`)."""
+    agent of one (what the cluster detector keeping them needs: `workers.detectors.spare_nodes`)."""
     spare_node = None
     if spec.spare_nodes:
         spare_node = {

@@ -15,7 +15,7 @@ from job_agent import wire
 from job_agent.coordinator.channel import send
 from job_agent.wire import Role
 from job_agent.wire.node import RankStatus
-from torchpass.classify import CATEGORY_OF
+from torchpass.incident.classify import CATEGORY_OF
 from torchpass.models import Category, Evidence
 
 

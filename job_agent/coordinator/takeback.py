@@ -32,9 +32,9 @@ from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.waiting import Changes
 from job_agent.launch.launcher import Launcher
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobSpec
 from torchpass.models import EventSource, Evidence, FailureKind
-from torchpass.outcome import MigrationOutcome
 
 log = logging.getLogger("torchpass.coordinator")
 FIRST_NODE_WAIT = timedelta(seconds=15)  # nodes alive and waiting try again twice a second

@@ -46,7 +46,7 @@ from job_agent.wire.stream import (
     StateWant,
 )
 from torchpass.errors import ErrorType
-from torchpass.steps import Stripe
+from torchpass.incident.steps import Stripe
 
 
 class Role(StrEnum):

@@ -187,11 +187,11 @@ CLUSTER_FAILURES = frozenset(
 
 
 class NodeEvent(FrameModel):
-    """What a cluster detector (`workers.kube`, `workers.slurm`) saw of a node: cordoned or drained (a planned
-    move), or failed (NotReady, DOWN, the job's pod there deleted). A claim of the cluster's: the coordinator
-    acts only on its own ranks on that node, and takes a failure for one only once its own view agrees
-    (`job_agent.coordinator.detect.cluster`). `key` names the observation: heard twice (a restarted detector
-    re-reading the same state), it starts nothing new."""
+    """What a cluster detector (`workers.detectors.kube`, `workers.detectors.slurm`) saw of a node: cordoned
+    or drained (a planned move), or failed (NotReady, DOWN, the job's pod there deleted). A claim of the
+    cluster's: the coordinator acts only on its own ranks on that node, and takes a failure for one only once
+    its own view agrees (`job_agent.coordinator.detect.cluster`). `key` names the observation: heard twice (a
+    restarted detector re-reading the same state), it starts nothing new."""
 
     t: Literal["node_event"] = "node_event"
     node: str = Field(pattern=NAME)

@@ -34,13 +34,13 @@ from temporalio.worker import Worker
 from activities.billing import BillingActivities
 from activities.billing_settings import BillingSettings
 from activities.webhook import http_post, send_webhook
-from torchpass.billing import (
+from torchpass.contract.billing import (
     PermanentBillingError,
     TransientBillingError,
     canonical_body,
     signed_headers,
 )
-from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
+from torchpass.contract.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
 from torchpass.dev.billing_receiver import BillingReceiver
 from torchpass.dev.billing_receiver import main as receiver_main
 from torchpass.errors import ErrorType

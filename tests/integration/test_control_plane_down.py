@@ -26,9 +26,9 @@ from job_agent import wire
 from job_agent.coordinator.jobs import request
 from tests.integration.conftest import spec, start_job
 from torchpass.ids import SA_JOB_ID, JobActivity
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult
 from torchpass.models import Disposition
-from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
 from workers.server import dev_server_command
 

@@ -16,8 +16,8 @@ from job_agent import wire
 from job_agent.coordinator.jobs import request, wait_until_ready
 from tests.integration.conftest import ROOT, run_with, spec, start_job
 from tests.integration.test_live_migration import assert_migrated_live
+from torchpass.incident.outcome import Disposition
 from torchpass.job import JobResult, JobState
-from torchpass.outcome import Disposition
 
 pytestmark = pytest.mark.integration
 

@@ -2,8 +2,8 @@
 
 No Kubernetes API server can run on these machines (no kube-apiserver, kind, k3s or envtest binary), so
 `tests/kube`'s stub stands for it: the kube-apiserver's REST semantics for Nodes, Pods and what `kubectl
-apply` sends, with watches, resourceVersions and 410 Gone. Everything else is real: the `kubernetes`
-client inside `workers.kube.KubeDetector`, `kubectl` (cordon, kustomize, apply), `torchpass node` agents on
+apply` sends, with watches, resourceVersions and 410 Gone. Everything else is real: the `kubernetes` client
+inside `workers.detectors.kube.KubeDetector`, `kubectl` (cordon, kustomize, apply), `torchpass node` agents on
 three hosts (network namespaces), torch.distributed ranks, the incidents' MigrationWorkflows on the dev
 server.
 """
@@ -31,9 +31,9 @@ from tests.kube.stub_apiserver import Call, StubApiServer
 from torchpass.dev.hosts import Fabric, fabric
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind, FailureReport
-from workers.detect import Jobs, Seen, Told
-from workers.kube import REASON_ANNOTATION, KubeDetector, KubeSettings
-from workers.kube_spares import KubeSpares
+from workers.detectors.kube import REASON_ANNOTATION, KubeDetector, KubeSettings
+from workers.detectors.kube_spares import KubeSpares
+from workers.detectors.reports import Jobs, Seen, Told
 
 pytestmark = pytest.mark.integration
 DEPLOY = ROOT / "deploy" / "kubernetes"

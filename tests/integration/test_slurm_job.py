@@ -1,9 +1,9 @@
 """A torchpass job on a real Slurm cluster, launched with the deploy template, and the Slurm detector.
 
 Everything is real: a private munged, slurmctld and one slurmd per node (`tests/slurm`, Debian's slurm-wlm
-22.05; three node names on this one host), `sbatch deploy/slurm/torchpass.sbatch` starting the coordinator
-and `srun`-ing one node agent per node (two training nodes and a spare node), torch.distributed ranks,
-the incidents' MigrationWorkflows on the real dev server, and `workers.slurm.SlurmDetector` reading the
+22.05; three node names on this one host), `sbatch deploy/slurm/torchpass.sbatch` starting the coordinator and
+`srun`-ing one node agent per node (two training nodes and a spare node), torch.distributed ranks, the
+incidents' MigrationWorkflows on the real dev server, and `workers.detectors.slurm.SlurmDetector` reading the
 nodes with `sinfo` while an operator runs `scontrol update nodename=node2 state=drain reason=...`.
 
 The drain moves both of node2's ranks to the spare node's warm spares while they still work (a planned
@@ -32,12 +32,12 @@ from job_agent import wire
 from job_agent.coordinator.jobs import registered_pid, request
 from tests.integration.conftest import LONG_ARGS, ROOT, SCRIPT
 from tests.slurm.cluster import SlurmCluster, available
+from torchpass.incident.steps import ConfirmResult
 from torchpass.job import JobResult, JobState
 from torchpass.models import Category, Disposition, EventSource, FailureKind, FailureReport
-from torchpass.steps import ConfirmResult
-from workers.detect import Jobs
-from workers.slurm import SlurmDetector, SlurmSettings, node_seen, read_nodes
-from workers.slurm_spares import PREFIX, SlurmSpares, SpareNodeSettings, read_queue
+from workers.detectors.reports import Jobs
+from workers.detectors.slurm import SlurmDetector, SlurmSettings, node_seen, read_nodes
+from workers.detectors.slurm_spares import PREFIX, SlurmSpares, SpareNodeSettings, read_queue
 
 pytestmark = pytest.mark.integration
 ARGS = LONG_ARGS

@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import Client
 
 from tests.integration.conftest import ROOT, run_with, spec
-from torchpass.classify import NO_AGENT_REASON
+from torchpass.incident.classify import NO_AGENT_REASON
 from torchpass.models import Category, Disposition
 
 pytestmark = pytest.mark.integration

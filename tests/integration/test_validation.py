@@ -28,12 +28,12 @@ from activities.validation import ValidationSettings, validation_activities
 from job_agent import wire
 from job_agent.coordinator.jobs import UnknownJob, request
 from tests.integration.conftest import spec
-from torchpass.contract import add_months
-from torchpass.contract_models import ContractPurpose, ContractTerms
-from torchpass.credit import Money
+from torchpass.contract.credit import Money
+from torchpass.contract.models import ContractPurpose, ContractTerms
+from torchpass.contract.rules import add_months
 from torchpass.ids import job_task_queue
 from torchpass.job import JobResult
-from torchpass.validation import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
+from torchpass.validation.checks import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
 from workers import contract_client as cc
 from workers.job import run_job
 from workflows.contract import CONTRACT_WORKFLOWS

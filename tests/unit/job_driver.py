@@ -23,14 +23,14 @@ from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.local import LocalRecovery
 from job_agent.coordinator.incident.tracker import IncidentError
 from tests.unit.fake_ranks import FakeLauncher
-from torchpass import steps as st
-from torchpass.classify import classify, classify_input
-from torchpass.decisions import RecoveryAction, plan_recovery
 from torchpass.errors import ErrorType
+from torchpass.incident import steps as st
+from torchpass.incident.classify import classify, classify_input
+from torchpass.incident.decisions import RecoveryAction, plan_recovery
+from torchpass.incident.outcome import Ending, MigrationOutcome, build_outcome
+from torchpass.incident.proof import resume_problems, transfer_problems
 from torchpass.job import JobResult, JobSpec, JobState
 from torchpass.models import Classification, Disposition, FailureReport
-from torchpass.outcome import Ending, MigrationOutcome, build_outcome
-from torchpass.proof import resume_problems, transfer_problems
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dp.py"  # any script: the fakes ignore it
 STEPS = 16

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from activities.billing_settings import BillingSettings
 from activities.webhook import send_webhook
-from torchpass.billing import (
+from torchpass.contract.billing import (
     BillingNotConfigured,
     HttpReply,
     PermanentBillingError,
@@ -31,7 +31,7 @@ from torchpass.billing import (
     signed_headers,
     verify,
 )
-from torchpass.credit import CreditNotice, Money, credit_idempotency_key
+from torchpass.contract.credit import CreditNotice, Money, credit_idempotency_key
 from torchpass.errors import ErrorType
 from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, MAX_WEBHOOK_TIMEOUT_S
 

@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from torchpass.cli import main
-from torchpass.credit import MAX_AMOUNT, Money
+from torchpass.contract.credit import MAX_AMOUNT, Money
+from torchpass.incident.outcome import MAX_ERROR, MigrationOutcome, bounded_error
 from torchpass.models import Category, Classification, Disposition, FailureKind
-from torchpass.outcome import MAX_ERROR, MigrationOutcome, bounded_error
 
 QUALIFYING = Classification(category=Category.INTERRUPTION, qualifying=True, reason="r")
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchpass.classify import (
+from torchpass.incident.classify import (
     CATEGORY_OF,
     NO_AGENT_REASON,
     NO_SPARE_REASON,

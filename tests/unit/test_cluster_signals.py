@@ -1,8 +1,8 @@
 """What a cluster detector tells a job of its nodes (`wire.NodeEvent`), over the real control channel.
 
-Each test runs the real `Coordinator` against in-process fake ranks speaking the real protocol
-(`fake_ranks`), each on a node of its own; the detector's part is played by `request`, as `workers.detect`
-sends it. The detectors themselves run against the real cluster clients in `tests/integration`.
+Each test runs the real `Coordinator` against in-process fake ranks speaking the real protocol (`fake_ranks`),
+each on a node of its own; the detector's part is played by `request`, as `workers.detectors.reports` sends
+it. The detectors themselves run against the real cluster clients in `tests/integration`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from job_agent import wire
 from job_agent.coordinator.jobs import request
 from tests.unit.job_driver import Counts, Job, Migration, until
 from torchpass.models import Disposition, EventSource, FailureKind
-from workers.detect import Jobs, Seen
+from workers.detectors.reports import Jobs, Seen
 
 K = FailureKind
 
@@ -223,9 +223,9 @@ async def test_not_ready_after_the_incident_was_recorded_goes_into_its_history_l
 async def test_a_detector_tells_every_registered_job_and_one_that_is_gone_is_an_answer_too(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """`workers.detect.Jobs` over the real registry and control channel: the running job hears a cordon of
-    its rank's node and acts; a job registered but gone (its coordinator's port closed) is answered as
-    not reached, and the detector goes on; a pod's deletion is told only to the pod's job."""
+    """`workers.detectors.reports.Jobs` over the real registry and control channel: the running job hears a
+    cordon of its rank's node and acts; a job registered but gone (its coordinator's port closed) is answered
+    as not reached, and the detector goes on; a pod's deletion is told only to the pod's job."""
     gone = tmp_path / "jobs" / "gone-job"
     gone.mkdir(parents=True)
     (gone / "secret").write_text("00" * 32)

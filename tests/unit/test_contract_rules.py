@@ -1,4 +1,5 @@
-"""The YOCO contract rules (torchpass.contract), without Temporal: the brief's rules and the decided cases."""
+"""The YOCO contract rules (torchpass.contract.rules), without Temporal: the brief's rules and the decided
+cases."""
 
 from __future__ import annotations
 
@@ -12,19 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from torchpass import ledger
-from torchpass.contract import (
-    add_months,
-    credit_due,
-    day_start,
-    expansion_measured_enough,
-    status_for,
-    success_rate,
-    tally,
-    window_for,
-)
-from torchpass.contract_book import ContractBook
-from torchpass.contract_models import (
+from torchpass.contract import ledger
+from torchpass.contract.book import ContractBook
+from torchpass.contract.credit import Money, credit_idempotency_key
+from torchpass.contract.models import (
     DEVELOPMENT_BANNER,
     EXCLUSION_REASON,
     ContractInput,
@@ -39,12 +31,21 @@ from torchpass.contract_models import (
     RenewInput,
     Trigger,
 )
-from torchpass.credit import Money, credit_idempotency_key
+from torchpass.contract.rules import (
+    add_months,
+    credit_due,
+    day_start,
+    expansion_measured_enough,
+    status_for,
+    success_rate,
+    tally,
+    window_for,
+)
 from torchpass.errors import ErrorType
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
-from torchpass.outcome import MigrationOutcome
 from torchpass.render import format_ledger, format_standing
-from torchpass.validation import CheckResult, CheckStatus, ReportStatus, ValidationReport, build_report
+from torchpass.validation.checks import CheckResult, CheckStatus, ReportStatus, ValidationReport, build_report
 
 START = date(2026, 1, 15)
 T0 = day_start(START) + timedelta(hours=1)

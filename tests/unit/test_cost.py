@@ -16,17 +16,17 @@ from pydantic import ValidationError
 
 from torchpass.cli.common import CliError
 from torchpass.cli.cost import register, run
-from torchpass.contract_models import EntryStatus as ES
-from torchpass.contract_models import LedgerEntry, LedgerRow
-from torchpass.cost import (
+from torchpass.contract.cost import (
     CostInputs,
     NoQualifyingOutcomes,
     inputs_from_ledger,
     inputs_from_outcomes,
     monthly_cost,
 )
+from torchpass.contract.models import EntryStatus as ES
+from torchpass.contract.models import LedgerEntry, LedgerRow
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
-from torchpass.outcome import MigrationOutcome
 
 # 730 h / 7.3 h = exactly 100 failures a month: every amount is a whole number of cents.
 ROUND = CostInputs(mttf_hours=Decimal("7.3"))

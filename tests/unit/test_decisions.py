@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchpass.decisions import RecoveryAction, plan_recovery
+from torchpass.incident.decisions import RecoveryAction, plan_recovery
+from torchpass.incident.steps import ConfirmResult
 from torchpass.models import QUALIFYING_CATEGORIES, Category, Classification
-from torchpass.steps import ConfirmResult
 
 
 def confirm(confirmed: bool = True) -> ConfirmResult:

@@ -11,9 +11,9 @@ import pytest
 from kubernetes import client as k
 
 from torchpass.models import FailureKind
-from workers import slurm
-from workers.kube import UNSCHEDULABLE_TAINT, node_seen, pod_seen
-from workers.slurm import NodeState, SlurmError
+from workers.detectors import slurm
+from workers.detectors.kube import UNSCHEDULABLE_TAINT, node_seen, pod_seen
+from workers.detectors.slurm import NodeState, SlurmError
 
 K = FailureKind
 T0 = datetime(2026, 12, 6, 5, 0, tzinfo=UTC)

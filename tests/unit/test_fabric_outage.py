@@ -11,7 +11,7 @@ import pytest
 
 from job_agent.coordinator.detect import detection
 from job_agent.coordinator.detect.detection import FABRIC_WINDOW, Detector
-from torchpass.classify import classify
+from torchpass.incident.classify import classify
 from torchpass.models import Category, ClassifyInput, FailureKind
 
 K = FailureKind

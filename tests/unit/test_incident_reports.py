@@ -1,8 +1,8 @@
 """The delivery of an incident's reports (`job_agent.coordinator.incident.tracker.IncidentTracker`): the
 report of the evidence that names the incident's workflow is delivered first, whatever the others do, so the
 workflow is started by it and its id is the one the ledger's check derives from its start input
-(`torchpass.verify`). Two ranks lost at once, the first report slow to reach Temporal, used to start the
-workflow with the second's."""
+(`torchpass.contract.verify`). Two ranks lost at once, the first report slow to reach Temporal, used to start
+the workflow with the second's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from job_agent.coordinator.incident.tracker import IncidentTracker
+from torchpass.contract.verify import failure_key
 from torchpass.models import EventSource, Evidence, FailureKind, FailureReport
-from torchpass.verify import failure_key
 
 
 def lost(domain: str, slot: int) -> Evidence:

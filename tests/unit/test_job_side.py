@@ -30,11 +30,11 @@ from tests.unit.fake_ranks import KILLED, digest_of
 from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, until
 from torchpass.errors import ErrorType
 from torchpass.ids import incident_workflow_id
+from torchpass.incident.outcome import MigrationOutcome
+from torchpass.incident.steps import TransferResult
 from torchpass.job import JobResult, JobState
 from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind, FailureReport
-from torchpass.outcome import MigrationOutcome
 from torchpass.signing import sign
-from torchpass.steps import TransferResult
 
 
 def _assert_migrated_live(job: Job, m: Migration, outcome: MigrationOutcome, lost: int, target: int) -> None:

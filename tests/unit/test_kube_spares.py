@@ -1,7 +1,7 @@
-"""The Kubernetes spare-node keeper (`workers.kube_spares`): the real `kubernetes` client against the stub
-API server (`tests/kube`: no API server can run on these machines), the jobs' wishes and status given
-directly. Which Node it reserves, what Pod it creates there, what it refuses, its bound. It runs end to end
-on real node agents in `tests/integration/test_kube.py`."""
+"""The Kubernetes spare-node keeper (`workers.detectors.kube_spares`): the real `kubernetes` client against
+the stub API server (`tests/kube`: no API server can run on these machines), the jobs' wishes and status given
+directly. Which Node it reserves, what Pod it creates there, what it refuses, its bound. It runs end to end on
+real node agents in `tests/integration/test_kube.py`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from kubernetes import client, config
 
 from job_agent import wire
 from tests.kube.stub_apiserver import StubApiServer
-from workers import kube_spares
-from workers.kube import KubeSettings
-from workers.kube_spares import APP_LABEL, SPARE_APP, KubeSpares
-from workers.spare_nodes import RETRY_STARTS, Wanted
+from workers.detectors import kube_spares
+from workers.detectors.kube import KubeSettings
+from workers.detectors.kube_spares import APP_LABEL, SPARE_APP, KubeSpares
+from workers.detectors.spare_nodes import RETRY_STARTS, Wanted
 
 pytestmark = pytest.mark.timeout(60)
 NS, LABEL = "torchpass", "torchpass.io/spare-node=true"

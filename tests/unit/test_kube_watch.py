@@ -1,7 +1,7 @@
-"""The Kubernetes detector's Pods watch (`workers.kube.KubeDetector`), end to end on the real `kubernetes`
-client against the stub API server (`tests/kube`: no API server can run on these machines). A job's Pod
-deleted after the watch began, by real `kubectl delete pod` (by the client where kubectl is missing) and
-then another by the client, is heard by the jobs as that job's interruption on the Pod's node. The watch
+"""The Kubernetes detector's Pods watch (`workers.detectors.kube.KubeDetector`), end to end on the real
+`kubernetes` client against the stub API server (`tests/kube`: no API server can run on these machines). A
+job's Pod deleted after the watch began, by real `kubectl delete pod` (by the client where kubectl is missing)
+and then another by the client, is heard by the jobs as that job's interruption on the Pod's node. The watch
 once received every Pod as a plain dict (the client reads the type of what it streams from the lister's
 signature) and its thread died on the first one, so a Pod deleted after the first listing went unheard."""
 
@@ -20,8 +20,8 @@ from kubernetes import client, config
 
 from tests.kube.stub_apiserver import StubApiServer
 from torchpass.models import FailureKind
-from workers.detect import Seen, Told
-from workers.kube import KubeDetector, KubeSettings
+from workers.detectors.kube import KubeDetector, KubeSettings
+from workers.detectors.reports import Seen, Told
 
 pytestmark = pytest.mark.timeout(60)
 NS = "torchpass"

@@ -18,11 +18,11 @@ from job_agent.coordinator import coordinator
 from tests.unit.fake_ranks import digest_of
 from tests.unit.job_driver import STEPS, Counts, Job, Migration, until
 from torchpass.ids import incident_workflow_id
+from torchpass.incident.proof import filed_ending
+from torchpass.incident.steps import FreezeResult
 from torchpass.job import JobState
 from torchpass.models import Disposition, EventSource, Evidence, FailureKind, FailureReport
-from torchpass.proof import filed_ending
 from torchpass.signing import sign
-from torchpass.steps import FreezeResult
 
 
 def _records(job: Job) -> list[Path]:

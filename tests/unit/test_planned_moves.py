@@ -18,8 +18,8 @@ from job_agent.coordinator.jobs import request
 from tests.unit.fake_ranks import KILLED
 from tests.unit.job_driver import Counts, Job, Migration, until
 from torchpass.errors import ErrorType
+from torchpass.incident.steps import TransferResult
 from torchpass.models import Category, Disposition
-from torchpass.steps import TransferResult
 
 
 async def _drain(job: Job, slot: int) -> None:

@@ -4,8 +4,8 @@ shards hold different states by design. A proof of one shard reads as before."""
 
 from __future__ import annotations
 
-from torchpass.proof import transfer_problems
-from torchpass.steps import ReceiverProof, TransferProof
+from torchpass.incident.proof import transfer_problems
+from torchpass.incident.steps import ReceiverProof, TransferProof
 
 X, Y, Z = "x" * 64, "y" * 64, "z" * 64
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from job_agent import wire
 from job_agent.coordinator.detect.replicas import MAX_OPEN_STEPS, ReplicaChecks
 from job_agent.coordinator.members import Member, Roster
-from torchpass.classify import SDC_REASON, classify, resyncs, unable_to_recover
-from torchpass.decisions import RecoveryAction, plan_recovery
+from torchpass.incident.classify import SDC_REASON, classify, resyncs, unable_to_recover
+from torchpass.incident.decisions import RecoveryAction, plan_recovery
+from torchpass.incident.steps import ConfirmResult
 from torchpass.models import ClassifyInput, Evidence, FailureKind
-from torchpass.steps import ConfirmResult
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 

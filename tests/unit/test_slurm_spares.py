@@ -1,5 +1,5 @@
-"""The Slurm spare-node keeper's decisions (`workers.slurm_spares`), with Slurm's commands answered by a
-recorder: what it counts, what it submits and how it is quoted, its bound, what it cancels. The keeper
+"""The Slurm spare-node keeper's decisions (`workers.detectors.slurm_spares`), with Slurm's commands answered
+by a recorder: what it counts, what it submits and how it is quoted, its bound, what it cancels. The keeper
 runs end to end on the real Slurm daemons in `tests/integration/test_slurm_job.py`."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pydantic import ValidationError
 
 from job_agent import wire
 from job_agent.wire.node import RankStatus
-from workers import slurm_spares, spare_nodes
-from workers.slurm import SlurmError
-from workers.slurm_spares import PREFIX, Queued, SlurmSpares, SpareNodeSettings
-from workers.spare_nodes import RETRY_STARTS, missing
+from workers.detectors import slurm_spares, spare_nodes
+from workers.detectors.slurm import SlurmError
+from workers.detectors.slurm_spares import PREFIX, Queued, SlurmSpares, SpareNodeSettings
+from workers.detectors.spare_nodes import RETRY_STARTS, missing
 
 
 def _status(nodes: tuple[str, ...], idle: tuple[str, ...] = ()) -> wire.Status:

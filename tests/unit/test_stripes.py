@@ -23,8 +23,8 @@ from job_agent.transfer import receiver
 from job_agent.transfer.donor import StateServer, TransferError
 from job_agent.wire.protocol import ProtocolError, authenticate_server, recv_frame, send_frame
 from tests.unit.test_state_transfer import SECRET, WAIT, _at, _fresh, _trained
-from torchpass.proof import stripe_problems
-from torchpass.steps import ReceiverProof, TransferProof
+from torchpass.incident.proof import stripe_problems
+from torchpass.incident.steps import ReceiverProof, TransferProof
 
 STEP = 7
 

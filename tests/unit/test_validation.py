@@ -27,7 +27,7 @@ from activities.validation import (
     probe_kubernetes,
     probe_slurm,
 )
-from torchpass.validation import (
+from torchpass.validation.checks import (
     Check,
     CheckResult,
     CheckStatus,
@@ -44,7 +44,7 @@ from torchpass.validation import (
     evaluate_scheduler,
     with_check,
 )
-from torchpass.versions import SUPPORTED_TORCH, parse_version, version_in_range
+from torchpass.validation.versions import SUPPORTED_TORCH, parse_version, version_in_range
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2025, 1, 1, tzinfo=UTC)

@@ -1,5 +1,5 @@
-"""The ledger's rules for what it counts (`torchpass.verify`) and how the book keeps refused claims: each
-rule refuses its forgery, and a genuine claim passes them all."""
+"""The ledger's rules for what it counts (`torchpass.contract.verify`) and how the book keeps refused claims:
+each rule refuses its forgery, and a genuine claim passes them all."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from tests.unit.test_contract_rules import T0, covered_book, outcome, report
-from torchpass.ids import incident_workflow_id
-from torchpass.models import ContractRef, EventSource, Evidence, FailureKind, FailureReport
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import ValidateInput
-from torchpass.verify import (
+from torchpass.contract.verify import (
     MAX_REJECTED_KEPT,
     MAX_UNVERIFIED,
     IncidentFacts,
@@ -21,6 +17,10 @@ from torchpass.verify import (
     judge_validation,
     split_run,
 )
+from torchpass.ids import incident_workflow_id
+from torchpass.incident.outcome import MigrationOutcome
+from torchpass.models import ContractRef, EventSource, Evidence, FailureKind, FailureReport
+from torchpass.validation.checks import ValidateInput
 
 T = T0 + timedelta(days=30)
 RUN = str(uuid.UUID(int=7))

@@ -25,20 +25,8 @@ from activities.control import ControlActivities
 from activities.ledger import LedgerActivities
 from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE, ControlActivity, JobActivity, incident_workflow_id
-from torchpass.models import (
-    Classification,
-    ClassifyInput,
-    ContractRef,
-    Disposition,
-    EventSource,
-    Evidence,
-    FailureKind,
-    FailureReport,
-    Phase,
-    PhaseTiming,
-)
-from torchpass.outcome import CompleteInput, MigrationOutcome
-from torchpass.steps import (
+from torchpass.incident.outcome import CompleteInput, MigrationOutcome
+from torchpass.incident.steps import (
     ConfirmInput,
     ConfirmResult,
     FallbackInput,
@@ -51,6 +39,18 @@ from torchpass.steps import (
     ReserveResult,
     TransferProof,
     TransferResult,
+)
+from torchpass.models import (
+    Classification,
+    ClassifyInput,
+    ContractRef,
+    Disposition,
+    EventSource,
+    Evidence,
+    FailureKind,
+    FailureReport,
+    Phase,
+    PhaseTiming,
 )
 from workflows.contract import ContractWorkflow
 from workflows.migration import MigrationWorkflow

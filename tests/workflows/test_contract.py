@@ -25,8 +25,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from torchpass.contract import add_months, day_start
-from torchpass.contract_models import (
+from torchpass.contract.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
+from torchpass.contract.models import (
     ContractPurpose,
     ContractTerms,
     EntryStatus,
@@ -34,13 +34,13 @@ from torchpass.contract_models import (
     RenewInput,
     Trigger,
 )
-from torchpass.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
+from torchpass.contract.rules import add_months, day_start
+from torchpass.contract.verify import OutcomeClaims, ValidationClaim, Verdict, Verdicts
 from torchpass.errors import ErrorType
 from torchpass.ids import ControlActivity, contract_workflow_id
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import CheckResult, CheckStatus, ValidationReport, build_report
-from torchpass.verify import OutcomeClaims, ValidationClaim, Verdict, Verdicts
+from torchpass.validation.checks import CheckResult, CheckStatus, ValidationReport, build_report
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 

@@ -28,8 +28,8 @@ from temporalio.worker import Worker
 from tests.workflows.fake_job import FakeJob, control_worker, report, signal_with_start
 from tests.workflows.test_contract import TRUSTING
 from tests.workflows.test_validation_workflow import outcome as valid_outcome
-from torchpass.contract import add_months
-from torchpass.contract_models import (
+from torchpass.contract.credit import Money
+from torchpass.contract.models import (
     ContractInput,
     ContractTerms,
     ExpandInput,
@@ -37,12 +37,12 @@ from torchpass.contract_models import (
     RenewInput,
     Standing,
 )
-from torchpass.credit import Money
+from torchpass.contract.rules import add_months
 from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import FailureReport
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import CheckResult, ValidateInput, ValidationReport
+from torchpass.validation.checks import CheckResult, ValidateInput, ValidationReport
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.validation import VALIDATION_WORKFLOWS
 

@@ -20,13 +20,13 @@ from temporalio.worker import Worker
 from activities.ledger import LedgerActivities
 from tests.workflows.fake_job import FakeJob, control_worker, finish, report, signal_with_start
 from tests.workflows.test_contract import CUSTOMER, Contract, FakeBilling, _start_day
-from torchpass.contract import add_months, day_start
-from torchpass.contract_models import ContractTerms, RenewInput
-from torchpass.credit import Money
+from torchpass.contract.credit import Money
+from torchpass.contract.models import ContractTerms, RenewInput
+from torchpass.contract.rules import add_months, day_start
 from torchpass.errors import ErrorType
 from torchpass.models import ContractRef
 from torchpass.render import format_ledger
-from torchpass.validation import CheckResult, ValidationReport
+from torchpass.validation.checks import CheckResult, ValidationReport
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 

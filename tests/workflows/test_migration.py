@@ -32,12 +32,12 @@ from tests.workflows.fake_job import (
     save_history,
     signal_with_start,
 )
-from torchpass.contract_models import ContractTerms
-from torchpass.credit import Money
+from torchpass.contract.credit import Money
+from torchpass.contract.models import ContractTerms
 from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE, SA_JOB_ID, SA_KIND, SA_OUTCOME, SA_QUALIFYING, JobActivity
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, ContractRef, Disposition, FailureKind, FailureReport, Phase
-from torchpass.outcome import MigrationOutcome
 from torchpass.policies import ACTIVITY_TIMEOUTS, JOB_PICKUP, MIGRATION_RETRY
 from workers import contract_client as cc
 from workflows.migration import MigrationWorkflow

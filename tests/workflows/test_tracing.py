@@ -22,8 +22,8 @@ from temporalio.worker import Worker
 
 from tests.workflows.fake_job import FakeJob, report
 from torchpass.ids import incident_workflow_id
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Disposition
-from torchpass.outcome import MigrationOutcome
 from workers.control import control_worker
 from workers.job import reporter
 from workers.telemetry import TelemetrySettings, interceptors, tracer_provider

@@ -27,14 +27,14 @@ from activities.ledger import LedgerActivities
 from activities.validation import ValidationActivities, ValidationSettings
 from tests.unit.test_validation import desc
 from tests.workflows.test_contract import trust_outcomes
-from torchpass.contract import add_months
-from torchpass.contract_models import ContractPurpose, ContractTerms, EntryStatus
-from torchpass.credit import Money
+from torchpass.contract.credit import Money
+from torchpass.contract.models import ContractPurpose, ContractTerms, EntryStatus
+from torchpass.contract.rules import add_months
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity, ValidationActivity
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import (
+from torchpass.validation.checks import (
     Check,
     CheckStatus,
     ControlPlaneFacts,

@@ -17,8 +17,8 @@ from typing import Any
 from temporalio.client import Client
 
 from torchpass.cli.common import CliError, connect
-from torchpass.contract import add_months, day_start
-from torchpass.contract_models import (
+from torchpass.contract.credit import Money
+from torchpass.contract.models import (
     DEVELOPMENT_BANNER,
     ContractPurpose,
     ContractTerms,
@@ -27,9 +27,9 @@ from torchpass.contract_models import (
     RenewInput,
     Standing,
 )
-from torchpass.credit import Money
+from torchpass.contract.rules import add_months, day_start
 from torchpass.render import format_check, format_ledger, format_standing
-from torchpass.validation import ReportStatus, ValidationReport
+from torchpass.validation.checks import ReportStatus, ValidationReport
 from workers import contract_client as cc
 
 

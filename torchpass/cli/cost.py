@@ -15,9 +15,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from torchpass.cli.common import CliError, connect
-from torchpass.contract_models import LedgerRow
-from torchpass.cost import HOURS_PER_MONTH, CostInputs, MonthlyCost, inputs_from_ledger, monthly_cost
-from torchpass.credit import Money
+from torchpass.contract.cost import HOURS_PER_MONTH, CostInputs, MonthlyCost, inputs_from_ledger, monthly_cost
+from torchpass.contract.credit import Money
+from torchpass.contract.models import LedgerRow
 
 LedgerLookup = Callable[[str], Awaitable[Sequence[LedgerRow]]]
 """`async def ledger_for_contract(contract_id) -> list[LedgerRow]`: the rows of the contract's current
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, ledger_for_contract: LedgerLookup | None = Non
 def _measured(
     inputs: CostInputs, contract_id: str, given: dict[str, Any], lookup: LedgerLookup | None
 ) -> CostInputs:
-    from torchpass.cost import NoQualifyingOutcomes
+    from torchpass.contract.cost import NoQualifyingOutcomes
 
     clash = [flag for flag, field, _, _ in _FLAGS if field in _MEASURED and field in given]
     if clash:

@@ -1,5 +1,6 @@
-"""`torchpass detect kubernetes|slurm`: a cluster detector, telling the jobs under the state directory
-what happens to their nodes (`workers.kube`, `workers.slurm`). It runs until SIGTERM or Ctrl-C."""
+"""`torchpass detect kubernetes|slurm`: a cluster detector, telling the jobs under the state directory what
+happens to their nodes (`workers.detectors.kube`, `workers.detectors.slurm`). It runs until SIGTERM or
+Ctrl-C."""
 
 from __future__ import annotations
 
@@ -55,12 +56,12 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Any) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from workers.detect import Jobs
+    from workers.detectors.reports import Jobs
 
     if args.scheduler == "kubernetes":
         detector: Any = _kube(args, Jobs(settings.state_dir, "kubernetes"))
     else:
-        from workers.slurm import SlurmDetector, SlurmSettings
+        from workers.detectors.slurm import SlurmDetector, SlurmSettings
 
         slurm = SlurmSettings(poll_seconds=args.poll, partition=args.partition)
         detector = SlurmDetector(Jobs(settings.state_dir, "slurm"), slurm, _spares(args, settings.state_dir))
@@ -80,12 +81,12 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 
 
 def _spares(args: argparse.Namespace, state_dir: Path) -> Any:
-    """The keeper of the jobs' spare nodes (`workers.slurm_spares`), with a place to take them from."""
+    """The keeper of the jobs' spare nodes (`slurm_spares.py`), with a place to take them from."""
     if args.spare_partition is None and args.spare_reservation is None:
         return None
     from pydantic import ValidationError
 
-    from workers.slurm_spares import SlurmSpares, SpareNodeSettings
+    from workers.detectors.slurm_spares import SlurmSpares, SpareNodeSettings
 
     try:
         spares = SpareNodeSettings(
@@ -102,7 +103,7 @@ def _spares(args: argparse.Namespace, state_dir: Path) -> Any:
 def _kube(args: argparse.Namespace, jobs: Any) -> Any:
     from kubernetes import client, config
 
-    from workers.kube import KubeDetector, KubeSettings
+    from workers.detectors.kube import KubeDetector, KubeSettings
 
     try:
         if args.kubeconfig is not None:
@@ -115,7 +116,7 @@ def _kube(args: argparse.Namespace, jobs: Any) -> Any:
     api = client.CoreV1Api()
     keep = None
     if args.spare_node_label:
-        from workers.kube_spares import KubeSpares
+        from workers.detectors.kube_spares import KubeSpares
 
         keep = KubeSpares(api, jobs.state_dir, settings, args.spare_node_label).keep
     return KubeDetector(api, jobs, settings, keep)

@@ -11,7 +11,7 @@ from temporalio.service import RPCError
 
 from torchpass.cli.common import CliError, connect, temporal_args
 from torchpass.ids import SA_JOB_ID, SA_KIND, SA_OUTCOME
-from torchpass.outcome import MigrationOutcome
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.render import format_outcome
 
 

@@ -251,7 +251,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
     from workers.job import run_job
 
     if spec.nodes:
-        from workers.nodes import LocalNodes, plan, print_node_command, run_on_local_nodes
+        from workers.local_nodes import LocalNodes, plan, print_node_command, run_on_local_nodes
 
         where = "their hosts" if args.remote else "this host"
         print(f"torchpass: job {spec.job_id}: {spec.nodes} nodes of {args.nproc_per_node} ranks on {where}")

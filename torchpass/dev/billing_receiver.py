@@ -1,7 +1,7 @@
 """A reference receiver for torchpass credit notices: what a billing team can copy, and what the tests use.
 
-It checks the signature and timestamp (`torchpass.billing.verify`), accepts each idempotency key once and
-answers a repeat as a duplicate, so that a retried, replayed or duplicated notice never becomes a second
+It checks the signature and timestamp (`torchpass.contract.billing.verify`), accepts each idempotency key once
+and answers a repeat as a duplicate, so that a retried, replayed or duplicated notice never becomes a second
 credit. Answers:
 
 - 200 `{"accepted": true, "idempotency_key": ...}` the first time a key is seen
@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from torchpass.billing import DEFAULT_TOLERANCE_S, IDEMPOTENCY_HEADER, SignatureRejected, verify
-from torchpass.credit import CreditNotice
+from torchpass.contract.billing import DEFAULT_TOLERANCE_S, IDEMPOTENCY_HEADER, SignatureRejected, verify
+from torchpass.contract.credit import CreditNotice
 
 _MAX_BODY_BYTES = 1024 * 1024
 MIN_SECRET_CHARS = 16

@@ -29,7 +29,7 @@ from temporalio.client import Client
 from job_agent import wire
 from job_agent.coordinator.jobs import request, wait_until_ready
 from job_agent.launch.launcher import free_port
-from torchpass.contract_models import DEVELOPMENT_BANNER, Standing
+from torchpass.contract.models import DEVELOPMENT_BANNER, Standing
 from torchpass.dev.hosts import Fabric, fabric
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
@@ -38,7 +38,7 @@ from torchpass.render import format_check, format_ledger, format_outcome, format
 from workers import contract_client as cc
 from workers.control import control_worker
 from workers.job import run_job
-from workers.nodes import LocalNode, LocalNodes, run_on_local_nodes
+from workers.local_nodes import LocalNode, LocalNodes, run_on_local_nodes
 from workers.settings import Settings
 from workers.temporal import exit_process
 

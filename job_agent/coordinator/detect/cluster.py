@@ -1,8 +1,8 @@
 """What a cluster detector says of a node (`wire.NodeEvent`), checked against the job's own view.
 
-A detector (`workers.kube`, `workers.slurm`) watches the scheduler and tells each job what happened to a
-node: cordoned or set to DRAIN (move the work off while it still runs), NotReady, DOWN or FAIL, or the
-job's pod on it deleted. That is a claim; the job decides what it means for itself:
+A detector (`workers.detectors.kube`, `workers.detectors.slurm`) watches the scheduler and tells each job what
+happened to a node: cordoned or set to DRAIN (move the work off while it still runs), NotReady, DOWN or FAIL,
+or the job's pod on it deleted. That is a claim; the job decides what it means for itself:
 
 - a node with none of the job's ranks concerns it only so far as no spare of the job there is used any
   more, and nothing starts;

@@ -19,7 +19,7 @@ from job_agent import wire
 from job_agent.coordinator.detect.recovery import Progress, find_hung
 from job_agent.coordinator.members import Member, MemberState, Roster
 from job_agent.coordinator.waiting import Changes
-from torchpass.classify import CATEGORY_OF
+from torchpass.incident.classify import CATEGORY_OF
 from torchpass.models import Category, EventSource, Evidence, FailureKind
 
 # Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.

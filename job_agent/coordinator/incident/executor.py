@@ -19,12 +19,11 @@ from job_agent.coordinator.incident.tracker import Incident, IncidentError
 from job_agent.coordinator.incident.transfer_plan import Supplier, mismatch
 from job_agent.coordinator.members import Member, MemberState
 from job_agent.wire import Freeze
-from torchpass.classify import leaving_slots, planned
 from torchpass.errors import ErrorType
-from torchpass.models import Disposition, EventSource, Evidence, FailureKind
-from torchpass.outcome import MigrationOutcome
-from torchpass.proof import resume_problems
-from torchpass.steps import (
+from torchpass.incident.classify import leaving_slots, planned
+from torchpass.incident.outcome import MigrationOutcome
+from torchpass.incident.proof import resume_problems
+from torchpass.incident.steps import (
     ConfirmResult,
     FallbackResult,
     FreezeResult,
@@ -32,6 +31,7 @@ from torchpass.steps import (
     ReserveResult,
     TransferResult,
 )
+from torchpass.models import Disposition, EventSource, Evidence, FailureKind
 
 FENCE_TIMEOUT = timedelta(seconds=10)
 # A failure reported by another source (or forged) names ranks the job still sees: they must show no

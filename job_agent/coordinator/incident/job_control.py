@@ -14,9 +14,9 @@ from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.spares import SparePool
 from job_agent.coordinator.waiting import Changes
 from job_agent.launch.launcher import Launcher
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobSpec, JobState
 from torchpass.models import Evidence
-from torchpass.outcome import MigrationOutcome
 
 Tick = Callable[[int], None]
 

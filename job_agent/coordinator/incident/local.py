@@ -24,14 +24,14 @@ from typing import TypeVar
 from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.tracker import Incident, IncidentError
 from job_agent.coordinator.waiting import JobFailed
-from torchpass.classify import classify, classify_input
-from torchpass.decisions import RecoveryAction, plan_recovery
 from torchpass.errors import ErrorType
+from torchpass.incident.classify import classify, classify_input
+from torchpass.incident.decisions import RecoveryAction, plan_recovery
+from torchpass.incident.outcome import Ending, MigrationOutcome, bounded_error, build_outcome
+from torchpass.incident.proof import resume_problems, transfer_problems
+from torchpass.incident.steps import MAX_RECORD_EVIDENCE, ConfirmResult, FreezeResult, LocalRecord
 from torchpass.models import Classification, Disposition, Phase, PhaseTiming
-from torchpass.outcome import Ending, MigrationOutcome, bounded_error, build_outcome
 from torchpass.policies import MIGRATION_RETRY
-from torchpass.proof import resume_problems, transfer_problems
-from torchpass.steps import MAX_RECORD_EVIDENCE, ConfirmResult, FreezeResult, LocalRecord
 
 log = logging.getLogger("torchpass.coordinator")
 R = TypeVar("R")

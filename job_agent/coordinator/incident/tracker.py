@@ -29,14 +29,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from job_agent import wire
-from torchpass.classify import CATEGORY_OF
 from torchpass.errors import ErrorType, TorchpassError
 from torchpass.ids import REKEY_HEX, incident_workflow_id, job_task_queue
+from torchpass.incident.classify import CATEGORY_OF
+from torchpass.incident.outcome import MigrationOutcome
+from torchpass.incident.proof import filed_ending
+from torchpass.incident.steps import FallbackResult, FreezeResult, LocalRecord, RejoinResult, TransferProof
 from torchpass.job import JobSpec
 from torchpass.models import Category, ContractRef, Disposition, Evidence, FailureReport
-from torchpass.outcome import MigrationOutcome
-from torchpass.proof import filed_ending
-from torchpass.steps import FallbackResult, FreezeResult, LocalRecord, RejoinResult, TransferProof
 
 log = logging.getLogger("torchpass.coordinator")
 
@@ -95,8 +95,9 @@ class Incident:
     record: LocalRecord | None = None  # what the job did, once it is done (local only)
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
     deliveries: set[asyncio.Task[None]] = field(default_factory=set)
-    # The delivery of the report that names the workflow (its first evidence): the others wait for it, so
-    # the workflow is started by that report and its id is the one its start input keys (`torchpass.verify`).
+    # The delivery of the report that names the workflow (its first evidence): the others wait for it, so the
+    # workflow is started by that report and its id is the one its start input keys
+    # (`torchpass.contract.verify`).
     lead: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     @property

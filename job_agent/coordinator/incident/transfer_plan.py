@@ -14,8 +14,8 @@ from job_agent.coordinator.incident.tracker import Incident, IncidentError
 from job_agent.coordinator.members import Member
 from job_agent.wire import Assign, Role
 from torchpass.errors import ErrorType
-from torchpass.proof import transfer_problems
-from torchpass.steps import ReceiverProof, TransferProof
+from torchpass.incident.proof import transfer_problems
+from torchpass.incident.steps import ReceiverProof, TransferProof
 
 # Transfers one recovery may start, each after a loss, before it gives up (each needs a spare or a donor).
 MAX_REPLANS = 4
@@ -134,7 +134,7 @@ class Supplier:
         served: list[tuple[int, wire.Served]],
         replans: int,
     ) -> TransferProof:
-        """What the ranks said of the transfer, as one proof (`torchpass.proof` checks it)."""
+        """What the ranks said of the transfer, as one proof (`torchpass.incident.proof` checks it)."""
         assert inc.frozen is not None
         live = {s: k for s, k in inc.frozen.completed_steps.items() if s not in inc.lost}
         # The first donor of the last transfer (a re-made plan's donors are the ones that count).

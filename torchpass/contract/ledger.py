@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 
-from torchpass.contract import day_start
-from torchpass.contract_models import DayRollup, LedgerEntry
-from torchpass.verify import split_run
+from torchpass.contract.models import DayRollup, LedgerEntry
+from torchpass.contract.rules import day_start
+from torchpass.contract.verify import split_run
 
 LEDGER_BUDGET = 10_000
 LEDGER_BYTES = 1_000_000

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workers.detect import ASK_TIMEOUT
-from workers.slurm import SEP, SlurmError, slurm
-from workers.spare_nodes import Budget, Wanted, missing, wanted
+from workers.detectors.reports import ASK_TIMEOUT
+from workers.detectors.slurm import SEP, SlurmError, slurm
+from workers.detectors.spare_nodes import Budget, Wanted, missing, wanted
 
 log = logging.getLogger("torchpass.slurm")
 PREFIX = "torchpass-spare-"

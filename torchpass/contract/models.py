@@ -1,6 +1,6 @@
 """The models of a YOCO contract: its terms, its compact ledger, its evaluations and its standing.
 
-Pure data, shared by the rules (`torchpass.contract`), ContractWorkflow and the client helpers. Contract
+Pure data, shared by the rules (`torchpass.contract.rules`), ContractWorkflow and the client helpers. Contract
 dates (start, renewal, expansion) are calendar `date`s read as 00:00 UTC of that day; events (an
 incident's detection, an opt-in, a validation) are timezone-aware datetimes. A window ``[a, b)`` of dates
 therefore holds the events detected from 00:00 UTC on ``a`` up to, not including, 00:00 UTC on ``b``.
@@ -18,10 +18,10 @@ from typing import NamedTuple
 
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
-from torchpass.credit import CreditDelivery, CreditNotice, Money
+from torchpass.contract.credit import CreditDelivery, CreditNotice, Money
 from torchpass.errors import ErrorType, TorchpassError
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Model
-from torchpass.outcome import MigrationOutcome
 
 _ID = r"^[A-Za-z0-9._:-]+$"
 
@@ -126,8 +126,8 @@ class LedgerEntry(NamedTuple):
 
 
 class DayRollup(NamedTuple):
-    """A UTC day's entries of one status counted, no longer listed (`torchpass.ledger`): windows are whole
-    days, so every tally over roll-ups is exact."""
+    """A UTC day's entries of one status counted, no longer listed (`torchpass.contract.ledger`): windows are
+    whole days, so every tally over roll-ups is exact."""
 
     day: date
     status: EntryStatus
@@ -262,7 +262,7 @@ class EvaluationContext:
 
 class ContractState(Model):
     """Everything a contract carries across continue-as-new. The ledger holds only what a future window
-    can still count (see `torchpass.contract.prune`)."""
+    can still count (see `torchpass.contract.rules.prune`)."""
 
     term: NonNegativeInt = 0
     term_start: date

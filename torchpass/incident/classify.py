@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from torchpass.incident.steps import ConfirmResult
 from torchpass.models import (
     QUALIFYING_CATEGORIES,
     Category,
@@ -28,7 +29,6 @@ from torchpass.models import (
     Evidence,
     FailureKind,
 )
-from torchpass.steps import ConfirmResult
 
 K = FailureKind
 

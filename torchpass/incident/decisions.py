@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from torchpass.incident.steps import ConfirmResult
 from torchpass.models import Category, Classification
-from torchpass.steps import ConfirmResult
 
 
 class RecoveryAction(StrEnum):

@@ -9,7 +9,7 @@ last evaluation that issued a credit must on their own be below 90% too (`credit
 contract evaluates the same way but never issues a credit notice. The open cases the product brief leaves
 are decided in docs/contract.md.
 
-`ContractBook` (`torchpass.contract_book`) applies these rules to a contract's running state;
+`ContractBook` (`torchpass.contract.book`) applies these rules to a contract's running state;
 ContractWorkflow holds one and feeds it the time (`workflow.now()`), so that everything here stays
 deterministic and unit-testable.
 """
@@ -22,7 +22,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from fractions import Fraction
 
-from torchpass.contract_models import (
+from torchpass.contract.credit import CreditNotice, Money, credit_idempotency_key
+from torchpass.contract.models import (
     COUNTED,
     ContractPurpose,
     ContractRuleError,
@@ -34,11 +35,10 @@ from torchpass.contract_models import (
     Tally,
     Trigger,
 )
-from torchpass.credit import CreditNotice, Money, credit_idempotency_key
 from torchpass.errors import ErrorType
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Disposition
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import ReportStatus, ValidationReport
+from torchpass.validation.checks import ReportStatus, ValidationReport
 
 TARGET_RATE = Fraction(9, 10)
 CREDIT_SHARE = Decimal("0.25")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from torchpass.incident.outcome import Ending
+from torchpass.incident.steps import LocalRecord, ReceiverProof, TransferProof
 from torchpass.models import Disposition
-from torchpass.outcome import Ending
-from torchpass.steps import LocalRecord, ReceiverProof, TransferProof
 
 
 def _short(digest: str) -> str:

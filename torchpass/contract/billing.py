@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torchpass.credit import CreditNotice
+from torchpass.contract.credit import CreditNotice
 from torchpass.errors import ErrorType, TorchpassError
 
 SIGNATURE_HEADER = "X-Torchpass-Signature"

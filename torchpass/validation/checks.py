@@ -3,7 +3,7 @@
 Only a job whose latest report passed is covered by the guarantee (product brief: "Opt in to the YOCO
 Guarantee and we will validate your environment"). A check passed only under a development override is
 *waived*, never passed: a report with a waived check covers a job on a development contract only
-(`torchpass.contract_book`, docs/contract.md).
+(`torchpass.contract.book`, docs/contract.md).
 
 Activities gather facts (`JobDescription` from the job's coordinator, `ControlPlaneFacts` and
 `SchedulerFacts` from the control worker); the pure functions here judge them into `CheckResult`s, so that
@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from torchpass.models import Model
-from torchpass.versions import SUPPORTED_TORCH, version_in_range
+from torchpass.validation.versions import SUPPORTED_TORCH, version_in_range
 
 
 class CheckStatus(StrEnum):
@@ -89,7 +89,7 @@ class ValidationReport(_Verdict):
         default=None,
         max_length=1100,
         description="the EnvironmentValidationWorkflow run that made it (workflow id/run id): a contract "
-        "records a report only once that run's own history shows it (torchpass.verify)",
+        "records a report only once that run's own history shows it (torchpass.contract.verify)",
     )
 
     @model_validator(mode="after")

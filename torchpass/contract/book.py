@@ -1,4 +1,5 @@
-"""`ContractBook`: one contract's running state with the YOCO rules (`torchpass.contract`) applied to it.
+"""`ContractBook`: one contract's running state with the YOCO rules (`torchpass.contract.rules`) applied to
+it.
 
 Pure, like the rules: ContractWorkflow holds one and feeds it the time (`workflow.now()`); its state
 travels across continue-as-new as one `ContractState`.
@@ -8,24 +9,9 @@ from __future__ import annotations
 
 from datetime import date, datetime, timedelta
 
-from torchpass.contract import (
-    CREDIT_SHARE,
-    add_months,
-    check_expansion_date,
-    check_fee,
-    credit_due,
-    credit_start,
-    day_start,
-    evaluate,
-    prune_horizon,
-    status_for,
-    success_rate,
-    summary,
-    tally,
-    validation_status,
-    window_for,
-)
-from torchpass.contract_models import (
+from torchpass.contract.credit import CreditDelivery
+from torchpass.contract.ledger import Ledger
+from torchpass.contract.models import (
     ContractPurpose,
     ContractRuleError,
     ContractState,
@@ -45,12 +31,27 @@ from torchpass.contract_models import (
     Trigger,
     coverage_of,
 )
-from torchpass.credit import CreditDelivery
+from torchpass.contract.rules import (
+    CREDIT_SHARE,
+    add_months,
+    check_expansion_date,
+    check_fee,
+    credit_due,
+    credit_start,
+    day_start,
+    evaluate,
+    prune_horizon,
+    status_for,
+    success_rate,
+    summary,
+    tally,
+    validation_status,
+    window_for,
+)
+from torchpass.contract.verify import Quarantine
 from torchpass.errors import ErrorType
-from torchpass.ledger import Ledger
-from torchpass.outcome import MigrationOutcome
-from torchpass.validation import ValidationReport
-from torchpass.verify import Quarantine
+from torchpass.incident.outcome import MigrationOutcome
+from torchpass.validation.checks import ValidationReport
 
 
 class ContractBook:

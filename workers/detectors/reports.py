@@ -1,4 +1,5 @@
-"""What the cluster detectors (`workers.kube`, `workers.slurm`) share: telling the jobs what they saw.
+"""What the cluster detectors (`workers.detectors.kube`, `workers.detectors.slurm`) share: telling the jobs
+what they saw.
 
 A detector reads the scheduler's view of its nodes and turns each change that matters into a `Seen`: a node
 cordoned or drained, NotReady or DOWN, a job's pod on it deleted. Every job registered under the state

@@ -8,8 +8,8 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator
 
+from torchpass.incident.steps import ConfirmResult, FallbackResult, IncidentRef, RejoinResult, TransferProof
 from torchpass.models import Classification, Disposition, Evidence, FailureKind, Model, Phase, PhaseTiming
-from torchpass.steps import ConfirmResult, FallbackResult, IncidentRef, RejoinResult, TransferProof
 
 MAX_INCIDENT_ID = 1100  # Temporal's workflow ids are at most 1000 characters, a run id 36
 MAX_ERROR = 4000

@@ -12,7 +12,7 @@ failure, the node is set to DRAIN with the reason (`scontrol update`), so that S
 until somebody repairs it and resumes it.
 
 With spare nodes configured (`--spare-partition`, `--spare-reservation`), each poll also keeps the spare
-nodes the jobs asked for (`workers.slurm_spares`).
+nodes the jobs asked for (`workers.detectors.slurm_spares`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from torchpass.models import FailureKind
-from workers.detect import Jobs, Seen, acted
+from workers.detectors.reports import Jobs, Seen, acted
 
 log = logging.getLogger("torchpass.slurm")
 COMMAND_TIMEOUT = 15.0
@@ -116,7 +116,7 @@ class SlurmDetector:
     ) -> None:
         self.jobs = jobs
         self.settings = settings or SlurmSettings()
-        self.keep_spares = keep_spares  # `workers.slurm_spares.SlurmSpares.keep`, at each poll
+        self.keep_spares = keep_spares  # `workers.detectors.slurm_spares.SlurmSpares.keep`, at each poll
         self.stop = threading.Event()
 
     def run(self) -> None:

@@ -2,7 +2,7 @@
 
 Every figure here is the job's own measurement, from the ranks' own reports: steps completed, the step
 each rank resumed at, the digests each side computed of the state it holds, the shard each rank holds.
-The proof a live migration records is built from them and checked by `torchpass.proof`. Fields added
+The proof a live migration records is built from them and checked by `torchpass.incident.proof`. Fields added
 after the first release have defaults, so results recorded in older workflow histories still decode.
 """
 

@@ -24,10 +24,10 @@ from fractions import Fraction
 
 from pydantic import Field, PositiveInt
 
-from torchpass.contract_models import EntryStatus, LedgerRow
-from torchpass.credit import Money
+from torchpass.contract.credit import Money
+from torchpass.contract.models import EntryStatus, LedgerRow
+from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Disposition, Model
-from torchpass.outcome import MigrationOutcome
 
 HOURS_PER_MONTH = Decimal(730)  # 365 days * 24 h / 12 months
 

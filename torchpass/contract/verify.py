@@ -21,11 +21,11 @@ from datetime import datetime
 
 from pydantic import Field
 
-from torchpass.contract_models import RejectedClaim
+from torchpass.contract.models import RejectedClaim
 from torchpass.ids import REKEY_HEX, incident_workflow_id
+from torchpass.incident.outcome import MAX_INCIDENT_ID, MigrationOutcome
 from torchpass.models import FailureReport, Model
-from torchpass.outcome import MAX_INCIDENT_ID, MigrationOutcome
-from torchpass.validation import ValidateInput, ValidationReport
+from torchpass.validation.checks import ValidateInput, ValidationReport
 
 MIGRATION_WORKFLOW = "MigrationWorkflow"
 VALIDATION_WORKFLOW = "EnvironmentValidationWorkflow"

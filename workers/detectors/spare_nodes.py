@@ -1,4 +1,5 @@
-"""What the spare-node keepers of both schedulers share (`workers.slurm_spares`, `workers.kube_spares`).
+"""What the spare-node keepers of both schedulers share (`workers.detectors.slurm_spares`,
+`workers.detectors.kube_spares`).
 
 A job started with `--spare-nodes N --remote` registers how a node agent of it starts (`spare_node` in
 its `job.json`: N, a node's worth of spares, its script and arguments). A keeper reads every job asking,
@@ -20,7 +21,7 @@ from typing import Any
 
 from job_agent import wire
 from job_agent.coordinator.jobs import ask, registered_jobs
-from workers.detect import ASK_TIMEOUT, MAX_JOBS
+from workers.detectors.reports import ASK_TIMEOUT, MAX_JOBS
 
 log = logging.getLogger("torchpass.detect")
 RETRY_STARTS = 2  # beyond a job's N, per window: spare nodes that ended before joining, started again

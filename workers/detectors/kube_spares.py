@@ -11,7 +11,7 @@ Pod of any job) and creates a Pod from the template bound to it (`spec.nodeName`
 creating its agent there. The agent joins the job as a spare node; once a cordon moved ranks onto it, it
 is idle no more and the next pass takes another free node, if there is one.
 
-Bounded like the Slurm keeper (`workers.spare_nodes.Budget`). Needs `create` on pods and `list` on
+Bounded like the Slurm keeper (`workers.detectors.spare_nodes.Budget`). Needs `create` on pods and `list` on
 podtemplates in the namespace (deploy/kubernetes/rbac.yaml); it deletes nothing: a spare-node Pod's agent
 exits with its job (restartPolicy Never), and the Pod is owned by the job's PodTemplate, so Kubernetes'
 garbage collector deletes it with the job's objects.
@@ -29,9 +29,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from workers.detect import ASK_TIMEOUT
-from workers.kube import KubeSettings, node_seen
-from workers.spare_nodes import Budget, Wanted, missing, wanted
+from workers.detectors.kube import KubeSettings, node_seen
+from workers.detectors.reports import ASK_TIMEOUT
+from workers.detectors.spare_nodes import Budget, Wanted, missing, wanted
 
 log = logging.getLogger("torchpass.kube")
 APP_LABEL = "app.kubernetes.io/name"

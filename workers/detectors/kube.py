@@ -1,6 +1,6 @@
 """The Kubernetes detector: Nodes and the jobs' Pods, watched through the `kubernetes` client.
 
-What it reports (`workers.detect.Seen`), each to the jobs it concerns:
+What it reports (`workers.detectors.reports.Seen`), each to the jobs it concerns:
 
 - a Node cordoned (`spec.unschedulable`, or the `node.kubernetes.io/unschedulable` taint) -> a planned
   move of every rank on it while it still works (`kubectl cordon`, `kubectl drain`);
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from urllib3.exceptions import HTTPError
 
 from torchpass.models import FailureKind
-from workers.detect import Jobs, Seen, acted
+from workers.detectors.reports import Jobs, Seen, acted
 
 log = logging.getLogger("torchpass.kube")
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -111,7 +111,9 @@ class KubeDetector:
         self.api = api
         self.jobs = jobs
         self.settings = settings or KubeSettings()
-        self.keep_spares = keep_spares  # `workers.kube_spares.KubeSpares.keep`, every `spare_seconds`
+        self.keep_spares = (
+            keep_spares  # `workers.detectors.kube_spares.KubeSpares.keep`, every `spare_seconds`
+        )
         self.stop = threading.Event()
         self._watches: list[watch.Watch] = []
         self._lock = threading.Lock()

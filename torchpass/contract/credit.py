@@ -1,7 +1,7 @@
 """Money and the credit notice: what the contract workflow sends to billing.
 
-Shared by the contract rules (`torchpass.contract`), the contract workflow and the billing activities, so
-that the notice a billing system receives has one definition. Money is a `Decimal` with an ISO 4217
+Shared by the contract rules (`torchpass.contract.rules`), the contract workflow and the billing activities,
+so that the notice a billing system receives has one definition. Money is a `Decimal` with an ISO 4217
 currency; floats never carry an amount.
 """
 
