@@ -34,7 +34,7 @@ from torchpass.incident.steps import (
     ReserveResult,
     TransferResult,
 )
-from torchpass.validation.checks import JobDescription, ValidationTarget
+from torchpass.validation.facts import JobDescription, ValidationTarget
 
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ from torchpass.contract.verify import (
 from torchpass.ids import ControlActivity, ValidationActivity
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import FailureReport
-from torchpass.validation.checks import RecordValidationInput, ValidateInput, ValidationReport
+from torchpass.validation.report import RecordValidationInput, ValidateInput, ValidationReport
 
 _MAX_SENT = 20  # outcomes one incident signalled that are decoded; a genuine one sends one
 

@@ -16,41 +16,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio import activity
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.validation_settings import ValidationSettings
 from torchpass.contract.models import JobCoverage
 from torchpass.ids import ValidationActivity, contract_workflow_id
-from torchpass.validation.checks import (
-    ControlPlaneFacts,
-    RecordValidationInput,
-    RecordValidationResult,
-    SchedulerFacts,
-    SchedulerProbe,
-    ValidationTarget,
-)
-
-
-class ValidationSettings(BaseSettings):
-    """TORCHPASS_VALIDATION_* for torchpass's own knobs; the scheduler's standard variables by their names."""
-
-    model_config = SettingsConfigDict(env_prefix="TORCHPASS_VALIDATION_", extra="ignore")
-
-    allow_local: bool = Field(
-        default=False,
-        description="development only: waive (never pass) the scheduler check with neither Kubernetes nor "
-        "Slurm; a waived check covers a job on a development contract only",
-    )
-    command_timeout: float = Field(default=10.0, gt=0, description="seconds per scontrol/sinfo call")
-    api_timeout: float = Field(default=10.0, gt=0, description="seconds per Kubernetes/Temporal call")
-    slurm_job_id: str | None = Field(default=None, validation_alias="SLURM_JOB_ID")
-    kubernetes_service_host: str | None = Field(default=None, validation_alias="KUBERNETES_SERVICE_HOST")
-    kubeconfig: str | None = Field(default=None, validation_alias="KUBECONFIG")
+from torchpass.validation.facts import ControlPlaneFacts, SchedulerFacts, SchedulerProbe, ValidationTarget
+from torchpass.validation.report import RecordValidationInput, RecordValidationResult
 
 
 class SlurmUnavailable(Exception):

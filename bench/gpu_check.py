@@ -30,11 +30,13 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from job_agent import wire
+from job_agent.coordinator.store_server import StoreServer
 from job_agent.rank.sever import GroupSockets
 from job_agent.rank.state import TrackedState
-from job_agent.rank.store import STORE_PREFIX, RendezvousStore, StoreServer
+from job_agent.rank.store import RendezvousStore
 from job_agent.transfer import receiver
 from job_agent.transfer.donor import StateServer
+from job_agent.wire.store import STORE_PREFIX
 
 SECRET = os.urandom(32)
 STEP = 11

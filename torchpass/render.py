@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torchpass.contract.models import DEVELOPMENT_BANNER, ContractPurpose, LedgerPage, Standing
 from torchpass.incident.outcome import MigrationOutcome
-from torchpass.validation.checks import CheckResult, CheckStatus
+from torchpass.validation.report import CheckResult, CheckStatus
 
 _MARK = {CheckStatus.PASSED: "ok", CheckStatus.FAILED: "FAIL", CheckStatus.WAIVED: "WAIVED"}
 

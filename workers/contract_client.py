@@ -33,7 +33,7 @@ from torchpass.contract.rules import add_months
 from torchpass.ids import CONTROL_TASK_QUEUE, contract_workflow_id, validation_workflow_id
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import ContractRef
-from torchpass.validation.checks import ValidateInput, ValidationReport
+from torchpass.validation.report import ValidateInput, ValidationReport
 
 T = TypeVar("T")
 # A query waits for the workflow task in progress; a contract that just took a burst of outcomes (or is

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.billing_settings import BillingSettings
-from activities.validation import ValidationSettings
+from activities.validation_settings import ValidationSettings
 from workers.telemetry import TelemetrySettings
 from workers.temporal import TemporalSettings
 

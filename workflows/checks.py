@@ -12,7 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
     from torchpass.policies import VERIFY_AGAIN_AFTER, VERIFY_RETRY, VERIFY_TIMEOUTS
-    from torchpass.validation.checks import ValidationReport
+    from torchpass.validation.report import ValidationReport
     from workflows.policy import retry_policy
 
 

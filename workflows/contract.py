@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.ids import ControlActivity
     from torchpass.incident.outcome import MigrationOutcome
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, VERIFY_AGAIN_AFTER
-    from torchpass.validation.checks import ValidationReport
+    from torchpass.validation.report import ValidationReport
     from workflows.checks import check_outcomes, check_validation
     from workflows.inputs import decode, decode_start
     from workflows.policy import retry_policy

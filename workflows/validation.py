@@ -26,21 +26,20 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.ids import JobActivity, ValidationActivity, contract_workflow_id, job_task_queue
     from torchpass.policies import DESCRIBE_ATTEMPT, VALIDATION_RETRY, VALIDATION_TIMEOUTS
     from torchpass.validation.checks import (
-        Check,
-        CheckResult,
-        ControlPlaneFacts,
-        JobDescription,
-        RecordValidationInput,
-        RecordValidationResult,
-        SchedulerFacts,
-        ValidateInput,
-        ValidationReport,
-        ValidationTarget,
         build_report,
         evaluate_control_plane,
         evaluate_job,
         evaluate_scheduler,
         with_check,
+    )
+    from torchpass.validation.facts import ControlPlaneFacts, JobDescription, SchedulerFacts, ValidationTarget
+    from torchpass.validation.report import (
+        Check,
+        CheckResult,
+        RecordValidationInput,
+        RecordValidationResult,
+        ValidateInput,
+        ValidationReport,
     )
     from workflows.inputs import decode_start
     from workflows.policy import retry_policy

@@ -21,7 +21,7 @@ from job_agent.coordinator import resume
 from job_agent.coordinator.channel import ControlServer, send
 from job_agent.coordinator.detect.cluster import ClusterSignals
 from job_agent.coordinator.detect.conditions import HostConditions
-from job_agent.coordinator.detect.detection import Detector, signal_name
+from job_agent.coordinator.detect.detection import Detector
 from job_agent.coordinator.detect.injection import Injector
 from job_agent.coordinator.detect.replicas import ReplicaChecks
 from job_agent.coordinator.detect.watch import watch
@@ -35,11 +35,12 @@ from job_agent.coordinator.node_launcher import NodeLauncher, admit_node, wait_f
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import Checkpoints, ProgressFile
 from job_agent.coordinator.spares import LocalSparePool, SparePool
+from job_agent.coordinator.store_server import StoreServer
 from job_agent.coordinator.takeback import prior_coordinator, take_back
 from job_agent.coordinator.waiting import Changes, JobFailed
-from job_agent.launch.launcher import Launcher, LocalLauncher, agent_env, command, free_port
-from job_agent.rank.store import STORE_PREFIX, StoreServer
+from job_agent.launch.launcher import Launcher, LocalLauncher, agent_env, command, free_port, signal_name
 from job_agent.wire import Role
+from job_agent.wire.store import STORE_PREFIX
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult, JobSpec, JobState, Resumed

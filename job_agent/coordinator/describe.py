@@ -1,6 +1,8 @@
 """What a running job says about itself for environment validation: its world, spares, torch and layout.
 
-Read on the coordinator's event loop (the `describe_job` activity); it changes nothing.
+Read on the coordinator's event loop (the `describe_job` activity); it changes nothing. The torch, CUDA and
+backend are what each rank said of its own host in its hello: the coordinator imports no torch, and in a
+multi-node job the ranks' hosts are not its own.
 """
 
 from __future__ import annotations
@@ -8,11 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-
 import torchpass
-from torchpass.validation.checks import JobDescription
+from job_agent import wire
+from job_agent.coordinator.members import Member
+from torchpass.validation.facts import JobDescription, RankEnvironment
 
 if TYPE_CHECKING:
     from job_agent.coordinator.coordinator import Coordinator
@@ -21,14 +22,11 @@ if TYPE_CHECKING:
 def describe(c: Coordinator) -> JobDescription:
     """The job as its coordinator sees it now.
 
-    The backend is the one the ranks choose (`RankAgent` uses nccl when CUDA is present, else gloo); the
-    local launcher runs the ranks on this host, so this host's torch answers for them. The replicas per
-    shard are counted from the shard each rank reported holding; a rank that has not reported one is a
-    shard of its own (never assumed to be a replica).
+    The ranks' environments are grouped by what they said (one entry for a job of one kind of host); a
+    rank that has not said is in none. The replicas per shard are counted from the shard each rank
+    reported holding; a rank that has not reported one is a shard of its own (never assumed to be a
+    replica).
     """
-    cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
-    available = dist.is_nccl_available() if cuda else dist.is_gloo_available()
     replicas = Counter(c.roster.shards.get(slot, f"unreported-rank-{slot}") for slot in range(c.world_size))
     return JobDescription(
         job_id=c.job_id,
@@ -40,18 +38,15 @@ def describe(c: Coordinator) -> JobDescription:
         live_migration=c.spec.agent,
         spares_ready=len(c.spares.ready()),
         spares_warming=c.spares.warming(),
-        backend=backend,
-        backend_available=available,
-        torch_version=str(torch.__version__),
-        cuda_available=cuda,
-        nccl_version=_nccl_version() if cuda else None,
         shard_replicas=dict(replicas),
+        environments=environments(c.roster.ranks()),
     )
 
 
-def _nccl_version() -> str | None:
-    try:
-        v = torch.cuda.nccl.version()
-    except (RuntimeError, AttributeError):  # a build without NCCL
-        return None
-    return ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)
+def environments(ranks: list[Member]) -> tuple[RankEnvironment, ...]:
+    """The ranks grouped by the environment each reported, in slot order."""
+    groups: dict[wire.Environment, list[int]] = {}
+    for m in sorted(ranks, key=lambda m: m.slot):
+        if m.environment is not None:
+            groups.setdefault(m.environment, []).append(m.slot)
+    return tuple(RankEnvironment(slots=tuple(slots), **env.model_dump()) for env, slots in groups.items())

@@ -7,13 +7,12 @@ import shutil
 from collections import Counter
 from typing import Protocol
 
-from job_agent.coordinator.detect.detection import signal_name
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.jobs import unregister_job
 from job_agent.coordinator.members import Member, Roster
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import ProgressFile
-from job_agent.launch.launcher import Launcher
+from job_agent.launch.launcher import Launcher, signal_name
 from torchpass.job import JobResult, JobSpec, JobState, Resumed
 
 

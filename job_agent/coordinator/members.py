@@ -41,6 +41,7 @@ class Member:
     node: str
     conn: socket.socket | None = None
     device: int = -1  # its GPU index on its node (LOCAL_RANK), as it said in its hello
+    environment: wire.Environment | None = None  # what its torch offers, as it said in its hello
     state: MemberState = MemberState.CONNECTED
     last_heartbeat: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)  # its last step or collective entry
@@ -127,7 +128,16 @@ class Roster:
         node = self.pending.pop(hello.agent_id, None)
         if node is None:
             return None
-        m = Member(hello.agent_id, hello.role, hello.slot, hello.pid, node, conn, device=hello.device)
+        m = Member(
+            hello.agent_id,
+            hello.role,
+            hello.slot,
+            hello.pid,
+            node,
+            conn,
+            device=hello.device,
+            environment=hello.environment,
+        )
         self.members[m.agent_id] = m
         self._by_conn[conn] = m
         return m

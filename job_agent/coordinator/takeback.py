@@ -24,14 +24,13 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from job_agent import wire
-from job_agent.coordinator.detect.detection import signal_name
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.jobs import alive, registered_pid
 from job_agent.coordinator.members import Member, Roster
 from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.waiting import Changes
-from job_agent.launch.launcher import Launcher
+from job_agent.launch.launcher import Launcher, signal_name
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobSpec
 from torchpass.models import EventSource, Evidence, FailureKind

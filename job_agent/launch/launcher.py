@@ -11,14 +11,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-from job_agent.coordinator.detect.detection import signal_name
-from job_agent.coordinator.members import Roster
-from job_agent.coordinator.spares import SparePool
 from job_agent.launch.forkserver import Forked, ForkServer
-from job_agent.wire import Role
 from torchpass.job import JobSpec
 
 
@@ -88,6 +84,14 @@ def command(spec: JobSpec) -> tuple[str, tuple[str, ...]]:
     if spec.agent:
         return str(spec.script), spec.args
     return "-m", ("job_agent.rank.unmodified", str(spec.script), *spec.args)
+
+
+def signal_name(code: int) -> str:
+    """A process's exit status in words: its exit code, or the signal that ended it."""
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"exit code {code}"
 
 
 def free_port(host: str) -> int:
@@ -240,17 +244,3 @@ class LocalLauncher(Launcher):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-
-
-def reap_pending(roster: Roster, launcher: Launcher, spares: SparePool, fail: Callable[[str], None]) -> None:
-    """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare that
-    did is replaced."""
-    for agent_id in list(roster.pending):
-        code = launcher.poll(agent_id)
-        if code is None:
-            continue
-        del roster.pending[agent_id]
-        if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
-            spares.failed_start(agent_id, code)
-            continue
-        fail(f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above")

@@ -34,9 +34,9 @@ from job_agent import wire
 from job_agent.launch.launcher import LocalLauncher
 from job_agent.node.gpu_health import GpuHealth, GpuSignal, nvml_index
 from job_agent.node.host_health import HostHealth
-from job_agent.rank.link import EXIT_COORDINATOR_LOST
 from job_agent.wire import protocol
 from job_agent.wire.node import TEXT, NodeProcess, SignalAction
+from job_agent.wire.protocol import EXIT_COORDINATOR_LOST
 from torchpass.errors import ErrorType
 
 log = logging.getLogger("torchpass.node")

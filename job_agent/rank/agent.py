@@ -15,7 +15,6 @@ optimizer and waits in `run` until it is given a slot.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import queue
 import signal
@@ -27,20 +26,26 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from job_agent import wire
 from job_agent.rank import loop
-from job_agent.rank.ddp import NotReplicas, Wrappers, check_same_start, placeholder_group
+from job_agent.rank.ddp import Wrappers, placeholder_group
 from job_agent.rank.fsdp import Sharded
+from job_agent.rank.group import JobGroup, same_start
 from job_agent.rank.link import CoordinatorLink, exit_now
 from job_agent.rank.loop import CollectiveFailure, Step, step_failure
 from job_agent.rank.rngs import GlobalDraws, as_stateful, seed_globals
 from job_agent.rank.settings import AgentSettings
 from job_agent.rank.sever import GroupSockets
 from job_agent.rank.state import TrackedState, shard_file
-from job_agent.rank.store import STORE_PREFIX, RendezvousStore
-from job_agent.rank.tensors import GRAD_BUCKET_BYTES, bucketize, pick_device, step_seed
+from job_agent.rank.store import RendezvousStore
+from job_agent.rank.tensors import (
+    GRAD_BUCKET_BYTES,
+    bucketize,
+    environment,
+    pick_device,
+    step_seed,
+)
 from job_agent.transfer.orders import receive, serve
 
 
@@ -69,8 +74,9 @@ class RankAgent:
         self._coll_timeout = timedelta(seconds=s.collective_timeout)
         self._recovery_timeout = timedelta(seconds=s.recovery_timeout)
         host, port = s.store_addr
-        self._store = RendezvousStore(host, port, self._secret, self._recovery_timeout)
-        hello = s.hello(wire.Role(s.role), s.slot)
+        store = RendezvousStore(host, port, self._secret, self._recovery_timeout)
+        self._environment = environment(self.device)
+        hello = s.hello(wire.Role(s.role), s.slot, self._environment)
         self._link = CoordinatorLink(
             *s.coordinator_addr,
             self._secret,
@@ -83,6 +89,7 @@ class RankAgent:
         self._frozen = False
         self._done: wire.Done | None = None
         self._group_sockets = GroupSockets()
+        self._group = JobGroup(store, self.device, self._coll_timeout, self._group_sockets)
         self._link.on_abort = lambda: self._group_sockets.abort(nccl=self.device.type == "cuda")
         self._wrappers: Wrappers | None = None
         self._sharded: Sharded | None = None
@@ -223,7 +230,7 @@ class RankAgent:
     def _freeze(self, in_flight: int | None, reason: str) -> None:
         # Outside the except block, so no traceback keeps the old group's sockets alive (which would
         # leave peers blocked until the group timeout).
-        self._drop_group()
+        self._group.drop()
         if in_flight is not None:  # the step is done again from where it began
             assert self._tracked is not None and self._sharded is not None
             if self._tracked.stepped:  # its update is applied: done again, it would be applied twice
@@ -290,37 +297,20 @@ class RankAgent:
     def _regroup(self, generation: int, world_size: int) -> bool:
         """Form generation `generation`'s group; False when it never forms (a peer was lost as it formed
         and the coordinator abandoned it): this rank stays frozen and waits for the next instruction."""
-        self._drop_group()
         self.generation = generation
         self.world_size = world_size
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        self._group_sockets.forming()
-        try:
-            # A new store prefix per generation: reusing one makes init read stale keys.
-            dist.init_process_group(
-                backend,
-                store=dist.PrefixStore(f"{STORE_PREFIX}{generation}", self._store),
-                rank=self.slot,
-                world_size=world_size,
-                timeout=self._coll_timeout,
-            )
+
+        def on_the_new_group() -> None:
             if self._sharded is not None:
                 self._sharded.regroup()
             if self._wrappers is not None:
                 self._wrappers.regroup(first=generation == 0)
             if generation == 0:
-                self._same_start()
-        except (dist.DistStoreError, RuntimeError) as e:
-            reason = f"generation {generation} did not form: {e}"
-        else:
-            reason = ""
-            self._group_sockets.formed()
-        if reason:  # outside the except block: no traceback keeps a half-made group alive
-            # The failed init took a group name from torch's counter (its keys live under `<n>/`) and
-            # only destroying a formed world resets it: reset it as that does, or this rank's next
-            # group waits under `1/` for peers writing `0/` (a fresh spare) until the store times out.
-            c10d._world.group_count = 0
-            gc.collect()
+                assert self._tracked is not None and self._wrappers is not None
+                same_start(self._tracked, self._wrappers, self._send)
+
+        reason = self._group.form(generation, self.slot, world_size, on_the_new_group)
+        if reason:
             self._send(wire.Frozen(completed=self.completed_step, reason=reason[:4000]))
             return False
         assert self._tracked is not None
@@ -328,31 +318,6 @@ class RankAgent:
         self._verify_at = self.completed_step + 2 if generation else -1  # once the redone step is done
         self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
         return True
-
-    def _same_start(self) -> None:
-        """As the job's group first forms, replicas hold one model (unless DDP broadcasts it) and one
-        position of each random stream the script tracks (a spare takes both from a replica)."""
-        assert self._tracked is not None and self._wrappers is not None
-        shard, extras = self._tracked.layout().shard, self._tracked.extras.items()
-        streams = {k: v for k, v in extras if getattr(v, "rewound_each_step", False)}
-        try:
-            if not self._wrappers.modules:  # the model alone: an extra (a scheduler) may be the rank's own
-                check_same_start(shard, TrackedState(self._tracked.model).snapshot(-1).digest())
-            if streams:
-                held = TrackedState(torch.nn.Module(), None, streams).snapshot(-1).digest()
-                check_same_start(shard, held, what="random streams")
-        except NotReplicas as e:  # the script's setup, named in the job's result
-            step_failure(-1, e, self._send)
-            raise
-
-    def _drop_group(self) -> None:
-        if not dist.is_initialized():
-            return
-        with contextlib.suppress(RuntimeError):  # a broken group may fail to shut down cleanly
-            dist.destroy_process_group()
-        # Reference cycles (failed work objects, their exceptions) can keep the old group's sockets
-        # open, which leaves peers blocked until the group timeout.
-        gc.collect()
 
     def _maybe_checkpoint(self, step: int) -> None:
         s, every = self.settings, self.settings.checkpoint_every
@@ -372,7 +337,7 @@ class RankAgent:
         while not isinstance(self._link.inbox.get(timeout=self._recovery_timeout.total_seconds()), wire.Exit):
             pass
         self._link.finished.set()
-        self._drop_group()
+        self._group.drop()
         self._link.close()
 
     def _buckets(self) -> list[list[torch.Tensor]]:
@@ -390,7 +355,7 @@ class RankAgent:
         that put it where it stands (ready, or in its generation: training, frozen or done)."""
         role = wire.Role.SPARE if self.is_spare else wire.Role.RANK
         s, c = self.settings, self.completed_step
-        hello = s.hello(role, self.slot, rejoin=True)
+        hello = s.hello(role, self.slot, self._environment, rejoin=True)
         layout = self._tracked.layout() if self._tracked is not None else None
         if self.is_spare or self.generation < 0:  # before its Ready (model still building): the hello
             ready = [] if self._steps is None else [wire.Ready(completed=c, steps=self._steps, layout=layout)]

@@ -21,8 +21,8 @@ from datetime import timedelta
 
 from job_agent import wire
 from job_agent.wire import protocol
+from job_agent.wire.protocol import EXIT_COORDINATOR_LOST
 
-EXIT_COORDINATOR_LOST = 70
 CONNECT_TIMEOUT = timedelta(seconds=30)
 _REJOIN_EVERY = 0.5
 

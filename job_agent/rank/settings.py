@@ -59,14 +59,22 @@ class AgentSettings(BaseSettings):
     def read_secret(self) -> bytes:
         return bytes.fromhex(self.secret_file.read_text().strip())
 
-    def hello(self, role: wire.Role, slot: int, rejoin: bool = False) -> wire.Hello:
-        """What this process says first to its coordinator: who and where it is."""
+    def hello(
+        self,
+        role: wire.Role,
+        slot: int,
+        environment: wire.Environment | None = None,
+        rejoin: bool = False,
+    ) -> wire.Hello:
+        """What this process says first to its coordinator: who and where it is, and what its torch
+        offers."""
         return wire.Hello(
             agent_id=self.agent_id,
             role=role,
             slot=slot,
             pid=os.getpid(),
             device=self.local_rank,
+            environment=environment,
             rejoin=rejoin,
         )
 

@@ -1,142 +1,32 @@
-"""A rank's training state as one ordered list of tensors plus a JSON header, and its digest.
-
-Model, optimizer, user extras (scheduler, grad scaler, data position) and the completed step flatten the
-same way on every rank, so a receiver can take each tensor *in place* into memory it already holds (a warm
-spare's own parameters and optimizer moments) and both sides can hash the same bytes for the proof.
-"""
+"""A rank's training state: what the agent tracks (model, optimizer, extras), what a step done again
+starts from, and its checkpoints. As it travels between ranks it is a `Snapshot`
+(`job_agent.transfer.snapshot`)."""
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
-import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import blake3
 import torch
 
 from job_agent import wire
+from job_agent.transfer.snapshot import (
+    Snapshot,
+    StateMismatch,
+    dtensor_type,
+    flatten,
+    unflatten,
+)
 from job_agent.wire.stream import TensorEntry
-
-_TENSOR = "__tensor__"
-_MAP = "__map__"
 
 
 class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
-
-
-class StateMismatch(Exception):
-    """The donor's state does not fit the receiver's model (different architecture or optimizer)."""
-
-
-def state_hash(head: bytes = b"") -> Any:
-    """The hash of a rank's state (digests, proofs, replica checks): BLAKE3, a cryptographic 256-bit hash
-    about 2.5 times as fast as SHA-256 on one core here (4.3 against 1.7 GB/s, SHA extensions included),
-    paid on the recovery's critical path at least twice (the bytes as they arrive, the state once
-    installed). It releases the GIL on large buffers, so a background thread hashes while the socket
-    fills the next chunk."""
-    return blake3.blake3(head)
-
-
-def _dtensor_type() -> Any:
-    # No DTensor can exist unless the script imported its module (importing it here costs ~1 s).
-    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
-
-
-def _flatten(obj: Any, path: str, out: list[tuple[str, torch.Tensor]], sharded: dict[str, Any]) -> Any:
-    """Replace every tensor by a placeholder, collecting (path, tensor) in a stable order. A DTensor (an
-    FSDP shard) is collected as its local tensor, the part this rank holds, and kept in `sharded`."""
-    if isinstance(obj, torch.Tensor):
-        if (dtensor := _dtensor_type()) is not None and isinstance(obj, dtensor):
-            sharded[path] = obj
-            obj = obj._local_tensor.detach()  # the same memory: received into in place
-        out.append((path, obj))
-        return {_TENSOR: path}
-    if isinstance(obj, Mapping):
-        if all(isinstance(k, str) for k in obj):
-            return {k: _flatten(v, f"{path}.{k}", out, sharded) for k, v in obj.items()}
-        # Optimizer state is keyed by parameter index: keep the keys' types through JSON.
-        return {_MAP: [[k, _flatten(v, f"{path}.{k}", out, sharded)] for k, v in obj.items()]}
-    if isinstance(obj, list | tuple):
-        return [_flatten(v, f"{path}.{i}", out, sharded) for i, v in enumerate(obj)]
-    if obj is None or isinstance(obj, bool | int | float | str):
-        return obj
-    raise TypeError(f"cannot transfer {type(obj).__name__} at {path}: use tensors, numbers, strings")
-
-
-def _unflatten(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    if isinstance(obj, dict):
-        if _TENSOR in obj:
-            return tensors[obj[_TENSOR]]
-        if _MAP in obj:
-            return {k: _unflatten(v, tensors) for k, v in obj[_MAP]}
-        return {k: _unflatten(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_unflatten(v, tensors) for v in obj]
-    return obj
-
-
-def byte_view(t: torch.Tensor) -> memoryview:
-    """A writable view of a contiguous CPU tensor's bytes, without copying (and without numpy)."""
-    if t.device.type != "cpu" or not t.is_contiguous():
-        raise ValueError("byte_view needs a contiguous CPU tensor")
-    n = t.numel() * t.element_size()
-    if n == 0:
-        return memoryview(b"")
-    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
-
-
-class Snapshot:
-    """The flattened state at one step: a JSON-able header and the tensors it refers to, in order."""
-
-    def __init__(self, header: dict[str, Any], tensors: list[tuple[str, torch.Tensor]]) -> None:
-        self.header = header
-        self.tensors = tensors
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for _, t in self.tensors)
-
-    def manifest(self) -> list[TensorEntry]:
-        return [
-            TensorEntry(path=p, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
-            for p, t in self.tensors
-        ]
-
-    def header_bytes(self) -> bytes:
-        manifest = [e.model_dump() for e in self.manifest()]
-        return json.dumps(
-            {"header": self.header, "manifest": manifest}, sort_keys=True, separators=(",", ":")
-        ).encode()
-
-    def digest(self) -> str:
-        h = state_hash(self.header_bytes())
-        for chunk in self.host_chunks():
-            h.update(chunk)
-        return h.hexdigest()
-
-    def host_chunks(self) -> Iterator[memoryview]:
-        """Each tensor's bytes as seen from the host (GPU tensors are staged through host memory)."""
-        return self.host_range(0, self.nbytes)
-
-    def host_range(self, start: int, stop: int) -> Iterator[memoryview]:
-        """Bytes [start, stop) of the tensors laid end to end, as views of each tensor's host bytes."""
-        pos = 0
-        for _, t in self.tensors:
-            n = t.numel() * t.element_size()
-            lo, hi = max(start, pos), min(stop, pos + n)
-            if lo < hi:
-                host = t if t.device.type == "cpu" and t.is_contiguous() else t.detach().contiguous().cpu()
-                yield byte_view(host)[lo - pos : hi - pos]
-            pos += n
-            if pos >= stop:
-                return
 
 
 class StepBuffers:
@@ -208,12 +98,12 @@ class TrackedState:
         sharded = self._sharded = {}
         header = {
             "step": step,
-            "model": _flatten(self.model.state_dict(), "model", tensors, sharded),
-            "optimizer": _flatten(self.optimizer.state_dict(), "optimizer", tensors, sharded)
+            "model": flatten(self.model.state_dict(), "model", tensors, sharded),
+            "optimizer": flatten(self.optimizer.state_dict(), "optimizer", tensors, sharded)
             if self.optimizer is not None
             else None,
             "extras": {
-                k: _flatten(v.state_dict(), f"extras.{k}", tensors, sharded) for k, v in self.extras.items()
+                k: flatten(v.state_dict(), f"extras.{k}", tensors, sharded) for k, v in self.extras.items()
             },
         }
         return Snapshot(header, tensors)
@@ -254,7 +144,7 @@ class TrackedState:
         """Which shard of the model this rank holds, from its own parameters: the names, dtypes and shapes
         of every entry of the model's state, and for a DTensor its placements and this rank's coordinate
         on the sharded mesh dimensions. Ranks that hold the same shard are replicas of each other."""
-        dtensor = _dtensor_type()
+        dtensor = dtensor_type()
         entries: list[list[Any]] = []
         sharded = False
         for name, t in self.model.state_dict().items():
@@ -274,11 +164,11 @@ class TrackedState:
         """Install a received or restored state; returns its step."""
         tensors = self._as_held(tensors)
         try:
-            self.model.load_state_dict(_unflatten(header["model"], tensors))
+            self.model.load_state_dict(unflatten(header["model"], tensors))
             if self.optimizer is not None and header["optimizer"] is not None:
-                self.optimizer.load_state_dict(_unflatten(header["optimizer"], tensors))
+                self.optimizer.load_state_dict(unflatten(header["optimizer"], tensors))
             for name, obj in self.extras.items():
-                obj.load_state_dict(_unflatten(header["extras"][name], tensors))
+                obj.load_state_dict(unflatten(header["extras"][name], tensors))
         except (KeyError, RuntimeError, ValueError) as e:
             raise StateMismatch(f"received state does not fit this rank: {e}") from e
         return int(header["step"])

@@ -1,10 +1,14 @@
-"""Where a rank's tensors live, how its gradients are grouped for the all-reduce, and its per-step seed."""
+"""Where a rank's tensors live and what its host offers them, how its gradients are grouped for the
+all-reduce, and its per-step seed."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
+
+from job_agent import wire
 
 GRAD_BUCKET_BYTES = 25 * 2**20  # gradients all-reduced together, at most this many bytes a bucket
 
@@ -28,6 +32,26 @@ def pick_device(name: str, local_rank: int) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def environment(device: torch.device) -> wire.Environment:
+    """What this rank's torch says of its host (the job's environment validation reads it)."""
+    cuda = device.type == "cuda"
+    return wire.Environment(
+        torch_version=str(torch.__version__)[:64],
+        backend="nccl" if cuda else "gloo",
+        backend_available=dist.is_nccl_available() if cuda else dist.is_gloo_available(),
+        cuda_available=torch.cuda.is_available(),
+        nccl_version=_nccl_version() if cuda else None,
+    )
+
+
+def _nccl_version() -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except (RuntimeError, AttributeError):  # a build without NCCL
+        return None
+    return ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)
 
 
 def step_seed(seed: int, step: int, slot: int) -> int:

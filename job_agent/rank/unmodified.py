@@ -44,6 +44,7 @@ from job_agent import wire
 from job_agent.rank.link import CoordinatorLink, exit_now
 from job_agent.rank.loop import step_failure
 from job_agent.rank.settings import AgentSettings
+from job_agent.rank.tensors import environment, pick_device
 
 EXIT_FAILED = 1
 
@@ -197,7 +198,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: unmodified.py SCRIPT [ARGS...]")
     s = AgentSettings.model_validate({})
-    hello = s.hello(wire.Role(s.role), s.slot)
+    hello = s.hello(wire.Role(s.role), s.slot, environment(pick_device(s.device, s.local_rank)))
     link = CoordinatorLink(
         *s.coordinator_addr, s.read_secret(), hello, timedelta(seconds=s.heartbeat_interval)
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from job_agent import wire
-from job_agent.rank.state import Snapshot, state_hash
+from job_agent.transfer.snapshot import Snapshot, state_hash
 from job_agent.wire.protocol import AuthError, ProtocolError, authenticate_server, recv_frame, send_frame
 
 AUTH_TIMEOUT = timedelta(seconds=2)  # a receiver proves the secret in milliseconds

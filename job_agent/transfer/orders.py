@@ -8,9 +8,9 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from job_agent import wire
-from job_agent.rank.state import TrackedState
 from job_agent.transfer.donor import StateServer, TransferError
 from job_agent.transfer.receiver import receive_state
+from job_agent.transfer.snapshot import Transferable
 
 _PROGRESS_EVERY = 0.5  # seconds between a donor's progress reports while it streams
 
@@ -18,7 +18,7 @@ Send = Callable[[wire.Frame], None]
 
 
 def serve(
-    tracked: TrackedState,
+    tracked: Transferable,
     secret: bytes,
     host: str,
     step: int,
@@ -58,7 +58,7 @@ def serve(
     )
 
 
-def receive(tracked: TrackedState, secret: bytes, order: wire.Receive, send: Send) -> int | None:
+def receive(tracked: Transferable, secret: bytes, order: wire.Receive, send: Send) -> int | None:
     """Take a donor's state in; its step, or None when the transfer failed (reported)."""
     try:
         stats = receive_state(tracked, order.sources, secret, timedelta(seconds=order.timeout))

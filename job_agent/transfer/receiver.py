@@ -24,8 +24,8 @@ from datetime import timedelta
 import torch
 
 from job_agent import wire
-from job_agent.rank.state import Snapshot, StateMismatch, TrackedState, state_hash
 from job_agent.transfer.donor import CHUNK, Hasher, Progress, TransferError, TransferStats, tune
+from job_agent.transfer.snapshot import Snapshot, StateMismatch, Transferable, state_hash
 from job_agent.wire.protocol import ProtocolError, connect, recv_frame, send_frame
 
 STALL = timedelta(seconds=10)  # a donor silent this long mid-slice is dropped and its slice taken elsewhere
@@ -245,7 +245,7 @@ def _open(sources: Sequence[wire.Source], secret: bytes, wait: float) -> tuple[l
 
 
 def receive_state(
-    tracked: TrackedState,
+    tracked: Transferable,
     sources: Sequence[wire.Source],
     secret: bytes,
     timeout: timedelta,

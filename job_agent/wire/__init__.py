@@ -57,6 +57,17 @@ class Role(StrEnum):
 # --- rank or spare -> coordinator ---------------------------------------------------------------------
 
 
+class Environment(_Frame):
+    """What a rank's own torch says of its host, for the job's environment validation: the coordinator
+    runs no torch, and in a multi-node job the ranks' hosts are not its own."""
+
+    torch_version: str = Field(min_length=1, max_length=64)
+    backend: Literal["gloo", "nccl"] = Field(description="the one the agent forms its groups with")
+    backend_available: bool
+    cuda_available: bool
+    nccl_version: str | None = Field(default=None, max_length=64)
+
+
 class Hello(_Frame):
     t: Literal["hello"] = "hello"
     agent_id: str = Field(min_length=1, max_length=_ID)
@@ -65,6 +76,7 @@ class Hello(_Frame):
     pid: NonNegativeInt
     device: int = Field(default=-1, ge=-1, le=1024, description="its GPU index on its node (LOCAL_RANK)")
     rejoin: bool = Field(default=False, description="a running process back to a restarted coordinator")
+    environment: Environment | None = None
 
 
 class Heartbeat(_Frame):

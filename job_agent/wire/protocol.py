@@ -24,6 +24,8 @@ from datetime import timedelta
 
 from job_agent import wire
 
+# The exit code of a rank or node agent that stopped because its coordinator was gone for good.
+EXIT_COORDINATOR_LOST = 70
 _LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 2**20
 _NONCE_BYTES = 16

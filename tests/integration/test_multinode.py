@@ -27,7 +27,7 @@ from temporalio.client import Client
 from job_agent import wire
 from job_agent.coordinator.jobs import request
 from job_agent.node.agent import EXIT_REFUSED
-from job_agent.rank.link import EXIT_COORDINATOR_LOST
+from job_agent.wire.protocol import EXIT_COORDINATOR_LOST
 from tests.integration.conftest import SCRIPT, run_with, spec, start_job
 from torchpass.dev.hosts import Fabric, Host, fabric
 from torchpass.job import JobResult, JobSpec

@@ -24,7 +24,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
-from activities.validation import ValidationSettings, validation_activities
+from activities.validation import validation_activities
+from activities.validation_settings import ValidationSettings
 from job_agent import wire
 from job_agent.coordinator.jobs import UnknownJob, request
 from tests.integration.conftest import spec
@@ -33,7 +34,7 @@ from torchpass.contract.models import ContractPurpose, ContractTerms
 from torchpass.contract.rules import add_months
 from torchpass.ids import job_task_queue
 from torchpass.job import JobResult
-from torchpass.validation.checks import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
+from torchpass.validation.report import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
 from workers import contract_client as cc
 from workers.job import run_job
 from workflows.contract import CONTRACT_WORKFLOWS

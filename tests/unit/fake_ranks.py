@@ -24,11 +24,15 @@ from datetime import timedelta
 
 from job_agent import wire
 from job_agent.launch.launcher import Launcher
-from job_agent.rank.link import EXIT_COORDINATOR_LOST
 from job_agent.rank.settings import AgentSettings
 from job_agent.wire import protocol
+from job_agent.wire.protocol import EXIT_COORDINATOR_LOST
 
 SHARD = wire.ShardLayout(shard="fake-data-parallel-replica")
+# What a real rank's torch says of a CPU host in its hello (`job_agent.rank.tensors.environment`).
+ENVIRONMENT = wire.Environment(
+    torch_version="2.13.0+cpu", backend="gloo", backend_available=True, cuda_available=False
+)
 STATE_BYTES = 1 << 20
 KILLED, TERMINATED = -9, -15
 _CONNECT = timedelta(seconds=5)
@@ -137,7 +141,13 @@ class FakeRank:
         with self._io:
             self._sock = sock
         self._alive()
-        hello = wire.Hello(agent_id=self.agent_id, role=wire.Role(s.role), slot=self.slot, pid=os.getpid())
+        hello = wire.Hello(
+            agent_id=self.agent_id,
+            role=wire.Role(s.role),
+            slot=self.slot,
+            pid=os.getpid(),
+            environment=self._l.environments.get(self.slot, ENVIRONMENT),
+        )
         protocol.send_frame(sock, hello)
         if not isinstance(protocol.recv_frame(sock), wire.Welcome):
             self.end(1)  # a real rank's script dies of the refusal
@@ -373,6 +383,7 @@ class FakeLauncher(Launcher):
         self.spares_crashing = 0
         self.step_seconds = 0.0
         self.sharded = False  # each slot its own shard, no replica (plain FSDP2)
+        self.environments: dict[int, wire.Environment] = {}  # slot -> what it says instead of ENVIRONMENT
 
     def fail_at(self, slot: int, step: int) -> None:
         """The rank holding `slot` dies (SIGKILL) as it enters `step`."""

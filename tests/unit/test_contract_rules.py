@@ -45,7 +45,8 @@ from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
 from torchpass.render import format_ledger, format_standing
-from torchpass.validation.checks import CheckResult, CheckStatus, ReportStatus, ValidationReport, build_report
+from torchpass.validation.checks import build_report
+from torchpass.validation.report import CheckResult, CheckStatus, ReportStatus, ValidationReport
 
 START = date(2026, 1, 15)
 T0 = day_start(START) + timedelta(hours=1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,17 @@ def test_the_coordinator_class_is_under_300_lines() -> None:
     tree = ast.parse((ROOT / "job_agent" / "coordinator" / "coordinator.py").read_text())
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Coordinator"]
     assert cls.end_lineno is not None and cls.end_lineno - cls.lineno + 1 < 300
+
+
+def test_the_coordinator_node_agent_and_their_commands_load_no_torch() -> None:
+    """What import-linter cannot see: a package's `__init__` runs on every import below it, so the job
+    agent's public face (`from job_agent import RankAgent`) must not load torch for the coordinator's
+    sake. Run in a fresh interpreter, where nothing imported torch before."""
+    code = (
+        "import sys\n"
+        "import torchpass.cli, torchpass.cli.job, torchpass.cli.node, workers.job, workers.local_nodes\n"
+        "import activities.job, job_agent.coordinator.coordinator, job_agent.node.agent\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'blake3') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from job_agent.coordinator.detect.recovery import Progress, choose_donor, find_hung, receivers
+from job_agent.coordinator.detect.hangs import Progress, find_hung
+from job_agent.coordinator.incident.donors import choose_donor, receivers
 
 
 def test_a_silent_rank_is_hung() -> None:

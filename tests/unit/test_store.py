@@ -15,9 +15,11 @@ import pytest
 import torch.distributed as dist
 
 from job_agent import wire
-from job_agent.rank import store
-from job_agent.rank.store import RendezvousStore, StoreRequest, StoreServer
+from job_agent.coordinator import store_server
+from job_agent.coordinator.store_server import StoreServer
+from job_agent.rank.store import RendezvousStore
 from job_agent.wire import protocol
+from job_agent.wire.store import StoreRequest
 
 SECRET = b"s" * 32
 WAIT = timedelta(seconds=5)
@@ -129,11 +131,11 @@ def test_bad_requests_get_a_typed_error_and_the_limits_hold(
     assert isinstance(server.answer(bad.model_dump_json().encode()), wire.Error)
     with pytest.raises(ValueError, match="exactly one key"):
         StoreRequest(op="get", keys=())
-    monkeypatch.setattr(store, "MAX_KEYS", 2)
+    monkeypatch.setattr(store_server, "MAX_KEYS", 2)
     client.set("gen0/other", b"x")
     with pytest.raises(dist.DistStoreError, match="limit of 2 keys"):
         client.set("gen0/third", b"x")
-    monkeypatch.setattr(store, "MAX_BYTES", 100)
+    monkeypatch.setattr(store_server, "MAX_BYTES", 100)
     with pytest.raises(dist.DistStoreError, match="limit of 100 bytes"):
         client.set("gen0/other", b"x" * 200)
     client.close()

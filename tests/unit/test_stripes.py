@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from job_agent import wire
-from job_agent.rank.state import TrackedState, state_hash
+from job_agent.rank.state import TrackedState
 from job_agent.transfer import receiver
 from job_agent.transfer.donor import StateServer, TransferError
+from job_agent.transfer.snapshot import state_hash
 from job_agent.wire.protocol import ProtocolError, authenticate_server, recv_frame, send_frame
 from tests.unit.test_state_transfer import SECRET, WAIT, _at, _fresh, _trained
 from torchpass.incident.proof import stripe_problems

@@ -28,22 +28,20 @@ from activities.validation import (
     probe_slurm,
 )
 from torchpass.validation.checks import (
-    Check,
-    CheckResult,
-    CheckStatus,
-    ControlPlaneFacts,
-    JobDescription,
-    ReportStatus,
-    SchedulerFacts,
-    SchedulerProbe,
-    ValidationReport,
-    ValidationTarget,
     build_report,
     evaluate_control_plane,
     evaluate_job,
     evaluate_scheduler,
     with_check,
 )
+from torchpass.validation.facts import (
+    ControlPlaneFacts,
+    JobDescription,
+    SchedulerFacts,
+    SchedulerProbe,
+    ValidationTarget,
+)
+from torchpass.validation.report import Check, CheckResult, CheckStatus, ReportStatus, ValidationReport
 from torchpass.validation.versions import SUPPORTED_TORCH, parse_version, version_in_range
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,6 +156,33 @@ def test_the_jobs_torch_must_be_in_the_supported_range(version: str, ok: bool) -
 def test_an_unparsable_torch_version_fails() -> None:
     c = by_name(evaluate_job(desc(torch_version="nightly")))[Check.TORCH]
     assert not c.passed and "not a version" in c.detail
+
+
+def _env(slots: tuple[int, ...], **kw: Any) -> dict[str, Any]:
+    base = {"torch_version": "2.13.0+cpu", "backend": "gloo", "backend_available": True}
+    return {"slots": slots, "cuda_available": False, **base, **kw}
+
+
+def test_the_ranks_own_environments_are_checked_each_and_a_bad_host_is_named() -> None:
+    """A job whose ranks run on two kinds of host (the coordinator's own host says nothing of them): each
+    environment the ranks reported is checked, and one that fails fails the check naming its ranks."""
+    good = {"backend": None, "torch_version": None}
+    both = [_env((0, 1)), _env((2, 3), backend="nccl", cuda_available=True, nccl_version="2.21.5")]
+    checks = by_name(evaluate_job(desc(**good, environments=both)))
+    assert checks[Check.TORCH].passed and checks[Check.BACKEND].passed
+    assert "rank(s) [2, 3]: backend nccl" in checks[Check.BACKEND].detail
+    bad = [_env((0, 1)), _env((2, 3), backend="nccl", cuda_available=True, backend_available=False)]
+    backend = by_name(evaluate_job(desc(**good, environments=bad)))[Check.BACKEND]
+    assert not backend.passed and "rank(s) [2, 3]: backend nccl: NOT available" in backend.detail
+    old = [_env((0,)), _env((1, 2, 3), torch_version="2.5.1")]
+    torch_check = by_name(evaluate_job(desc(**good, environments=old)))[Check.TORCH]
+    assert not torch_check.passed and "rank(s) [1, 2, 3]: torch 2.5.1 is not" in torch_check.detail
+
+
+def test_no_rank_that_reported_its_environment_fails_the_torch_and_backend_checks() -> None:
+    checks = by_name(evaluate_job(desc(backend=None, torch_version=None)))
+    assert not checks[Check.TORCH].passed and "no rank has reported" in checks[Check.TORCH].detail
+    assert not checks[Check.BACKEND].passed
 
 
 def test_backends() -> None:

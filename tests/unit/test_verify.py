@@ -20,7 +20,7 @@ from torchpass.contract.verify import (
 from torchpass.ids import incident_workflow_id
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import ContractRef, EventSource, Evidence, FailureKind, FailureReport
-from torchpass.validation.checks import ValidateInput
+from torchpass.validation.report import ValidateInput
 
 T = T0 + timedelta(days=30)
 RUN = str(uuid.UUID(int=7))

@@ -40,7 +40,8 @@ from torchpass.errors import ErrorType
 from torchpass.ids import ControlActivity, contract_workflow_id
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
-from torchpass.validation.checks import CheckResult, CheckStatus, ValidationReport, build_report
+from torchpass.validation.checks import build_report
+from torchpass.validation.report import CheckResult, CheckStatus, ValidationReport
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 

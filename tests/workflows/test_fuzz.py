@@ -42,7 +42,7 @@ from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import FailureReport
-from torchpass.validation.checks import CheckResult, ValidateInput, ValidationReport
+from torchpass.validation.report import CheckResult, ValidateInput, ValidationReport
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.validation import VALIDATION_WORKFLOWS
 

@@ -26,7 +26,7 @@ from torchpass.contract.rules import add_months, day_start
 from torchpass.errors import ErrorType
 from torchpass.models import ContractRef
 from torchpass.render import format_ledger
-from torchpass.validation.checks import CheckResult, ValidationReport
+from torchpass.validation.report import CheckResult, ValidationReport
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 

@@ -24,7 +24,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from activities.ledger import LedgerActivities
-from activities.validation import ValidationActivities, ValidationSettings
+from activities.validation import ValidationActivities
+from activities.validation_settings import ValidationSettings
 from tests.unit.test_validation import desc
 from tests.workflows.test_contract import trust_outcomes
 from torchpass.contract.credit import Money
@@ -34,19 +35,21 @@ from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity, ValidationActivity
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
-from torchpass.validation.checks import (
-    Check,
-    CheckStatus,
+from torchpass.validation.facts import (
     ControlPlaneFacts,
     JobDescription,
+    SchedulerFacts,
+    SchedulerProbe,
+    ValidationTarget,
+)
+from torchpass.validation.report import (
+    Check,
+    CheckStatus,
     RecordValidationInput,
     RecordValidationResult,
     ReportStatus,
-    SchedulerFacts,
-    SchedulerProbe,
     ValidateInput,
     ValidationReport,
-    ValidationTarget,
 )
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS

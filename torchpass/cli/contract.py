@@ -29,7 +29,7 @@ from torchpass.contract.models import (
 )
 from torchpass.contract.rules import add_months, day_start
 from torchpass.render import format_check, format_ledger, format_standing
-from torchpass.validation.checks import ReportStatus, ValidationReport
+from torchpass.validation.report import ReportStatus, ValidationReport
 from workers import contract_client as cc
 
 

@@ -51,7 +51,7 @@ from torchpass.contract.rules import (
 from torchpass.contract.verify import Quarantine
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
-from torchpass.validation.checks import ValidationReport
+from torchpass.validation.report import ValidationReport
 
 
 class ContractBook:

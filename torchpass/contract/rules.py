@@ -38,7 +38,7 @@ from torchpass.contract.models import (
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Disposition
-from torchpass.validation.checks import ReportStatus, ValidationReport
+from torchpass.validation.report import ReportStatus, ValidationReport
 
 TARGET_RATE = Fraction(9, 10)
 CREDIT_SHARE = Decimal("0.25")

@@ -25,7 +25,7 @@ from torchpass.contract.models import RejectedClaim
 from torchpass.ids import REKEY_HEX, incident_workflow_id
 from torchpass.incident.outcome import MAX_INCIDENT_ID, MigrationOutcome
 from torchpass.models import FailureReport, Model
-from torchpass.validation.checks import ValidateInput, ValidationReport
+from torchpass.validation.report import ValidateInput, ValidationReport
 
 MIGRATION_WORKFLOW = "MigrationWorkflow"
 VALIDATION_WORKFLOW = "EnvironmentValidationWorkflow"

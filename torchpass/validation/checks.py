@@ -1,219 +1,29 @@
-"""Environment validation for YOCO opt-in: the checks run for a job and the report the contract records.
+"""Environment validation for YOCO opt-in: the pass rules of each check, and the report they make.
 
 Only a job whose latest report passed is covered by the guarantee (product brief: "Opt in to the YOCO
-Guarantee and we will validate your environment"). A check passed only under a development override is
-*waived*, never passed: a report with a waived check covers a job on a development contract only
-(`torchpass.contract.book`, docs/contract.md).
-
-Activities gather facts (`JobDescription` from the job's coordinator, `ControlPlaneFacts` and
-`SchedulerFacts` from the control worker); the pure functions here judge them into `CheckResult`s, so that
-every pass rule is unit-tested without Temporal, torch or a cluster. Nothing here imports temporalio: the
-job agent builds `JobDescription` too.
+Guarantee and we will validate your environment"). Activities gather the facts (`facts.py`); the pure
+functions here judge them into `CheckResult`s (`report.py`), so that every pass rule is unit-tested
+without Temporal, torch or a cluster.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from enum import StrEnum
-from typing import Any, Literal
 
-from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
-
-from torchpass.models import Model
+from torchpass.validation.facts import ControlPlaneFacts, JobDescription, RankEnvironment, SchedulerFacts
+from torchpass.validation.report import (
+    Check,
+    CheckResult,
+    CheckStatus,
+    ReportStatus,
+    ValidationReport,
+    report_status,
+)
 from torchpass.validation.versions import SUPPORTED_TORCH, version_in_range
-
-
-class CheckStatus(StrEnum):
-    PASSED = "passed"
-    FAILED = "failed"
-    WAIVED = "waived"  # passed only under a development override: never `passed`
-
-
-class ReportStatus(StrEnum):
-    PASSED = "passed"  # every check passed
-    PASSED_WITH_WAIVERS = "passed_with_waivers"  # none failed, some waived: covers on a development contract
-    FAILED = "failed"  # a check failed
-
-
-class _Verdict(Model):
-    @model_validator(mode="before")
-    @classmethod
-    def _from_passed(cls, data: Any) -> Any:
-        """A payload saved before statuses existed has only `passed` (never a waiver): derive its status,
-        so that old histories still decode. `passed` stays in the JSON for its readers."""
-        if isinstance(data, dict) and not ("status" in data and "passed" in data):
-            if "status" not in data and not isinstance(data.get("passed"), bool):
-                raise ValueError("status (or, in a payload from before statuses, passed) is required")
-            data = {"status": "passed" if data.get("passed") else "failed", **data}
-            data.setdefault("passed", data["status"] == "passed")
-        return data
-
-
-class CheckResult(_Verdict):
-    """One validation check: its name, its status (passed, failed or waived), and what it saw."""
-
-    name: str = Field(min_length=1, description="e.g. 'torch_backend', 'agent_present', 'spare_pool'")
-    status: CheckStatus = CheckStatus.FAILED
-    passed: bool = Field(default=False, description="status is passed; a waived check is not passed")
-    detail: str = Field(default="", max_length=4000)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> CheckResult:
-        if self.passed != (self.status is CheckStatus.PASSED):
-            raise ValueError(f"check {self.name}: passed={self.passed} contradicts status {self.status}")
-        return self
-
-
-def report_status(checks: Sequence[CheckResult]) -> ReportStatus:
-    statuses = {c.status for c in checks}
-    if CheckStatus.FAILED in statuses:
-        return ReportStatus.FAILED
-    return ReportStatus.PASSED_WITH_WAIVERS if CheckStatus.WAIVED in statuses else ReportStatus.PASSED
-
-
-class ValidationReport(_Verdict):
-    """The outcome of EnvironmentValidationWorkflow for one job, recorded on its contract.
-
-    `status`, `passed` and `waived` are the checks' verdict: a report that contradicts its checks does
-    not validate, so no sender can claim a pass its checks do not show."""
-
-    contract_id: str = Field(min_length=1, max_length=200)
-    job_id: str = Field(min_length=1, max_length=200)
-    status: ReportStatus = ReportStatus.FAILED
-    passed: bool = Field(default=False, description="every check passed outright (none waived)")
-    waived: tuple[str, ...] = Field(default=(), description="the checks passed only under an override")
-    checks: tuple[CheckResult, ...] = Field(min_length=1)
-    validated_at: AwareDatetime
-    source: str | None = Field(
-        default=None,
-        max_length=1100,
-        description="the EnvironmentValidationWorkflow run that made it (workflow id/run id): a contract "
-        "records a report only once that run's own history shows it (torchpass.contract.verify)",
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ValidationReport:
-        waived = tuple(c.name for c in self.checks if c.status is CheckStatus.WAIVED)
-        status = report_status(self.checks)
-        if (self.status, self.passed, self.waived) != (status, status is ReportStatus.PASSED, waived):
-            raise ValueError(
-                f"report says {self.status} (passed={self.passed}, waived={list(self.waived)}), its checks "
-                f"say {status} (waived={list(waived)})"
-            )
-        return self
-
-
-class Check:
-    """Names of the checks, in the order a report lists them."""
-
-    TEMPORAL = "temporal_reachable"
-    CONTROL_TORCH = "control_plane_torch"
-    SCHEDULER = "scheduler"
-    AGENT = "agent_present"
-    TORCH = "torch_version"
-    BACKEND = "comm_backend"
-    SPARES = "spare_pool"
-    REDUNDANCY = "redundancy"
-    RECORDED = "recorded_on_contract"
-
 
 MIN_REDUNDANCY = 2
 """A shard held by a single rank cannot be rebuilt from a peer when that rank is lost."""
-
-
-# --- the facts activities gather ----------------------------------------------------------------------
-
-
-class ValidationTarget(Model):
-    """The job a validation activity looks at."""
-
-    job_id: str = Field(min_length=1)
-
-
-class ValidateInput(Model):
-    """Input of EnvironmentValidationWorkflow."""
-
-    contract_id: str = Field(min_length=1, max_length=200)
-    customer_id: str = Field(min_length=1, max_length=200)
-    job_id: str = Field(min_length=1, max_length=200)
-    job_task_queue: str = Field(
-        default="", max_length=1000, description="empty: torchpass.ids.job_task_queue(job_id)"
-    )
-    job_timeout_s: float = Field(
-        default=30.0, gt=0, le=600, description="how long the job's agent has to answer, retries included"
-    )
-    allow_local: bool = Field(
-        default=False,
-        description="development override: waive the scheduler check with neither Kubernetes nor Slurm "
-        "(the control worker's TORCHPASS_VALIDATION_ALLOW_LOCAL does the same for every request); a waived "
-        "check covers the job on a development contract only",
-    )
-
-
-class RecordValidationInput(Model):
-    """A report to record on its contract (ContractWorkflow's `record_validation` update)."""
-
-    customer_id: str = Field(min_length=1)
-    report: ValidationReport
-
-
-class RecordValidationResult(Model):
-    """Whether the contract took the report; `detail` says what it answered."""
-
-    recorded: bool
-    detail: str = Field(default="", max_length=2000)
-
-
-class JobDescription(Model):
-    """What a job's coordinator says about itself (the `describe_job` activity)."""
-
-    job_id: str
-    agent_version: str = Field(description="torchpass.__version__ of the job's agent")
-    state: str = Field(description="coordinator state: starting, training, finished, failed, ...")
-    generation: int
-    world_size: int = Field(ge=1)
-    ranks_connected: NonNegativeInt = Field(description="live rank slots held by a connected agent")
-    live_migration: bool = Field(
-        default=True, description="its ranks run the agent (False: `--no-agent`, a whole-job restart)"
-    )
-    spares_ready: NonNegativeInt = Field(description="warm spares free to be reserved")
-    spares_warming: NonNegativeInt = Field(description="spares launched but not yet warm")
-    backend: Literal["gloo", "nccl"]
-    backend_available: bool
-    torch_version: str
-    cuda_available: bool
-    nccl_version: str | None = None
-    parallelism: Literal["data_parallel"] = "data_parallel"
-    shard_replicas: dict[str, int] = Field(description="shard -> number of ranks holding a replica of it")
-
-
-class ControlPlaneFacts(Model):
-    """What the control worker running the validation sees of itself and of Temporal."""
-
-    task_queue: str
-    namespace: str
-    temporal_server_version: str | None = None
-    temporal_error: str | None = None
-    torch_version: str | None = Field(default=None, description="None: torch could not be imported")
-    torch_error: str | None = None
-    gloo_available: bool = False
-    nccl_available: bool = False
-    cuda_available: bool = False
-    nccl_version: str | None = None
-
-
-class SchedulerProbe(Model):
-    """One scheduler looked for: found or not, and what was seen."""
-
-    scheduler: Literal["slurm", "kubernetes"]
-    found: bool
-    detail: str = Field(max_length=2000)
-
-
-class SchedulerFacts(Model):
-    probes: tuple[SchedulerProbe, ...]
-    allow_local: bool = Field(default=False, description="development override: no scheduler is waived")
 
 
 def _torch_in_range(version: str) -> tuple[bool, str]:
@@ -262,22 +72,39 @@ def _agent(d: JobDescription) -> CheckResult:
     return CheckResult(name=Check.AGENT, passed=ok, detail=seen)
 
 
+def _ranks(env: RankEnvironment) -> str:
+    return f"rank(s) {list(env.slots)}" if env.slots else "the job"
+
+
 def _job_torch(d: JobDescription) -> CheckResult:
-    ok, detail = _torch_in_range(d.torch_version)
-    return CheckResult(name=Check.TORCH, passed=ok, detail=f"job: {detail}")
+    envs = d.rank_environments()
+    if not envs:
+        return CheckResult(name=Check.TORCH, passed=False, detail="no rank has reported its torch yet")
+    verdicts = [(_torch_in_range(e.torch_version), e) for e in envs]
+    detail = "; ".join(f"{_ranks(e)}: {why}" for (_, why), e in verdicts)
+    return CheckResult(name=Check.TORCH, passed=all(ok for (ok, _), _ in verdicts), detail=detail)
+
+
+def _backend_of(e: RankEnvironment) -> tuple[bool, str]:
+    detail = f"backend {e.backend}: {'available' if e.backend_available else 'NOT available'} in torch"
+    ok = e.backend_available
+    if e.backend == "nccl":
+        if e.nccl_version is None:
+            ok, detail = False, detail + "; NCCL version unknown"
+        else:
+            detail += f", NCCL {e.nccl_version}"
+    elif e.cuda_available:
+        ok, detail = False, detail + "; CUDA is available, so the ranks must use nccl"
+    return ok, detail
 
 
 def _backend(d: JobDescription) -> CheckResult:
-    detail = f"job backend {d.backend}: {'available' if d.backend_available else 'NOT available'} in torch"
-    ok = d.backend_available
-    if d.backend == "nccl":
-        if d.nccl_version is None:
-            ok, detail = False, detail + "; NCCL version unknown"
-        else:
-            detail += f", NCCL {d.nccl_version}"
-    elif d.cuda_available:
-        ok, detail = False, detail + "; CUDA is available, so the ranks must use nccl"
-    return CheckResult(name=Check.BACKEND, passed=ok, detail=detail)
+    envs = d.rank_environments()
+    if not envs:
+        return CheckResult(name=Check.BACKEND, passed=False, detail="no rank has reported its backend yet")
+    verdicts = [(_backend_of(e), e) for e in envs]
+    detail = "; ".join(f"{_ranks(e)}: {why}" for (_, why), e in verdicts)
+    return CheckResult(name=Check.BACKEND, passed=all(ok for (ok, _), _ in verdicts), detail=detail)
 
 
 def _spares(d: JobDescription) -> CheckResult:

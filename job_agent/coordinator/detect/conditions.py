@@ -14,25 +14,19 @@ incident is frozen (its classification is made by then).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from job_agent import wire
-from job_agent.coordinator.incident.tracker import Incident, IncidentTracker
+from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.members import Roster
 from job_agent.coordinator.node_launcher import NodeLauncher
-from job_agent.coordinator.waiting import Changes
-from job_agent.launch.launcher import Launcher
 from torchpass.models import EventSource, Evidence, FailureKind
 
 K = FailureKind
 WINDOW = timedelta(seconds=10)
-SETTLE = timedelta(seconds=2)
 MAX_NODES = 1024
 MAX_PER_NODE = 32
 # The failures a host condition can explain: the process died, stopped answering, or stalled.
@@ -139,19 +133,3 @@ class HostConditions:
             del held[next(iter(held))]
         while len(self._nodes) > MAX_NODES:
             self._nodes.popitem(last=False)
-
-
-async def settle(inc: Incident, lost: Iterable[str], launcher: Launcher, changes: Changes) -> None:
-    """Before the job answers confirm (whose answer the classification follows): what the lost processes'
-    nodes said as they reaped them (a node says an OOM kill before the exit) and, when a host condition
-    joined the incident, that evidence delivered to the workflow. Bounded by `SETTLE`; a job without node
-    agents, or an incident no condition joined, waits for nothing (a slower confirm lets the next failure
-    fold into this incident)."""
-    if not isinstance(launcher, NodeLauncher):
-        return
-    agents = tuple(lost)
-    with contextlib.suppress(TimeoutError):
-        await changes.wait_for(lambda: all(launcher.poll(a) is not None for a in agents), SETTLE, "exits")
-    pending = set(inc.deliveries)
-    if pending and not inc.local and any(e.source is EventSource.NODE_AGENT for e in inc.evidence):
-        await asyncio.wait(pending, timeout=SETTLE.total_seconds())

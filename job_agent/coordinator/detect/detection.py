@@ -2,38 +2,30 @@
 
 - lost: a member's connection closed; its exit status (or a device error it reported first) names it;
 - hung: a rank silent past the hang timeout, or absent from a collective its peers have waited in;
-- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank alive;
-- refutes: the other way round, a failure someone else reports that the job's own view contradicts.
+- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank alive.
+
+(The other way round, a failure someone else reports that the job's own view contradicts, is the confirm
+step's: `incident/claims.py`.)
 
 Each returns `Evidence` and decides nothing else: the incident's workflow does.
 """
 
 from __future__ import annotations
 
-import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from job_agent import wire
-from job_agent.coordinator.detect.recovery import Progress, find_hung
+from job_agent.coordinator.detect.hangs import Progress, find_hung
+from job_agent.coordinator.incident.claims import STALL_MARGIN
 from job_agent.coordinator.members import Member, MemberState, Roster
-from job_agent.coordinator.waiting import Changes
-from torchpass.incident.classify import CATEGORY_OF
-from torchpass.models import Category, EventSource, Evidence, FailureKind
+from job_agent.launch.launcher import signal_name
+from torchpass.models import EventSource, Evidence, FailureKind
 
-# Beyond the hang timeout, before frozen ranks with nobody lost count as a failed collective.
-STALL_MARGIN = timedelta(seconds=0.5)
 # Nodes holding ranks lost within this window, half the job's or more (two at least), are one outage of what
 # they share (a switch, the fabric), not host failures.
 FABRIC_WINDOW = timedelta(seconds=30)
-
-
-def signal_name(code: int) -> str:
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"exit code {code}"
 
 
 def _wall(monotonic: float, now: float) -> datetime:
@@ -212,65 +204,3 @@ class Detector:
             f" ({len(frozen)} of {world_size} frozen for {waited:.1f} s); re-forming the group in place",
             observed_at=_wall(first, now),
         )
-
-
-async def refutes(
-    roster: Roster, changes: Changes, evidence: Sequence[Evidence], wait: timedelta
-) -> str | None:
-    """Why the job's own view contradicts a reported failure: every rank it names (naming none, for a
-    collective timeout, every rank) is connected and makes progress within `wait` of the report's arrival
-    (the caller makes `wait` at least the job's hang timeout, so that a rank is never taken for lost on a
-    claim alone while the job itself would still call it healthy). None when the claim may be true: a
-    named rank is gone or dies meanwhile, or does not progress within `wait`; or when it names no failure
-    (a planned drain moves healthy ranks)."""
-    claims = [ev for ev in evidence if CATEGORY_OF[ev.kind] is not Category.PLANNED]
-    ranks = {m.slot: m for m in roster.ranks()}
-    named = {s for ev in claims for s in ev.slots}
-    if not named and any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in claims):
-        named = set(ranks)
-    if not named or any(s not in ranks or not ranks[s].alive for s in named):
-        return None
-    since = time.monotonic()
-    try:
-        await changes.wait_for(
-            lambda: (
-                any(not ranks[s].alive for s in named) or all(ranks[s].last_progress > since for s in named)
-            ),
-            wait,
-            "the reported ranks to show progress",
-        )
-    except TimeoutError:
-        return None
-    if any(not ranks[s].alive for s in named):
-        return None
-    steps = ", ".join(f"{s}: step {ranks[s].step}" for s in sorted(named))
-    return f"refuted by the job: rank(s) {sorted(named)} connected and progressing after it ({steps})"
-
-
-async def disowns(
-    job_id: str,
-    own: Sequence[Evidence],
-    lost: set[int],
-    claims: Sequence[Evidence],
-    signed: Callable[[Evidence], bool],
-    changes: Changes,
-    wait: timedelta,
-) -> str | None:
-    """Why a workflow run at the id of the job's own incident, started by somebody else with `claims`, is
-    not that incident (a squatter's): a claim of another job, a planned move not signed with the job's
-    secret, a claim naming no rank of a kind the job did not see, or ranks the job has not lost itself
-    within `wait` of the check (a genuine other source reporting the same failure names what the job
-    lost, or is about to: its ranks' exits may reach the job a moment later). None when the claims agree."""
-    for ev in claims:
-        if ev.job_id != job_id:
-            return f"it reports a failure of job {ev.job_id!r}"
-        if CATEGORY_OF[ev.kind] is Category.PLANNED and not signed(ev):
-            return f"it claims a planned move of rank(s) {list(ev.slots)} not signed with the job's secret"
-        if not ev.slots and all(o.kind is not ev.kind for o in own):
-            return f"it claims a {ev.kind.value} the job did not see"
-    named = {s for ev in claims for s in ev.slots}
-    try:
-        await changes.wait_for(lambda: named <= lost, wait, "the claimed ranks to be lost")
-    except TimeoutError:
-        return f"it claims rank(s) {sorted(named - lost)} failed, which the job has not lost"
-    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -13,7 +14,8 @@ from job_agent.coordinator.incident.tracker import Incident, IncidentTracker
 from job_agent.coordinator.members import Roster
 from job_agent.coordinator.node_launcher import NodeLauncher, cut_silent
 from job_agent.coordinator.spares import SparePool
-from job_agent.launch.launcher import Launcher, reap_pending
+from job_agent.launch.launcher import Launcher, signal_name
+from job_agent.wire import Role
 from torchpass.job import JobSpec, JobState
 from torchpass.models import Evidence
 
@@ -88,3 +90,17 @@ def _gpu_reports(c: Watched, nodes: NodeLauncher) -> None:
                 m.fenced = True
                 c.launcher.kill(m.agent_id)
         c.add_evidence(ev)
+
+
+def reap_pending(roster: Roster, launcher: Launcher, spares: SparePool, fail: Callable[[str], None]) -> None:
+    """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare that
+    did is replaced."""
+    for agent_id in list(roster.pending):
+        code = launcher.poll(agent_id)
+        if code is None:
+            continue
+        del roster.pending[agent_id]
+        if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
+            spares.failed_start(agent_id, code)
+            continue
+        fail(f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above")

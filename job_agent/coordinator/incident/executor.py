@@ -11,9 +11,8 @@ import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 
-from job_agent.coordinator.detect.conditions import settle
-from job_agent.coordinator.detect.detection import STALL_MARGIN, disowns, refutes
-from job_agent.coordinator.detect.recovery import choose_donor, redundancy
+from job_agent.coordinator.incident.claims import STALL_MARGIN, disowns, refutes, settle
+from job_agent.coordinator.incident.donors import choose_donor, redundancy
 from job_agent.coordinator.incident.job_control import JobControl, Tick
 from job_agent.coordinator.incident.tracker import Incident, IncidentError
 from job_agent.coordinator.incident.transfer_plan import Supplier, mismatch
@@ -35,7 +34,7 @@ from torchpass.models import Disposition, EventSource, Evidence, FailureKind
 
 FENCE_TIMEOUT = timedelta(seconds=10)
 # A failure reported by another source (or forged) names ranks the job still sees: they must show no
-# progress for this long before they are fenced (`detection.refutes`).
+# progress for this long before they are fenced (`claims.refutes`).
 REFUTE_WAIT = timedelta(seconds=5)
 MAX_REGROUPS = 4  # tries to form the group of a recovery, each after a rank lost as it formed
 

@@ -8,7 +8,7 @@ import contextlib
 from datetime import timedelta
 
 from job_agent import wire
-from job_agent.coordinator.detect.recovery import receivers
+from job_agent.coordinator.incident.donors import receivers
 from job_agent.coordinator.incident.job_control import JobControl, Tick
 from job_agent.coordinator.incident.tracker import Incident, IncidentError
 from job_agent.coordinator.members import Member
