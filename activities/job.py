@@ -20,7 +20,7 @@ from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.tracker import IncidentError
 from job_agent.coordinator.waiting import JobFailed
 from torchpass.errors import ErrorType
-from torchpass.ids import JobActivity
+from torchpass.ids import JobActivity, JobActivityV0
 from torchpass.incident.outcome import CompleteInput
 from torchpass.incident.steps import (
     ConfirmInput,
@@ -85,61 +85,70 @@ class JobActivities:
         self._c = coordinator
         self._a = steps
 
-    def _step(self, incident_id: str) -> None:
+    def _step(self, ref: IncidentRef) -> None:
         """A workflow step reached the job: refused for an incident the job carried out itself while the
         control plane was away (the workflow then files the job's record instead)."""
-        workflow_id = incident_id.split("/", 1)[0]
-        if not self._c.incidents.answered(workflow_id):
+        if not self._c.incidents.answered(ref.workflow_id):
             raise ApplicationError(
-                f"job {self._c.job_id} handled incident {workflow_id} itself; file its record",
+                f"job {self._c.job_id} handled incident {ref.workflow_id} itself; file its record",
                 type=ErrorType.HANDLED_LOCALLY.value,
                 non_retryable=True,
             )
 
     @activity.defn(name=JobActivity.CONFIRM_FAILURE)
     async def confirm_failure(self, inp: ConfirmInput) -> ConfirmResult:
-        self._step(inp.incident.incident_id)
-        return await _guard(self._a.confirm(inp.incident.incident_id, inp.evidence))
+        self._step(inp.incident)
+        return await _guard(self._a.confirm(inp.incident, inp.evidence))
 
-    @activity.defn(name=JobActivity.RESERVE_SPARE)
-    async def reserve_spare(self, inp: IncidentRef) -> ReserveResult:
-        self._step(inp.incident_id)
-        return await _guard(self._a.reserve(inp.incident_id))
+    @activity.defn(name=JobActivity.RESERVE_SPARES)
+    async def reserve_spares(self, inp: IncidentRef) -> ReserveResult:
+        self._step(inp)
+        return await _guard(self._a.reserve(inp))
+
+    @activity.defn(name=JobActivityV0.RESERVE_SPARE)
+    async def reserve_spare_v0(self, inp: IncidentRef) -> ReserveResult:
+        """`reserve_spares` under its name from before the `activity-names` patch (older runs call it)."""
+        return await self.reserve_spares(inp)
 
     @activity.defn(name=JobActivity.RELEASE_SPARE)
     async def release_spare(self, inp: IncidentRef) -> None:
-        self._step(inp.incident_id)
-        await _guard(self._a.release(inp.incident_id))
+        self._step(inp)
+        await _guard(self._a.release(inp))
 
     @activity.defn(name=JobActivity.FREEZE_RANKS)
     async def freeze_ranks(self, inp: IncidentRef) -> FreezeResult:
-        self._step(inp.incident_id)
-        return await _guard(self._a.freeze(inp.incident_id))
+        self._step(inp)
+        return await _guard(self._a.freeze(inp))
 
     @activity.defn(name=JobActivity.TRANSFER_STATE)
     async def transfer_state(self, inp: IncidentRef) -> TransferResult:
-        self._step(inp.incident_id)
+        self._step(inp)
         sent = _BytesSent()
-        return await _guard(self._a.transfer(inp.incident_id, tick=sent), sent.details)
+        return await _guard(self._a.transfer(inp, tick=sent), sent.details)
 
     @activity.defn(name=JobActivity.REJOIN)
     async def rejoin(self, inp: IncidentRef) -> RejoinResult:
-        self._step(inp.incident_id)
-        return await _guard(self._a.rejoin(inp.incident_id))
+        self._step(inp)
+        return await _guard(self._a.rejoin(inp))
 
     @activity.defn(name=JobActivity.RESTART_FROM_CHECKPOINT)
     async def restart_from_checkpoint(self, inp: FallbackInput) -> FallbackResult:
-        self._step(inp.incident.incident_id)
-        return await _guard(self._a.restart_from_checkpoint(inp.incident.incident_id, inp.reason))
+        self._step(inp.incident)
+        return await _guard(self._a.restart_from_checkpoint(inp.incident, inp.reason))
 
-    @activity.defn(name=JobActivity.RECORDED_OUTCOME)
-    async def recorded_outcome(self, inp: IncidentRef) -> LocalRecord:
+    @activity.defn(name=JobActivity.FETCH_LOCAL_RECORD)
+    async def fetch_local_record(self, inp: IncidentRef) -> LocalRecord:
         """The record of an incident the job handled itself; waits (heart-beating) while it still runs."""
-        return await _guard(self._c.incidents.record_of(inp.incident_id.split("/", 1)[0]))
+        return await _guard(self._c.incidents.record_of(inp.workflow_id))
+
+    @activity.defn(name=JobActivityV0.RECORDED_OUTCOME)
+    async def recorded_outcome_v0(self, inp: IncidentRef) -> LocalRecord:
+        """`fetch_local_record` under its name from before the `activity-names` patch."""
+        return await self.fetch_local_record(inp)
 
     @activity.defn(name=JobActivity.COMPLETE_INCIDENT)
     async def complete_incident(self, inp: CompleteInput) -> None:
-        await _guard(self._a.complete(inp.incident.incident_id, inp.outcome))
+        await _guard(self._a.complete(inp.incident, inp.outcome))
 
     @activity.defn(name=JobActivity.DESCRIBE_JOB)
     async def describe_job(self, inp: ValidationTarget) -> JobDescription:

@@ -29,7 +29,7 @@ from torchpass.contract.verify import (
     judge_validation,
     split_run,
 )
-from torchpass.ids import ControlActivity, ValidationActivity
+from torchpass.ids import ContractMessage, ControlActivity, ValidationActivity
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import FailureReport
 from torchpass.validation.report import RecordValidationInput, ValidateInput, ValidationReport
@@ -70,7 +70,10 @@ class LedgerActivities:
             if ev.event_type != EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
                 continue
             a = ev.signal_external_workflow_execution_initiated_event_attributes
-            if a.workflow_execution.workflow_id != contract_workflow_id or a.signal_name != "record_outcome":
+            if (
+                a.workflow_execution.workflow_id != contract_workflow_id
+                or a.signal_name != ContractMessage.RECORD_OUTCOME
+            ):
                 continue
             if len(sent) < _MAX_SENT and (o := await self._decode(a.input.payloads, MigrationOutcome)):
                 sent.append(o)

@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.validation_settings import ValidationSettings
 from torchpass.contract.models import JobCoverage
-from torchpass.ids import ValidationActivity, contract_workflow_id
+from torchpass.ids import ContractMessage, ValidationActivity, contract_workflow_id
 from torchpass.validation.facts import ControlPlaneFacts, SchedulerFacts, SchedulerProbe, ValidationTarget
 from torchpass.validation.report import RecordValidationInput, RecordValidationResult
 
@@ -173,7 +173,7 @@ class ValidationActivities:
         handle = client.get_workflow_handle(contract_workflow_id(inp.customer_id, inp.report.contract_id))
         try:
             coverage = await handle.execute_update(
-                "record_validation",
+                ContractMessage.RECORD_VALIDATION,
                 inp.report,
                 result_type=JobCoverage,
                 rpc_timeout=timedelta(seconds=self.settings.api_timeout),

@@ -28,7 +28,7 @@ class ErrorType(StrEnum):
     TIMEOUT = "Timeout"
     INVALID_INPUT = "InvalidInput"
     # The job carried the incident out itself while the control plane was away: the workflow files its
-    # record (`recorded_outcome`) instead of running the steps again.
+    # record (`fetch_local_record`) instead of running the steps again.
     HANDLED_LOCALLY = "HandledLocally"
     # Credit delivery to billing.
     BILLING_UNAVAILABLE = "BillingUnavailable"

@@ -1,6 +1,8 @@
-"""Names shared by every process: task queues, workflow ids, search attributes.
+"""Names shared by every process: task queues, workflow ids and types, their signals, queries and
+updates, activities, search attributes.
 
-One place, so that a worker, a coordinator and the CLI can never disagree on a name.
+One place, so that a worker, a coordinator and the CLI can never disagree on a name: nothing else types
+a Temporal name (`tests/unit/test_names.py` fails on a literal one anywhere else).
 """
 
 from __future__ import annotations
@@ -58,19 +60,56 @@ SA_QUALIFYING = "TorchpassQualifying"
 SEARCH_ATTRIBUTES = (SA_JOB_ID, SA_KIND, SA_OUTCOME, SA_QUALIFYING)
 
 
+class WorkflowName:
+    """The workflow types, as histories and the Temporal UI show them."""
+
+    MIGRATION = "MigrationWorkflow"  # one incident
+    CONTRACT = "ContractWorkflow"  # one customer contract
+    VALIDATION = "EnvironmentValidationWorkflow"  # one job's environment checked for a contract
+
+
+class IncidentMessage:
+    """The signal and queries of MigrationWorkflow."""
+
+    REPORT = "report"  # signal: one more report (a FailureReport) of the incident
+    STATUS = "status"  # query: its phase, its evidence, the job and task queue it acts for
+    OUTCOME = "outcome"  # query: the outcome, once recorded
+
+
+class ContractMessage:
+    """The signal, updates and queries of ContractWorkflow."""
+
+    RECORD_OUTCOME = "record_outcome"  # signal: an incident's outcome, from its MigrationWorkflow
+    OPT_IN = "opt_in"  # update
+    OPT_OUT = "opt_out"  # update
+    RECORD_VALIDATION = "record_validation"  # update: a validation report, from its validation run
+    EXPAND = "expand"  # update
+    RENEW = "renew"  # update
+    STANDING = "standing"  # query
+    LEDGER = "ledger"  # query: one page of the ledger
+
+
 class JobActivity:
     """Names of the activities served on a job's own task queue by its coordinator."""
 
     CONFIRM_FAILURE = "confirm_failure"
-    RESERVE_SPARE = "reserve_spare"
+    RESERVE_SPARES = "reserve_spares"  # every lost slot's spare, held for the incident
     RELEASE_SPARE = "release_spare"
     FREEZE_RANKS = "freeze_ranks"
     TRANSFER_STATE = "transfer_state"
     REJOIN = "rejoin"
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     COMPLETE_INCIDENT = "complete_incident"
-    RECORDED_OUTCOME = "recorded_outcome"  # the record of an incident the job handled itself
+    FETCH_LOCAL_RECORD = "fetch_local_record"  # the record of an incident the job handled itself
     DESCRIBE_JOB = "describe_job"
+
+
+class JobActivityV0:
+    """The names MigrationWorkflow gave two job activities before the `activity-names` patch: its
+    recorded histories, and runs started before it, call them, so the job worker serves them too."""
+
+    RESERVE_SPARE = "reserve_spare"  # now RESERVE_SPARES
+    RECORDED_OUTCOME = "recorded_outcome"  # now FETCH_LOCAL_RECORD (it read like the record_outcome signal)
 
 
 class ControlActivity:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from torchpass.errors import INCIDENT_ERRORS, ErrorType, non_retryable
-from torchpass.ids import ControlActivity, JobActivity, ValidationActivity
+from torchpass.ids import ControlActivity, JobActivity, JobActivityV0, ValidationActivity
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ STICKY_PICKUP = timedelta(seconds=2)
 ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
     JobActivity.CONFIRM_FAILURE: _t(15, 60, HEARTBEAT, JOB_PICKUP),
     ControlActivity.CLASSIFY_FAILURE: _t(10, 60),
-    JobActivity.RESERVE_SPARE: _t(90, 200, HEARTBEAT, JOB_PICKUP),  # may wait for a spare still warming up
+    JobActivity.RESERVE_SPARES: _t(90, 200, HEARTBEAT, JOB_PICKUP),  # may wait for a spare still warming up
     JobActivity.RELEASE_SPARE: _t(15, 60, HEARTBEAT, JOB_PICKUP),
     JobActivity.FREEZE_RANKS: _t(45, 150, HEARTBEAT, JOB_PICKUP),
     JobActivity.TRANSFER_STATE: _t(150, 500, HEARTBEAT, JOB_PICKUP),  # streams state, heartbeats bytes sent
@@ -77,9 +77,11 @@ ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
     JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900, HEARTBEAT, JOB_PICKUP),
     JobActivity.COMPLETE_INCIDENT: _t(15, 60, HEARTBEAT, JOB_PICKUP),
     # Waits while the job's own recovery still runs (as long as a transfer and a rejoin may take).
-    JobActivity.RECORDED_OUTCOME: _t(600, 900, HEARTBEAT, JOB_PICKUP),
+    JobActivity.FETCH_LOCAL_RECORD: _t(600, 900, HEARTBEAT, JOB_PICKUP),
     JobActivity.DESCRIBE_JOB: _t(10, 20),  # validation: a job that does not answer soon is not covered
 }
+ACTIVITY_TIMEOUTS[JobActivityV0.RESERVE_SPARE] = ACTIVITY_TIMEOUTS[JobActivity.RESERVE_SPARES]
+ACTIVITY_TIMEOUTS[JobActivityV0.RECORDED_OUTCOME] = ACTIVITY_TIMEOUTS[JobActivity.FETCH_LOCAL_RECORD]
 
 # --- credits: billing may be down for days; retried until it acknowledges ---------------------------
 

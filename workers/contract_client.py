@@ -30,7 +30,13 @@ from torchpass.contract.models import (
     Standing,
 )
 from torchpass.contract.rules import add_months
-from torchpass.ids import CONTROL_TASK_QUEUE, contract_workflow_id, validation_workflow_id
+from torchpass.ids import (
+    CONTROL_TASK_QUEUE,
+    ContractMessage,
+    WorkflowName,
+    contract_workflow_id,
+    validation_workflow_id,
+)
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import ContractRef
 from torchpass.validation.report import ValidateInput, ValidationReport
@@ -40,7 +46,7 @@ T = TypeVar("T")
 # continuing as new) on a busy worker may need more than the default.
 QUERY_TIMEOUT = timedelta(seconds=60)
 VALIDATION_TIMEOUT = timedelta(minutes=5)
-WORKFLOW = "ContractWorkflow"
+WORKFLOW = WorkflowName.CONTRACT
 
 
 class ContractClientError(Exception):
@@ -117,21 +123,24 @@ async def open_development_contract(client: Client, ref: ContractRef, job_id: st
 async def opt_in(client: Client, customer_id: str, contract_id: str, job_id: str) -> JobCoverage:
     h = _handle(client, customer_id, contract_id)
     return await _call(
-        contract_id, h.execute_update("opt_in", OptInInput(job_id=job_id), result_type=JobCoverage)
+        contract_id,
+        h.execute_update(ContractMessage.OPT_IN, OptInInput(job_id=job_id), result_type=JobCoverage),
     )
 
 
 async def opt_out(client: Client, customer_id: str, contract_id: str, job_id: str) -> JobCoverage:
     h = _handle(client, customer_id, contract_id)
     return await _call(
-        contract_id, h.execute_update("opt_out", OptInInput(job_id=job_id), result_type=JobCoverage)
+        contract_id,
+        h.execute_update(ContractMessage.OPT_OUT, OptInInput(job_id=job_id), result_type=JobCoverage),
     )
 
 
 async def record_validation(client: Client, customer_id: str, report: ValidationReport) -> JobCoverage:
     h = _handle(client, customer_id, report.contract_id)
     return await _call(
-        report.contract_id, h.execute_update("record_validation", report, result_type=JobCoverage)
+        report.contract_id,
+        h.execute_update(ContractMessage.RECORD_VALIDATION, report, result_type=JobCoverage),
     )
 
 
@@ -140,22 +149,24 @@ async def record_outcome(
 ) -> None:
     """Fire and forget: a duplicate or an uncovered job is recorded as such by the contract."""
     h = _handle(client, customer_id, contract_id)
-    await _call(contract_id, h.signal("record_outcome", outcome))
+    await _call(contract_id, h.signal(ContractMessage.RECORD_OUTCOME, outcome))
 
 
 async def expand(client: Client, customer_id: str, contract_id: str, inp: ExpandInput) -> Evaluation:
     h = _handle(client, customer_id, contract_id)
-    return await _call(contract_id, h.execute_update("expand", inp, result_type=Evaluation))
+    return await _call(contract_id, h.execute_update(ContractMessage.EXPAND, inp, result_type=Evaluation))
 
 
 async def renew(client: Client, customer_id: str, contract_id: str, inp: RenewInput) -> Standing:
     h = _handle(client, customer_id, contract_id)
-    return await _call(contract_id, h.execute_update("renew", inp, result_type=Standing))
+    return await _call(contract_id, h.execute_update(ContractMessage.RENEW, inp, result_type=Standing))
 
 
 async def get_standing(client: Client, customer_id: str, contract_id: str) -> Standing:
     h = _handle(client, customer_id, contract_id)
-    return await _call(contract_id, h.query("standing", result_type=Standing, rpc_timeout=QUERY_TIMEOUT))
+    return await _call(
+        contract_id, h.query(ContractMessage.STANDING, result_type=Standing, rpc_timeout=QUERY_TIMEOUT)
+    )
 
 
 async def get_ledger(
@@ -164,7 +175,7 @@ async def get_ledger(
     h = _handle(client, customer_id, contract_id)
     page = LedgerPageInput(offset=offset, limit=limit)
     return await _call(
-        contract_id, h.query("ledger", page, result_type=LedgerPage, rpc_timeout=QUERY_TIMEOUT)
+        contract_id, h.query(ContractMessage.LEDGER, page, result_type=LedgerPage, rpc_timeout=QUERY_TIMEOUT)
     )
 
 
@@ -188,7 +199,7 @@ async def validate_job(
         allow_local=allow_local,
     )
     report: ValidationReport = await client.execute_workflow(
-        "EnvironmentValidationWorkflow",
+        WorkflowName.VALIDATION,
         inp,
         id=validation_workflow_id(customer_id, contract_id, job_id),
         task_queue=CONTROL_TASK_QUEUE,

@@ -21,7 +21,7 @@ from job_agent.coordinator.coordinator import Coordinator
 from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.local import LocalRecovery
 from job_agent.coordinator.incident.tracker import Squatted
-from torchpass.ids import CONTROL_TASK_QUEUE, job_task_queue
+from torchpass.ids import CONTROL_TASK_QUEUE, IncidentMessage, WorkflowName, job_task_queue
 from torchpass.incident.outcome import IncidentStatus
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport
@@ -50,21 +50,23 @@ def _span(client: Client, name: str) -> contextlib.AbstractContextManager[object
 async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
     if rep.late:  # to the run that recorded the outcome, open for the late window: never a new incident
         wf, _, run = workflow_id.partition("/")
-        await client.get_workflow_handle(wf, run_id=run or None).signal("report", rep)
+        await client.get_workflow_handle(wf, run_id=run or None).signal(IncidentMessage.REPORT, rep)
         return
     handle = await client.start_workflow(
-        "MigrationWorkflow",
+        WorkflowName.MIGRATION,
         rep,
         id=workflow_id,
         task_queue=CONTROL_TASK_QUEUE,
-        start_signal="report",
+        start_signal=IncidentMessage.REPORT,
         start_signal_args=[rep],
     )
     # The run that got it may be somebody else's, started at the id first: one that sends the job's
     # activities elsewhere, or is another job's, would swallow the report. An answer that says so
     # moves the incident (`Squatted`); no answer (the control worker is away) proves nothing.
     try:
-        status = await handle.query("status", result_type=IncidentStatus, rpc_timeout=QUERY_TIMEOUT)
+        status = await handle.query(
+            IncidentMessage.STATUS, result_type=IncidentStatus, rpc_timeout=QUERY_TIMEOUT
+        )
     except Exception as e:
         log.info("incident %s: no status answer to check it by (%s)", workflow_id, e)
         return

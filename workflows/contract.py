@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from torchpass.contract.rules import day_start
     from torchpass.errors import ErrorType
-    from torchpass.ids import ControlActivity
+    from torchpass.ids import ContractMessage, ControlActivity, WorkflowName
     from torchpass.incident.outcome import MigrationOutcome
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, VERIFY_AGAIN_AFTER
     from torchpass.validation.report import ValidationReport
@@ -84,7 +84,7 @@ def _rejected(e: ContractRuleError) -> ApplicationError:
     return ApplicationError(str(e), type=e.error_type.value, non_retryable=True)
 
 
-@workflow.defn(name="ContractWorkflow")
+@workflow.defn(name=WorkflowName.CONTRACT)
 class ContractWorkflow:
     @workflow.init
     def __init__(self, start: RawValue) -> None:
@@ -102,7 +102,7 @@ class ContractWorkflow:
 
     # --- inputs --------------------------------------------------------------------------------------
 
-    @workflow.signal
+    @workflow.signal(name=ContractMessage.RECORD_OUTCOME)
     def record_outcome(self, raw: RawValue) -> None:
         """Fire-and-forget from MigrationWorkflow; a duplicate incident id is counted once. Held until
         checked against the incident's own workflow (`_verify_pending`): only then is it counted."""
@@ -127,7 +127,7 @@ class ContractWorkflow:
         if duplicate:
             workflow.logger.info("duplicate outcome %s counted once", entry.incident_id)
 
-    @workflow.update
+    @workflow.update(name=ContractMessage.OPT_IN)
     def opt_in(self, raw: RawValue) -> JobCoverage:
         inp = decode(raw, OptInInput, "opt_in input")
         self._handled += 1
@@ -138,7 +138,7 @@ class ContractWorkflow:
         decode(raw, OptInInput, "opt_in input")
         self._check(lambda: None)
 
-    @workflow.update
+    @workflow.update(name=ContractMessage.OPT_OUT)
     def opt_out(self, raw: RawValue) -> JobCoverage:
         inp = decode(raw, OptInInput, "opt_out input")
         self._handled += 1
@@ -149,7 +149,7 @@ class ContractWorkflow:
         inp = decode(raw, OptInInput, "opt_out input")
         self._check(self._book.check_opted_in, inp.job_id)
 
-    @workflow.update
+    @workflow.update(name=ContractMessage.RECORD_VALIDATION)
     async def record_validation(self, raw: RawValue) -> JobCoverage:
         """Recorded once the report's own validation workflow shows it made it (`contract/verify.py`)."""
         report = decode(raw, ValidationReport, "record_validation input")
@@ -171,7 +171,7 @@ class ContractWorkflow:
         report = decode(raw, ValidationReport, "record_validation input")
         self._check(self._book.check_validation, report)
 
-    @workflow.update
+    @workflow.update(name=ContractMessage.EXPAND)
     def expand(self, raw: RawValue) -> Evaluation:
         """Evaluate at the expansion (the credit, if any, is delivered by the main loop) and apply its fee."""
         inp = decode(raw, ExpandInput, "expand input")
@@ -183,7 +183,7 @@ class ContractWorkflow:
         inp = decode(raw, ExpandInput, "expand input")
         self._check(self._book.check_expand, inp, workflow.now().date())
 
-    @workflow.update
+    @workflow.update(name=ContractMessage.RENEW)
     def renew(self, raw: RawValue) -> Standing:
         inp = decode(raw, RenewInput, "renew input")
         self._handled += 1
@@ -217,13 +217,13 @@ class ContractWorkflow:
 
     # --- queries -------------------------------------------------------------------------------------
 
-    @workflow.query
+    @workflow.query(name=ContractMessage.STANDING)
     def standing(self) -> Standing:
         if self._bad is not None:
             raise self._bad
         return self._book.standing(workflow.now())
 
-    @workflow.query
+    @workflow.query(name=ContractMessage.LEDGER)
     def ledger(self, raw: RawValue) -> LedgerPage:
         page = decode(raw, LedgerPageInput, "ledger query")
         if self._bad is not None:

@@ -15,11 +15,11 @@ live, and the outcome's figures are the job's measurements (`torchpass.incident.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, TypeVar
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RawValue, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from torchpass.errors import ErrorType
@@ -29,8 +29,12 @@ with workflow.unsafe.imports_passed_through():
         SA_KIND,
         SA_OUTCOME,
         SA_QUALIFYING,
+        ContractMessage,
         ControlActivity,
+        IncidentMessage,
         JobActivity,
+        JobActivityV0,
+        WorkflowName,
         contract_workflow_id,
     )
     from torchpass.incident.classify import classify_input, resyncs, unclassified
@@ -65,18 +69,14 @@ with workflow.unsafe.imports_passed_through():
         Phase,
         PhaseTiming,
     )
-    from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
     from workflows import legacy
     from workflows.inputs import decode, decode_start
-    from workflows.policy import retry_policy
-
-R = TypeVar("R")
+    from workflows.step_calls import StepCalls, StepFailed
 
 _JOB_ID = SearchAttributeKey.for_keyword(SA_JOB_ID)
 _KIND = SearchAttributeKey.for_keyword(SA_KIND)
 _OUTCOME = SearchAttributeKey.for_keyword(SA_OUTCOME)
 _QUALIFYING = SearchAttributeKey.for_keyword(SA_QUALIFYING)
-RETRY_POLICY = retry_policy(MIGRATION_RETRY)
 # Histories recorded before this patch replay the legacy path (`workflows.legacy`).
 MEASURED = "measured-outcome"
 # Incidents the job handled itself while the control plane was away are filed, not run again.
@@ -85,21 +85,15 @@ LOCAL = "local-recovery"
 RESYNC = "resync-from-majority"
 # After its outcome, the run stays open for the job's late window (`FailureReport.linger_seconds`).
 LATE = "late-evidence"
+# Two job activities renamed: `reserve_spares` (was `reserve_spare`), `fetch_local_record` (was
+# `recorded_outcome`, which read like the contract's `record_outcome` signal).
+NAMES = "activity-names"
 
 # A flapping detector must not grow the history without bound; a real incident has a handful of reports.
 MAX_EVIDENCE = 256
 
 
-class _Failed(Exception):
-    """A step failed past its retries (or with a non-retryable error), or its answer did not hold."""
-
-    def __init__(self, name: str, err: ActivityError | None = None, why: str = "") -> None:
-        cause = err.cause if err is not None else None
-        self.error_type = cause.type if isinstance(cause, ApplicationError) else None
-        super().__init__(f"{name} failed: {why or cause or err}")
-
-
-@workflow.defn(name="MigrationWorkflow")
+@workflow.defn(name=WorkflowName.MIGRATION)
 class MigrationWorkflow:
     @workflow.init
     def __init__(self, start: RawValue) -> None:
@@ -110,17 +104,16 @@ class MigrationWorkflow:
         except ApplicationError as e:  # `run` fails the workflow with it; nothing else happens
             self._bad = e
         self._job_id = "" if self._bad else first.evidence.job_id
-        self._queue = "" if self._bad else first.job_task_queue
+        self._steps = StepCalls("" if self._bad else first.job_task_queue)
         self._contract = None if self._bad else first.contract
         self._evidence: list[Evidence] = [] if self._bad else [first.evidence]
-        self._phase = Phase.DETECT
         self._disposition: Disposition | None = None
-        self._phases: dict[Phase, PhaseTiming] = {}
         self._measured = False
+        self._renamed = False
         self._late_window = 0.0 if self._bad else first.linger_seconds
         self._outcome: MigrationOutcome | None = None
 
-    @workflow.signal
+    @workflow.signal(name=IncidentMessage.REPORT)
     def report(self, raw: RawValue) -> None:
         """Fold another report of this incident; duplicates, other jobs' and malformed reports are ignored
         (a null payload once failed every workflow task of the incident)."""
@@ -142,17 +135,17 @@ class MigrationWorkflow:
         else:
             self._evidence.append(ev)
 
-    @workflow.query
+    @workflow.query(name=IncidentMessage.STATUS)
     def status(self) -> IncidentStatus:
         return IncidentStatus(
-            phase=self._phase.value,
+            phase=self._steps.phase.value,
             evidence_count=len(self._evidence),
             disposition=self._disposition,
             job_id=self._job_id,
-            job_task_queue=self._queue,
+            job_task_queue=self._steps.queue,
         )
 
-    @workflow.query
+    @workflow.query(name=IncidentMessage.OUTCOME)
     def outcome(self) -> MigrationOutcome | None:
         """The outcome once recorded (the run may stay open for the late window after it)."""
         return self._outcome
@@ -163,8 +156,9 @@ class MigrationWorkflow:
             raise self._bad
         first = self._evidence[0]
         self._measured = workflow.patched(MEASURED)
+        self._renamed = workflow.patched(NAMES)
         info = workflow.info()
-        ref = IncidentRef(incident_id=f"{info.workflow_id}/{info.run_id}", job_id=self._job_id)
+        ref = IncidentRef(workflow_id=info.workflow_id, run_id=info.run_id, job_id=self._job_id)
         first_kind = first.kind if self._measured else legacy.kind_of(self._evidence)
         workflow.upsert_search_attributes(
             [
@@ -199,7 +193,7 @@ class MigrationWorkflow:
             confirm,
             ending,
             workflow.info().workflow_start_time,
-            tuple(self._phases.values()),
+            tuple(self._steps.phases.values()),
         )
         return await self._complete(ref, outcome)
 
@@ -212,8 +206,8 @@ class MigrationWorkflow:
     async def _confirm(self, ref: IncidentRef) -> tuple[ConfirmResult | None, str | None, str | None]:
         inp = ConfirmInput(incident=ref, evidence=tuple(self._evidence))
         try:
-            confirm = await self._call(Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, inp, ConfirmResult)
-        except _Failed as e:
+            confirm = await self._steps.call(Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, inp, ConfirmResult)
+        except StepFailed as e:
             return None, str(e), e.error_type
         return confirm, None, None
 
@@ -222,18 +216,19 @@ class MigrationWorkflow:
         recorded once like any outcome. No record to be had is a failure on the record, with why."""
         why = ""
         try:
-            raw = await self._call(Phase.RECORD, JobActivity.RECORDED_OUTCOME, ref, RawValue)
-            rec: LocalRecord | None = decode(raw, LocalRecord, "recorded_outcome result")
+            name = JobActivity.FETCH_LOCAL_RECORD if self._renamed else JobActivityV0.RECORDED_OUTCOME
+            raw = await self._steps.call(Phase.RECORD, name, ref, RawValue)
+            rec: LocalRecord | None = decode(raw, LocalRecord, f"{name} result")
             if rec is not None and rec.workflow_id != workflow.info().workflow_id:
                 raise ApplicationError(f"a record of {rec.workflow_id}, not of this incident")
-        except (_Failed, ApplicationError) as e:
+        except (StepFailed, ApplicationError) as e:
             rec, why = None, f"the job handled this incident itself, but gave no record of it: {e}"
         mine = tuple(ev for ev in rec.evidence if ev.job_id == self._job_id) if rec else ()
         evidence = mine or tuple(self._evidence)
         confirm = rec.confirm if rec else None
         classification = await self._classify(evidence, confirm)
         ending = filed_ending(rec) if rec else Ending(Disposition.FAILED, error=why)
-        classified = self._phases.get(Phase.CLASSIFY)
+        classified = self._steps.phases.get(Phase.CLASSIFY)
         phases = (*(rec.phases if rec else ()), *([classified] if classified else []))
         started = rec.started_at if rec else workflow.info().workflow_start_time
         kind = self._kind(evidence, classification)
@@ -252,10 +247,10 @@ class MigrationWorkflow:
         else:
             inp = legacy.classify_input(evidence, confirm)
         try:
-            c = await self._call(
+            c = await self._steps.call(
                 Phase.CLASSIFY, ControlActivity.CLASSIFY_FAILURE, inp, Classification, CONTROL_TASK_QUEUE
             )
-        except _Failed as e:
+        except StepFailed as e:
             # Our own step failed: it must never disqualify the customer's failure.
             c = unclassified(str(e)) if self._measured else legacy.judged_by_kind(evidence, str(e))
         workflow.upsert_search_attributes(
@@ -274,11 +269,12 @@ class MigrationWorkflow:
         classification: Classification,
     ) -> tuple[Classification, Ending]:
         try:
-            await self._call(Phase.RESERVE, JobActivity.RESERVE_SPARE, ref, ReserveResult)
-        except _Failed as e:
+            reserve = JobActivity.RESERVE_SPARES if self._renamed else JobActivityV0.RESERVE_SPARE
+            await self._steps.call(Phase.RESERVE, reserve, ref, ReserveResult)
+        except StepFailed as e:
             if e.error_type != ErrorType.NO_SPARE:
                 # The reservation may have half-happened: give back whatever was taken.
-                await self._try(JobActivity.RELEASE_SPARE, ref)
+                await self._steps.attempt(JobActivity.RELEASE_SPARE, ref)
                 return classification, await self._fall_back(ref, str(e))
             if self._measured:
                 classification = await self._classify(evidence, confirm, spare_lost=True)
@@ -287,42 +283,46 @@ class MigrationWorkflow:
                 workflow.upsert_search_attributes([_QUALIFYING.value_set("false")])
             return classification, await self._fall_back(ref, classification.reason)
         try:
-            frozen = await self._call(Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult)
-            transfer = await self._call(Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult)
+            frozen = await self._steps.call(Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult)
+            transfer = await self._steps.call(Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult)
             self._check(JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step))
-            rejoin = await self._call(Phase.REJOIN, JobActivity.REJOIN, ref, RejoinResult)
+            rejoin = await self._steps.call(Phase.REJOIN, JobActivity.REJOIN, ref, RejoinResult)
             # A rank lost after the state moved was supplied before the group re-formed: a new proof.
             proof = rejoin.proof or transfer.proof
             self._check(JobActivity.REJOIN, transfer_problems(proof, frozen.target_step))
             self._check(JobActivity.REJOIN, resume_problems(rejoin.resumed_steps, rejoin.resumed_step))
-        except _Failed as e:
+        except StepFailed as e:
             # Compensation: the spare goes back to the pool, then the classic restart.
-            await self._try(JobActivity.RELEASE_SPARE, ref)
+            await self._steps.attempt(JobActivity.RELEASE_SPARE, ref)
             return classification, await self._fall_back(ref, str(e))
         return classification, Ending(Disposition.MIGRATED, proof=proof, rejoin=rejoin)
 
     def _check(self, name: str, problems: list[str]) -> None:
         """The job's answer must hold on its own figures before the migration counts as live."""
         if self._measured and problems:
-            raise _Failed(name, why="proof does not hold: " + "; ".join(problems))
+            raise StepFailed(name, why="proof does not hold: " + "; ".join(problems))
 
     async def _fall_back(self, ref: IncidentRef, reason: str) -> Ending:
         inp = FallbackInput(incident=ref, reason=reason)
         try:
-            fb = await self._call(Phase.FALLBACK, JobActivity.RESTART_FROM_CHECKPOINT, inp, FallbackResult)
-        except _Failed as e:
+            fb = await self._steps.call(
+                Phase.FALLBACK, JobActivity.RESTART_FROM_CHECKPOINT, inp, FallbackResult
+            )
+        except StepFailed as e:
             return Ending(Disposition.FAILED, error=f"{reason}; fallback: {e}")
         return Ending(Disposition.FALLBACK_RESTART, fallback=fb, error=reason)
 
     async def _complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> MigrationOutcome:
         """The contract and the job record the outcome; it stands, with the error, if either cannot."""
         self._disposition = outcome.disposition
-        self._phase = Phase.RECORD
+        self._steps.phase = Phase.RECORD
         t0 = workflow.now()
         errors = [e for e in (outcome.error, await self._record_on_contract(outcome)) if e]
         if errors != [e for e in (outcome.error,) if e]:
             outcome = outcome.model_copy(update={"error": bounded_error("; ".join(errors))})
-        stored = await self._try(JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=outcome))
+        stored = await self._steps.attempt(
+            JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=outcome)
+        )
         record = PhaseTiming(phase=Phase.RECORD, seconds=(workflow.now() - t0).total_seconds())
         update: dict[str, Any] = {"phases": (*outcome.phases, record)}
         if stored is not None:
@@ -342,59 +342,8 @@ class MigrationWorkflow:
             return None
         contract = workflow.get_external_workflow_handle(contract_workflow_id(c.customer_id, c.contract_id))
         try:
-            await contract.signal("record_outcome", outcome)
+            await contract.signal(ContractMessage.RECORD_OUTCOME, outcome)
         except FailureError as e:
             workflow.logger.warning("contract %s did not take the outcome: %s", c.contract_id, e)
             return f"not recorded on contract {c.contract_id} of {c.customer_id}: {e}"
-        return None
-
-    async def _call(
-        self, phase: Phase, name: str, arg: Any, result_type: type[R], queue: str | None = None
-    ) -> R:
-        """One step: the activity by name, its timeouts and retries, and its timing (a phase run twice,
-        as classification after a failed reservation, is timed as one)."""
-        self._phase = phase
-        t = ACTIVITY_TIMEOUTS[name]
-        t0 = workflow.now()
-        work: float | None = None
-        try:
-            result = await workflow.execute_activity(
-                name,
-                arg,
-                task_queue=queue or self._queue,
-                result_type=result_type,
-                start_to_close_timeout=t.start_to_close,
-                schedule_to_close_timeout=t.schedule_to_close,
-                schedule_to_start_timeout=t.schedule_to_start,
-                heartbeat_timeout=t.heartbeat,
-                retry_policy=RETRY_POLICY,
-            )
-            work = getattr(result, "work_seconds", None)
-            return result
-        except ActivityError as e:
-            raise _Failed(name, e) from e
-        finally:
-            seconds = (workflow.now() - t0).total_seconds()
-            prior = self._phases.get(phase)
-            if prior is not None:
-                seconds += prior.seconds
-                work = None if work is None or prior.work_seconds is None else work + prior.work_seconds
-            self._phases[phase] = PhaseTiming(phase=phase, seconds=seconds, work_seconds=work)
-
-    async def _try(self, name: str, arg: Any) -> str | None:
-        """A best-effort job step (compensation, the job's record): returns the error instead of raising."""
-        t = ACTIVITY_TIMEOUTS[name]
-        try:
-            await workflow.execute_activity(
-                name,
-                arg,
-                task_queue=self._queue,
-                start_to_close_timeout=t.start_to_close,
-                schedule_to_close_timeout=t.schedule_to_close,
-                schedule_to_start_timeout=t.schedule_to_start,
-                retry_policy=RETRY_POLICY,
-            )
-        except ActivityError as e:
-            workflow.logger.warning("%s failed: %s", name, e.cause or e)
-            return str(_Failed(name, e))
         return None

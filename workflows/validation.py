@@ -23,7 +23,13 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from torchpass.ids import JobActivity, ValidationActivity, contract_workflow_id, job_task_queue
+    from torchpass.ids import (
+        JobActivity,
+        ValidationActivity,
+        WorkflowName,
+        contract_workflow_id,
+        job_task_queue,
+    )
     from torchpass.policies import DESCRIBE_ATTEMPT, VALIDATION_RETRY, VALIDATION_TIMEOUTS
     from torchpass.validation.checks import (
         build_report,
@@ -49,7 +55,7 @@ F = TypeVar("F")
 RETRY_POLICY = retry_policy(VALIDATION_RETRY)
 
 
-@workflow.defn(name="EnvironmentValidationWorkflow")
+@workflow.defn(name=WorkflowName.VALIDATION)
 class EnvironmentValidationWorkflow:
     @workflow.run
     async def run(self, start: RawValue) -> ValidationReport:

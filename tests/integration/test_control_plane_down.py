@@ -25,7 +25,7 @@ from temporalio.service import RPCError
 from job_agent import wire
 from job_agent.coordinator.jobs import request
 from tests.integration.conftest import spec, start_job
-from torchpass.ids import SA_JOB_ID, JobActivity
+from torchpass.ids import SA_JOB_ID, IncidentMessage, JobActivity
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult
 from torchpass.models import Disposition
@@ -116,7 +116,7 @@ async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once
             filed = None
             while filed is None:  # recorded; the run stays open a while for late evidence
                 assert time.monotonic() < deadline + 30
-                filed = await handle.query("outcome", result_type=MigrationOutcome | None)  # type: ignore[arg-type]
+                filed = await handle.query(IncidentMessage.OUTCOME, result_type=MigrationOutcome | None)  # type: ignore[arg-type]
                 await asyncio.sleep(0.1)
             assert filed.incident_id == outcome.incident_id == f"{runs[0].id}/{runs[0].run_id}"
             assert filed.handled_locally and filed.proof == outcome.proof

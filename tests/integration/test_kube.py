@@ -29,6 +29,7 @@ from tests.integration.conftest import LONG_ARGS, ROOT, spec, start_job
 from tests.integration.test_multinode import coordinator_of, log_of, node_argv, status
 from tests.kube.stub_apiserver import Call, StubApiServer
 from torchpass.dev.hosts import Fabric, fabric
+from torchpass.ids import IncidentMessage
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind, FailureReport
 from workers.detectors.kube import REASON_ANNOTATION, KubeDetector, KubeSettings
@@ -305,7 +306,7 @@ async def _reports(client: Client, incident_id: str) -> list[Evidence]:
     for e in history.events:
         if e.HasField("workflow_execution_started_event_attributes"):
             payloads = e.workflow_execution_started_event_attributes.input.payloads
-        elif e.workflow_execution_signaled_event_attributes.signal_name == "report":
+        elif e.workflow_execution_signaled_event_attributes.signal_name == IncidentMessage.REPORT:
             payloads = e.workflow_execution_signaled_event_attributes.input.payloads
         else:
             continue

@@ -19,7 +19,7 @@ from job_agent import wire
 from job_agent.coordinator.jobs import request, wait_until_ready
 from tests.integration.conftest import spec, start_job
 from tests.integration.test_live_migration import assert_migrated_live
-from torchpass.ids import CONTROL_TASK_QUEUE, incident_workflow_id
+from torchpass.ids import CONTROL_TASK_QUEUE, WorkflowName, incident_workflow_id
 from torchpass.models import EventSource, Evidence, FailureKind, FailureReport
 
 ARGS = ("--steps", "300", "--width", "128", "--depth", "2")
@@ -47,7 +47,7 @@ async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migra
         )
         start = FailureReport(evidence=forged, job_task_queue="torchpass-job-elsewhere", generation=0)
         squatter = await client.start_workflow(
-            "MigrationWorkflow", start, id=squatted, task_queue=CONTROL_TASK_QUEUE
+            WorkflowName.MIGRATION, start, id=squatted, task_queue=CONTROL_TASK_QUEUE
         )
         at = max(r.step for r in status.ranks) + 10
         kill = wire.Inject(action=wire.InjectAction.KILL, slot=2, after_step=at)

@@ -32,7 +32,7 @@ from tests.integration.conftest import spec
 from torchpass.contract.credit import Money
 from torchpass.contract.models import ContractPurpose, ContractTerms
 from torchpass.contract.rules import add_months
-from torchpass.ids import job_task_queue
+from torchpass.ids import WorkflowName, job_task_queue
 from torchpass.job import JobResult
 from torchpass.validation.report import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
 from workers import contract_client as cc
@@ -66,7 +66,7 @@ async def validate(
     client: Client, queue: str, customer: str, contract_id: str, job_id: str
 ) -> ValidationReport:
     return await client.execute_workflow(
-        "EnvironmentValidationWorkflow",
+        WorkflowName.VALIDATION,
         ValidateInput(
             contract_id=contract_id,
             customer_id=customer,

@@ -216,7 +216,9 @@ class Migration:
     then complete. What each step answered, and the error of the one that failed, are kept."""
 
     def __init__(self, job: Job, workflow_id: str, report: FailureReport) -> None:
-        self.steps, self.incident_id, self.evidence = job.steps, f"{workflow_id}/run-1", [report.evidence]
+        self.steps, self.evidence = job.steps, [report.evidence]
+        self.ref = st.IncidentRef(workflow_id=workflow_id, run_id="run-1", job_id=job.spec.job_id)
+        self.incident_id = self.ref.incident_id
         self.started_at = datetime.now(UTC)
         self.confirmed: st.ConfirmResult | None = None
         self.reserved: st.ReserveResult | None = None
@@ -227,7 +229,7 @@ class Migration:
         self.failed: dict[str, IncidentError] = {}
 
     async def confirm(self) -> st.ConfirmResult:
-        self.confirmed = await bounded(self.steps.confirm(self.incident_id, tuple(self.evidence)))
+        self.confirmed = await bounded(self.steps.confirm(self.ref, tuple(self.evidence)))
         return self.confirmed
 
     async def run(self) -> MigrationOutcome:
@@ -242,7 +244,7 @@ class Migration:
             ending = Ending(disposition=Disposition.NOT_A_FAILURE)
         kind, started = c.kind or self.evidence[0].kind, self.started_at
         outcome = build_outcome(self.incident_id, self.evidence, kind, c, confirm, ending, started, ())
-        await bounded(self.steps.complete(self.incident_id, outcome))
+        await bounded(self.steps.complete(self.ref, outcome))
         return outcome
 
     def _classify(self, confirm: st.ConfirmResult, spare_lost: bool = False) -> Classification:
@@ -250,32 +252,32 @@ class Migration:
 
     async def _migrate(self, confirm: st.ConfirmResult, c: Classification) -> tuple[Classification, Ending]:
         try:
-            self.reserved = await bounded(self.steps.reserve(self.incident_id))
+            self.reserved = await bounded(self.steps.reserve(self.ref))
         except IncidentError as e:
             self.failed["reserve"] = e
             if e.error_type is ErrorType.NO_SPARE:
                 c = self._classify(confirm, spare_lost=True)
                 return c, await self._fall_back(c.reason)
-            await bounded(self.steps.release(self.incident_id))
+            await bounded(self.steps.release(self.ref))
             return c, await self._fall_back(str(e))
         step = "freeze"
         try:
-            self.frozen = await bounded(self.steps.freeze(self.incident_id))
+            self.frozen = await bounded(self.steps.freeze(self.ref))
             step = "transfer"
-            self.transferred = await bounded(self.steps.transfer(self.incident_id, lambda sent: None))
+            self.transferred = await bounded(self.steps.transfer(self.ref, lambda sent: None))
             _check(transfer_problems(self.transferred.proof, self.frozen.target_step))
             step = "rejoin"
-            self.rejoined = await bounded(self.steps.rejoin(self.incident_id))
+            self.rejoined = await bounded(self.steps.rejoin(self.ref))
             _check(resume_problems(self.rejoined.resumed_steps, self.rejoined.resumed_step))
         except IncidentError as e:
             self.failed[step] = e
-            await bounded(self.steps.release(self.incident_id))  # the compensation, then the classic restart
+            await bounded(self.steps.release(self.ref))  # the compensation, then the classic restart
             return c, await self._fall_back(str(e))
         return c, Ending(Disposition.MIGRATED, proof=self.transferred.proof, rejoin=self.rejoined)
 
     async def _fall_back(self, reason: str) -> Ending:
         try:
-            self.fallback = await bounded(self.steps.restart_from_checkpoint(self.incident_id, reason))
+            self.fallback = await bounded(self.steps.restart_from_checkpoint(self.ref, reason))
         except IncidentError as e:
             self.failed["fallback"] = e
             return Ending(Disposition.FAILED, error=f"{reason}; fallback: {e}")

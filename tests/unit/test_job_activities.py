@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
-from activities.job import BEAT_EVERY, _BytesSent, _guard
-from torchpass.ids import JobActivity
+from activities.job import BEAT_EVERY, JobActivities, _BytesSent, _guard
+from torchpass.ids import JobActivity, JobActivityV0
 from torchpass.policies import ACTIVITY_TIMEOUTS
+from workers.job import _activity_methods
 
 
 async def test_a_slow_step_heartbeats_each_second_with_its_details_and_stops_when_done() -> None:
@@ -40,3 +42,19 @@ def test_every_job_step_has_a_heartbeat_timeout_well_above_its_beat() -> None:
             continue
         hb = ACTIVITY_TIMEOUTS[name].heartbeat
         assert hb is not None and timedelta(seconds=3 * BEAT_EVERY) <= hb <= timedelta(seconds=5), name
+
+
+def test_the_job_worker_serves_every_job_activity_under_todays_names_and_the_old_ones() -> None:
+    """A run started before the `activity-names` patch (and every recorded history) still calls
+    `reserve_spare` and `recorded_outcome`: the job worker answers both names, each with the same
+    step and the same timeouts."""
+    served = {
+        activity._Definition.must_from_callable(fn).name
+        for fn in _activity_methods(JobActivities.__new__(JobActivities))
+    }
+    today = {getattr(JobActivity, n) for n in dir(JobActivity) if n.isupper()}
+    old = {getattr(JobActivityV0, n) for n in dir(JobActivityV0) if n.isupper()}
+    assert served == today | old
+    assert ACTIVITY_TIMEOUTS[JobActivityV0.RESERVE_SPARE] == ACTIVITY_TIMEOUTS[JobActivity.RESERVE_SPARES]
+    fetch = ACTIVITY_TIMEOUTS[JobActivity.FETCH_LOCAL_RECORD]
+    assert ACTIVITY_TIMEOUTS[JobActivityV0.RECORDED_OUTCOME] == fetch

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from job_agent import wire
 from job_agent.coordinator.coordinator import SHUTDOWN_GRACE
-from job_agent.coordinator.incident import executor
+from job_agent.coordinator.incident import confirm
 from job_agent.coordinator.incident.tracker import IncidentError
 from job_agent.coordinator.jobs import request
 from job_agent.coordinator.members import Member
@@ -31,7 +31,7 @@ from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, until
 from torchpass.errors import ErrorType
 from torchpass.ids import incident_workflow_id
 from torchpass.incident.outcome import MigrationOutcome
-from torchpass.incident.steps import TransferResult
+from torchpass.incident.steps import IncidentRef, TransferResult
 from torchpass.job import JobResult, JobState
 from torchpass.models import Category, Disposition, EventSource, Evidence, FailureKind, FailureReport
 from torchpass.signing import sign
@@ -195,7 +195,7 @@ async def test_no_spare_is_measured_at_confirm_and_falls_back(tmp_path: Path, al
         confirm = await m.confirm()
         assert confirm.confirmed and (confirm.spares_ready, confirm.spares_warming) == (0, 0)
         with pytest.raises(IncidentError) as raised:
-            await bounded(job.steps.reserve(m.incident_id))
+            await bounded(job.steps.reserve(m.ref))
         assert raised.value.error_type is ErrorType.NO_SPARE
         outcome = await m.run()
         c = outcome.classification
@@ -351,7 +351,7 @@ async def test_a_claim_is_checked_for_as_long_as_the_jobs_own_hang_detection_tak
     whose hang timeout says so: a forged claim of a healthy rank is still refuted, because the job watches
     for as long as its own hang detection would before it takes the rank for lost. (With the least wait
     alone, the healthy rank was fenced and migrated on the claim.)"""
-    monkeypatch.setattr(executor, "REFUTE_WAIT", timedelta(seconds=0.3))  # shorter than a step
+    monkeypatch.setattr(confirm, "REFUTE_WAIT", timedelta(seconds=0.3))  # shorter than a step
     job = Job(tmp_path, allowance, hang_timeout=3.0)
     job.launcher.step_seconds = 1.2
     async with job:
@@ -418,10 +418,10 @@ async def test_a_drain_asked_for_during_a_recovery_is_the_next_incident(
     async with job:
         transfer = job.steps.transfer
 
-        async def drain_then_transfer(incident_id: str, tick: Callable[[int], None]) -> TransferResult:
+        async def drain_then_transfer(ref: IncidentRef, tick: Callable[[int], None]) -> TransferResult:
             reply = await asyncio.to_thread(request, job.spec.state_dir, job.spec.job_id, wire.Drain(slot=0))
             assert isinstance(reply, wire.Ok), reply
-            return await transfer(incident_id, tick)
+            return await transfer(ref, tick)
 
         job.steps.transfer = drain_then_transfer  # type: ignore[method-assign]
         first = Migration(job, *await job.report())
@@ -429,7 +429,7 @@ async def test_a_drain_asked_for_during_a_recovery_is_the_next_incident(
         job.steps.transfer = transfer  # type: ignore[method-assign]
         workflow_id, report = await job.report()
         assert (report.evidence.kind, report.evidence.slots) == (FailureKind.NODE_DRAIN, (0,))
-        assert workflow_id != first.incident_id.split("/")[0]
+        assert workflow_id != first.ref.workflow_id
         second = Migration(job, workflow_id, report)
         outcome = await second.run()
         assert (outcome.disposition, outcome.lost_slots, outcome.steps_recomputed) == (

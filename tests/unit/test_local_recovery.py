@@ -19,7 +19,7 @@ from tests.unit.fake_ranks import digest_of
 from tests.unit.job_driver import STEPS, Counts, Job, Migration, until
 from torchpass.ids import incident_workflow_id
 from torchpass.incident.proof import filed_ending
-from torchpass.incident.steps import FreezeResult
+from torchpass.incident.steps import FreezeResult, IncidentRef
 from torchpass.job import JobState
 from torchpass.models import Disposition, EventSource, Evidence, FailureKind, FailureReport
 from torchpass.signing import sign
@@ -63,11 +63,13 @@ async def test_with_temporal_down_the_job_recovers_by_itself_and_its_record_is_f
         assert record.workflow_id == workflow_id and record.confirm is not None
         assert filed_ending(record).disposition is Disposition.MIGRATED  # the workflow's own check holds
         forged = {"incident_id": f"{workflow_id}/run-0", "disposition": Disposition.FAILED, "success": False}
-        await job.steps.complete(workflow_id, local.model_copy(update=forged))  # not what the record says
+        run0 = IncidentRef(workflow_id=workflow_id, run_id="run-0", job_id=c.job_id)
+        await job.steps.complete(run0, local.model_copy(update=forged))  # not what the record says
         assert c.incidents.outcomes == [local] and len(_records(job)) == 1  # not taken
-        filed = local.model_copy(update={"incident_id": f"{workflow_id}/run-1"})
-        await job.steps.complete(filed.incident_id, filed)
-        await job.steps.complete(filed.incident_id, filed)  # a retried completion
+        run1 = IncidentRef(workflow_id=workflow_id, run_id="run-1", job_id=c.job_id)
+        filed = local.model_copy(update={"incident_id": run1.incident_id})
+        await job.steps.complete(run1, filed)
+        await job.steps.complete(run1, filed)  # a retried completion
         assert c.incidents.outcomes == [filed] and _records(job) == []
         await job.finished()
     r = job.result
@@ -117,9 +119,9 @@ async def test_an_incident_adopted_from_another_sources_report_stays_its_workflo
         )
         freeze = job.steps.freeze
 
-        async def slow_freeze(incident_id: str) -> FreezeResult:
+        async def slow_freeze(ref: IncidentRef) -> FreezeResult:
             await asyncio.sleep(3 * job.spec.control_plane_wait)  # a slow control worker
-            return await freeze(incident_id)
+            return await freeze(ref)
 
         job.steps.freeze = slow_freeze  # type: ignore[method-assign]
         report = FailureReport(evidence=sign(c._secret, ev), job_task_queue="q", generation=c.generation)

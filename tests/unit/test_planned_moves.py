@@ -18,7 +18,7 @@ from job_agent.coordinator.jobs import request
 from tests.unit.fake_ranks import KILLED
 from tests.unit.job_driver import Counts, Job, Migration, until
 from torchpass.errors import ErrorType
-from torchpass.incident.steps import TransferResult
+from torchpass.incident.steps import IncidentRef, TransferResult
 from torchpass.models import Category, Disposition
 
 
@@ -31,9 +31,9 @@ def _watch_transfer(job: Job, during: Callable[[], None]) -> None:
     """Call `during()` as the transfer step starts (the leaving ranks have frozen and left the world)."""
     transfer = job.steps.transfer
 
-    async def watched(incident_id: str, tick: Callable[[int], None]) -> TransferResult:
+    async def watched(ref: IncidentRef, tick: Callable[[int], None]) -> TransferResult:
         during()
-        return await transfer(incident_id, tick)
+        return await transfer(ref, tick)
 
     job.steps.transfer = watched  # type: ignore[method-assign]
 

@@ -17,7 +17,7 @@ from torchpass.contract.verify import (
     judge_validation,
     split_run,
 )
-from torchpass.ids import incident_workflow_id
+from torchpass.ids import WorkflowName, incident_workflow_id
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import ContractRef, EventSource, Evidence, FailureKind, FailureReport
 from torchpass.validation.report import ValidateInput
@@ -45,7 +45,9 @@ def failure(job: str = "job-a", domain: str = "node-1", generation: int = 4) -> 
 
 def genuine() -> tuple[MigrationOutcome, IncidentFacts]:
     o = outcome(1, T, incident_id=f"{WF}/{RUN}")
-    return o, IncidentFacts(found=True, workflow_type="MigrationWorkflow", report=failure(), signalled=(o,))
+    return o, IncidentFacts(
+        found=True, workflow_type=WorkflowName.MIGRATION, report=failure(), signalled=(o,)
+    )
 
 
 def test_an_incident_id_splits_at_its_run_id_only() -> None:
@@ -80,10 +82,13 @@ def test_every_forged_outcome_is_refused_with_why() -> None:
     cases = {
         "names no workflow run": (o.model_copy(update={"incident_id": WF}), facts),
         "no such incident workflow": (o, IncidentFacts(found=False, detail="NOT_FOUND")),
-        "not an incident": (o, facts.model_copy(update={"workflow_type": "ContractWorkflow"})),
+        "not an incident": (o, facts.model_copy(update={"workflow_type": WorkflowName.CONTRACT})),
         "start input is not a failure report": (o, facts.model_copy(update={"report": None})),
         "was started for job": (o, facts.model_copy(update={"report": failure(job="job-b")})),
-        "not at its failure's incident id": (o, facts.model_copy(update={"report": failure(generation=5)})),
+        "not at its failure's incident id": (
+            o,
+            facts.model_copy(update={"report": failure(generation=5)}),
+        ),
         "sent no outcome": (o, facts.model_copy(update={"signalled": ()})),
         "sent another outcome": (changed, facts),
     }
@@ -97,13 +102,13 @@ def test_a_validation_is_accepted_only_from_the_run_that_made_it() -> None:
     made = report(True, T).model_copy(update={"source": source})
     request = ValidateInput(contract_id="c-1", customer_id="a", job_id="job-a")
     facts = ValidationFacts(
-        found=True, workflow_type="EnvironmentValidationWorkflow", request=request, recorded=(made,)
+        found=True, workflow_type=WorkflowName.VALIDATION, request=request, recorded=(made,)
     )
     assert judge_validation(made, facts).accepted
     cases = {
         "names no validation workflow run": (made.model_copy(update={"source": None}), facts),
         "no such validation workflow": (made, ValidationFacts(found=False)),
-        "not a validation": (made, facts.model_copy(update={"workflow_type": "MigrationWorkflow"})),
+        "not a validation": (made, facts.model_copy(update={"workflow_type": WorkflowName.MIGRATION})),
         "another contract or job": (
             made,
             facts.model_copy(update={"request": request.model_copy(update={"job_id": "job-b"})}),

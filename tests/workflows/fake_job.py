@@ -24,7 +24,14 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from activities.ledger import LedgerActivities
 from torchpass.errors import ErrorType
-from torchpass.ids import CONTROL_TASK_QUEUE, ControlActivity, JobActivity, incident_workflow_id
+from torchpass.ids import (
+    CONTROL_TASK_QUEUE,
+    ControlActivity,
+    IncidentMessage,
+    JobActivity,
+    WorkflowName,
+    incident_workflow_id,
+)
 from torchpass.incident.outcome import CompleteInput, MigrationOutcome
 from torchpass.incident.steps import (
     ConfirmInput,
@@ -102,7 +109,7 @@ class FakeJob:
                 )
             return self._confirmed(inp.evidence)
 
-        @activity.defn(name=JobActivity.RESERVE_SPARE)
+        @activity.defn(name=JobActivity.RESERVE_SPARES)
         async def reserve(inp: IncidentRef) -> ReserveResult:
             self._enter("reserve")
             if self.fail.get("no_spare"):
@@ -167,7 +174,7 @@ class FakeJob:
                 raise ApplicationError("record store unreachable")
             self.completed.append(inp.outcome)
 
-        @activity.defn(name=JobActivity.RECORDED_OUTCOME)
+        @activity.defn(name=JobActivity.FETCH_LOCAL_RECORD)
         async def recorded(inp: IncidentRef) -> LocalRecord:
             self._enter("recorded")
             if self.fail.get("local_no_record"):
@@ -277,11 +284,11 @@ def control_worker(env: WorkflowEnvironment, classify_fails: bool = False) -> Wo
 
 async def signal_with_start(env: WorkflowEnvironment, rep: FailureReport) -> WorkflowHandle[Any, Any]:
     return await env.client.start_workflow(
-        "MigrationWorkflow",
+        WorkflowName.MIGRATION,
         rep,
         id=incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation),
         task_queue=CONTROL_TASK_QUEUE,
-        start_signal="report",
+        start_signal=IncidentMessage.REPORT,
         start_signal_args=[rep],
         result_type=MigrationOutcome,
     )

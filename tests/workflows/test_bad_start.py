@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from torchpass.ids import WorkflowName
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.migration import MigrationWorkflow
 from workflows.validation import VALIDATION_WORKFLOWS
@@ -22,9 +23,7 @@ from workflows.validation import VALIDATION_WORKFLOWS
 BAD = [{"garbage": 1}, {"evidence": {"kind": "not-a-kind"}}, 42, "a string", None, {"terms": {}}]
 
 
-@pytest.mark.parametrize(
-    "workflow", ["MigrationWorkflow", "ContractWorkflow", "EnvironmentValidationWorkflow"]
-)
+@pytest.mark.parametrize("workflow", [WorkflowName.MIGRATION, WorkflowName.CONTRACT, WorkflowName.VALIDATION])
 @pytest.mark.parametrize("start", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
 async def test_a_malformed_start_input_fails_the_workflow_not_its_task(
     env: WorkflowEnvironment, workflow: str, start: Any

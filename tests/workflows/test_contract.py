@@ -37,7 +37,7 @@ from torchpass.contract.models import (
 from torchpass.contract.rules import add_months, day_start
 from torchpass.contract.verify import OutcomeClaims, ValidationClaim, Verdict, Verdicts
 from torchpass.errors import ErrorType
-from torchpass.ids import ControlActivity, contract_workflow_id
+from torchpass.ids import ContractMessage, ControlActivity, contract_workflow_id
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
 from torchpass.validation.checks import build_report
@@ -457,7 +457,7 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
                 await client_call
 
         now = await env.get_current_time()
-        await handle.signal("record_outcome", {"incident_id": 7, "detected_at": "soon"})
+        await handle.signal(ContractMessage.RECORD_OUTCOME, {"incident_id": 7, "detected_at": "soon"})
         o = c.outcome(now, success=False, job="job-a")
         await cc.record_outcome(c.client, CUSTOMER, c.id, o)
         await cc.record_outcome(c.client, CUSTOMER, c.id, o)

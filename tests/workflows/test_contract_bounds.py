@@ -11,6 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.workflows.test_contract import CUSTOMER, TRUSTING, Contract, FakeBilling, _start_day
+from torchpass.ids import ContractMessage
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 
@@ -27,7 +28,7 @@ async def test_oversized_outcomes_are_refused_and_continue_as_new_still_fits(
     now = await env.get_current_time()
     for _ in range(3):  # ids of 20 KB: an unbounded ledger carried them into every next run
         huge = c.outcome(now).model_dump(mode="json") | {"incident_id": "x" * 20_000}
-        await handle.signal("record_outcome", huge)
+        await handle.signal(ContractMessage.RECORD_OUTCOME, huge)
     for _ in range(4):
         await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(now))
     async with Worker(

@@ -39,7 +39,7 @@ from torchpass.contract.models import (
 )
 from torchpass.contract.rules import add_months
 from torchpass.errors import ErrorType
-from torchpass.ids import CONTROL_TASK_QUEUE
+from torchpass.ids import CONTROL_TASK_QUEUE, ContractMessage, IncidentMessage, WorkflowName
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import FailureReport
 from torchpass.validation.report import CheckResult, ValidateInput, ValidationReport
@@ -152,11 +152,11 @@ async def test_generated_malformed_inputs_never_fail_a_task_or_stick_a_workflow(
     check = CheckResult(name="torch_backend", passed=True)
     vreport = ValidationReport(contract_id="c", job_id="j", passed=True, checks=(check,), validated_at=NOW)
     expand = ExpandInput(on=date(2027, 1, 1), annual_fee=Money(amount="2000", currency="USD"))
-    sent = {"MigrationWorkflow": 0, "ContractWorkflow": 0, "EnvironmentValidationWorkflow": 0}
+    sent = {WorkflowName.MIGRATION: 0, WorkflowName.CONTRACT: 0, WorkflowName.VALIDATION: 0}
     async with control_worker(env):
         done, failed = await _fuzz_incident(env, rng, rep)
     assert failed == 0 and done.evidence_count == 1  # every malformed report dropped, the incident done
-    sent["MigrationWorkflow"] += 250
+    sent[WorkflowName.MIGRATION] += 250
     # No timer is needed below: skipping time while hundreds of starts queue up would skip straight to the
     # server's default execution timeout of the ones not yet picked up.
     with env.auto_time_skipping_disabled():
@@ -171,7 +171,9 @@ async def _fuzz_incident(
     # Signals to an incident waiting on its job (no job worker yet, well within confirm's bounds),
     # then the job answers.
     incident = await signal_with_start(env, rep)
-    await _gather([incident.signal("report", s) for s in malformed(rng, FailureReport, rep, 250)])
+    await _gather(
+        [incident.signal(IncidentMessage.REPORT, s) for s in malformed(rng, FailureReport, rep, 250)]
+    )
     async with Worker(env.client, task_queue=rep.job_task_queue, activities=FakeJob().activities()):
         done = await asyncio.wait_for(incident.result(), 60)
     return done, failed_tasks + await _task_failures(incident)
@@ -198,10 +200,10 @@ async def _fuzz(
     ):
         # Start inputs.
         for workflow, model, valid, queue, n in (
-            ("MigrationWorkflow", FailureReport, rep, CONTROL_TASK_QUEUE, 250),
-            ("ContractWorkflow", ContractInput, ContractInput(terms=terms), "fuzz-contracts", 150),
+            (WorkflowName.MIGRATION, FailureReport, rep, CONTROL_TASK_QUEUE, 250),
+            (WorkflowName.CONTRACT, ContractInput, ContractInput(terms=terms), "fuzz-contracts", 150),
             (
-                "EnvironmentValidationWorkflow",
+                WorkflowName.VALIDATION,
                 ValidateInput,
                 ValidateInput(contract_id="c", customer_id="a", job_id="j"),
                 "fuzz-contracts",
@@ -214,14 +216,17 @@ async def _fuzz(
 
         # Signals and updates to a running contract.
         contract = await env.client.start_workflow(
-            "ContractWorkflow",
+            WorkflowName.CONTRACT,
             ContractInput(terms=terms),
             id=f"fuzz-contract-{uuid.uuid4()}",
             task_queue="fuzz-contracts",
         )
         outcome = valid_outcome(NOW)
         await _gather(
-            [contract.signal("record_outcome", s) for s in malformed(rng, MigrationOutcome, outcome, 200)]
+            [
+                contract.signal(ContractMessage.RECORD_OUTCOME, s)
+                for s in malformed(rng, MigrationOutcome, outcome, 200)
+            ]
         )
         updates = [
             (name, arg)
@@ -235,7 +240,7 @@ async def _fuzz(
             for arg in malformed(rng, model, valid, n)
         ]
         answers = await _gather([contract.execute_update(name, arg) for name, arg in updates], width=10)
-        sent["ContractWorkflow"] += 200 + len(updates)
+        sent[WorkflowName.CONTRACT] += 200 + len(updates)
         refused = [a for a in answers if isinstance(a, WorkflowUpdateFailedError)]
         assert len(refused) == len(updates), [
             a for a in answers if not isinstance(a, WorkflowUpdateFailedError)
@@ -243,7 +248,7 @@ async def _fuzz(
         for a in refused:
             assert isinstance(a.cause, ApplicationError) and a.cause.type == ErrorType.INVALID_INPUT, a.cause
 
-        standing = await contract.query("standing", result_type=Standing)  # still answering
+        standing = await contract.query(ContractMessage.STANDING, result_type=Standing)  # still answering
         desc = await contract.describe()
         failed_tasks += await _task_failures(contract)
         await contract.terminate("test done")

@@ -35,7 +35,15 @@ from tests.workflows.fake_job import (
 from torchpass.contract.credit import Money
 from torchpass.contract.models import ContractTerms
 from torchpass.errors import ErrorType
-from torchpass.ids import CONTROL_TASK_QUEUE, SA_JOB_ID, SA_KIND, SA_OUTCOME, SA_QUALIFYING, JobActivity
+from torchpass.ids import (
+    CONTROL_TASK_QUEUE,
+    SA_JOB_ID,
+    SA_KIND,
+    SA_OUTCOME,
+    SA_QUALIFYING,
+    IncidentMessage,
+    JobActivity,
+)
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, ContractRef, Disposition, FailureKind, FailureReport, Phase
 from torchpass.policies import ACTIVITY_TIMEOUTS, JOB_PICKUP, MIGRATION_RETRY
@@ -171,9 +179,9 @@ async def test_a_malformed_signal_does_not_break_the_incident(env: WorkflowEnvir
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     async with control_worker(env):
         handle = await signal_with_start(env, report(job_id))
-        await handle.signal("report", {"evidence": {"kind": "not-a-kind"}, "job_task_queue": 3})
-        await handle.signal("report", report(job_id).model_dump(mode="json") | {"surprise": 1})
-        await handle.signal("report", report("another-job", FailureKind.NODE_POWER_LOSS))
+        await handle.signal(IncidentMessage.REPORT, {"evidence": {"kind": "not-a-kind"}, "job_task_queue": 3})
+        await handle.signal(IncidentMessage.REPORT, report(job_id).model_dump(mode="json") | {"surprise": 1})
+        await handle.signal(IncidentMessage.REPORT, report("another-job", FailureKind.NODE_POWER_LOSS))
         status = await handle.query(MigrationWorkflow.status)
         assert status.evidence_count == 1 and status.disposition is None
         outcome = await finish(env, handle, job, name, report(job_id).job_task_queue)
@@ -201,9 +209,9 @@ async def test_evidence_after_the_outcome_goes_into_the_incidents_history(
             while recorded is None:
                 recorded = await handle.query(MigrationWorkflow.outcome)
                 await asyncio.sleep(0.05)
-            await handle.signal("report", late)
+            await handle.signal(IncidentMessage.REPORT, late)
             other = report(job_id, FailureKind.PROCESS_EXIT, slot=3).model_copy(update={"opens": True})
-            await handle.signal("report", other)
+            await handle.signal(IncidentMessage.REPORT, other)
             status = await handle.query(MigrationWorkflow.status)
             outcome = await asyncio.wait_for(handle.result(), 30)
     assert status.evidence_count == 2 and recorded.evidence_count == 1  # the late one, not the other
@@ -217,7 +225,7 @@ async def test_evidence_after_the_outcome_goes_into_the_incidents_history(
     ]
     assert [r.evidence.kind for r in signalled if r.late] == [FailureKind.NODE_NOT_READY]
     with pytest.raises(RPCError):  # closed: a report now goes nowhere, and starts nothing
-        await handle.signal("report", late)
+        await handle.signal(IncidentMessage.REPORT, late)
     await save_history(handle, name)
 
 

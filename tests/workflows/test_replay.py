@@ -5,8 +5,9 @@ Regenerate them (after an intended change, once no old run can still be in fligh
 `TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py
 tests/workflows/test_migration_proof.py` (or `test_contract.py`, whose histories are
 `contract_<test>_run<k>.json`, one per run of a contract). `v1_*.json` are MigrationWorkflow histories
-recorded before the `measured-outcome` patch, `v1_contract_*.json` ContractWorkflow histories recorded
-before the `verified-ledger` patch: they must keep replaying through the legacy paths.
+recorded before the `measured-outcome` patch, `v2_*.json` before the `activity-names` patch (the job
+activities `reserve_spare` and `recorded_outcome`), `v1_contract_*.json` ContractWorkflow histories
+recorded before the `verified-ledger` patch: they must keep replaying through the legacy paths.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from torchpass.contract.credit import Money
 from torchpass.contract.models import ContractPurpose, ContractTerms, EntryStatus
 from torchpass.contract.rules import add_months
 from torchpass.errors import ErrorType
-from torchpass.ids import JobActivity, ValidationActivity
+from torchpass.ids import JobActivity, ValidationActivity, WorkflowName
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
 from torchpass.validation.facts import (
@@ -152,7 +152,7 @@ async def validate(
 ) -> tuple[ValidationReport, WorkflowHandle[Any, Any]]:
     async with workers(env, fakes, job_served) as (queue, job_queue):
         handle = await env.client.start_workflow(
-            "EnvironmentValidationWorkflow",
+            WorkflowName.VALIDATION,
             # A short deadline for the job's answer: an activity nobody polls holds the time skipping back.
             ValidateInput(
                 contract_id="c-1",
@@ -279,7 +279,7 @@ async def _validate_waived(
         allow_local=True,
     )
     report = await env.client.execute_workflow(
-        "EnvironmentValidationWorkflow",
+        WorkflowName.VALIDATION,
         inp,
         id=f"validate-{uuid.uuid4()}",
         task_queue=queue,

@@ -10,7 +10,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from torchpass.cli.common import CliError, connect, temporal_args
-from torchpass.ids import SA_JOB_ID, SA_KIND, SA_OUTCOME
+from torchpass.ids import SA_JOB_ID, SA_KIND, SA_OUTCOME, IncidentMessage
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.render import format_outcome
 
@@ -76,7 +76,7 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
     else:  # running; or recorded and open a while for late evidence (`outcome` answers then)
         recorded = await _recorded(handle)
         if recorded is None:
-            status = await handle.query("status")
+            status = await handle.query(IncidentMessage.STATUS)
             print(
                 json.dumps(status if isinstance(status, dict) else status.model_dump(mode="json"), indent=2)
             )
@@ -89,6 +89,6 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
 async def _recorded(handle: Any) -> Any:
     """The outcome a running incident recorded already, None if none yet (or a run too old to say)."""
     try:
-        return await handle.query("outcome")
+        return await handle.query(IncidentMessage.OUTCOME)
     except WorkflowQueryFailedError:
         return None

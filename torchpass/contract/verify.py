@@ -22,13 +22,11 @@ from datetime import datetime
 from pydantic import Field
 
 from torchpass.contract.models import RejectedClaim
-from torchpass.ids import REKEY_HEX, incident_workflow_id
+from torchpass.ids import REKEY_HEX, WorkflowName, incident_workflow_id
 from torchpass.incident.outcome import MAX_INCIDENT_ID, MigrationOutcome
 from torchpass.models import FailureReport, Model
 from torchpass.validation.report import ValidateInput, ValidationReport
 
-MIGRATION_WORKFLOW = "MigrationWorkflow"
-VALIDATION_WORKFLOW = "EnvironmentValidationWorkflow"
 MAX_REASON = 500
 MAX_CLAIMS = 50  # outcomes judged by one activity call
 MAX_EVENTS = 10_000  # of a claimed workflow's history read before it is judged too long to be genuine
@@ -119,7 +117,7 @@ def judge_outcome(outcome: MigrationOutcome, facts: IncidentFacts) -> Verdict:
         return _refused(claim, "the incident id names no workflow run")
     if not facts.found:
         return _refused(claim, f"no such incident workflow: {facts.detail}")
-    if facts.workflow_type != MIGRATION_WORKFLOW:
+    if facts.workflow_type != WorkflowName.MIGRATION:
         return _refused(claim, f"not an incident: the workflow is a {facts.workflow_type!r}")
     if facts.report is None:
         return _refused(claim, f"the incident's start input is not a failure report: {facts.detail}")
@@ -145,7 +143,7 @@ def judge_validation(report: ValidationReport, facts: ValidationFacts) -> Verdic
         return _refused(claim or "(none)", "the report names no validation workflow run")
     if not facts.found:
         return _refused(claim, f"no such validation workflow: {facts.detail}")
-    if facts.workflow_type != VALIDATION_WORKFLOW:
+    if facts.workflow_type != WorkflowName.VALIDATION:
         return _refused(claim, f"not a validation: the workflow is a {facts.workflow_type!r}")
     req = facts.request
     if req is None or (req.contract_id, req.job_id) != (report.contract_id, report.job_id):

@@ -8,16 +8,44 @@ after the first release have defaults, so results recorded in older workflow his
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator
+from typing import Any
+
+from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator, model_validator
 
 from torchpass.models import Disposition, Evidence, Model, Phase, PhaseTiming
 
+LOCAL_RUN = "local"
+"""The run id of an incident the job carried out itself, before any workflow run reached it."""
+
 
 class IncidentRef(Model):
-    """Identifies the incident an activity acts for; every job-side activity is idempotent on it."""
+    """Identifies the incident an activity acts for: its workflow (keyed by job, failure domain and
+    generation), the run of it, and the job. Every job-side activity is idempotent on it."""
 
-    incident_id: str = Field(min_length=1)
+    workflow_id: str = Field(min_length=1, max_length=1000)
+    run_id: str = Field(min_length=1, max_length=200)
     job_id: str = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_incident_id(cls, data: Any) -> Any:
+        """A reference recorded before the typed one carries `incident_id`, "workflow id/run id": split
+        here, once (no "/" is left in a workflow id: `torchpass.ids`)."""
+        if isinstance(data, dict) and "incident_id" in data and "workflow_id" not in data:
+            rest = {k: v for k, v in data.items() if k != "incident_id"}
+            workflow_id, _, run_id = str(data["incident_id"]).rpartition("/")
+            return {"workflow_id": workflow_id, "run_id": run_id, **rest}
+        return data
+
+    @classmethod
+    def local(cls, workflow_id: str, job_id: str) -> IncidentRef:
+        """An incident the job carries out itself (`LOCAL_RUN`)."""
+        return cls(workflow_id=workflow_id, run_id=LOCAL_RUN, job_id=job_id)
+
+    @property
+    def incident_id(self) -> str:
+        """The outcome's id of the incident: "workflow id/run id"."""
+        return f"{self.workflow_id}/{self.run_id}"
 
 
 class ConfirmInput(Model):
@@ -196,7 +224,7 @@ MAX_RECORD_EVIDENCE = 256  # as many reports as an incident workflow keeps
 class LocalRecord(Model):
     """An incident the job carried out itself because no workflow step reached it in time (the control
     plane was away): every step's own result, kept in the job's state directory and filed later by the
-    incident's workflow (`recorded_outcome`), which classifies it and re-checks its proof itself."""
+    incident's workflow (`fetch_local_record`), which classifies it and re-checks its proof itself."""
 
     workflow_id: str = Field(min_length=1, max_length=1000)
     evidence: tuple[Evidence, ...] = Field(min_length=1, max_length=MAX_RECORD_EVIDENCE)

@@ -1,4 +1,5 @@
-"""The job side of an incident: confirm and fence, reserve a spare, freeze, transfer, rejoin, fall back.
+"""The job side of an incident: confirm and fence (`confirm.py`), reserve spares, freeze, transfer,
+rejoin, fall back.
 
 Each step is idempotent for its incident (a retried activity gets the recorded result or redoes the step
 from a clean point), every wait is bounded, and every figure it returns is measured from the ranks' own
@@ -11,31 +12,27 @@ import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 
-from job_agent.coordinator.incident.claims import STALL_MARGIN, disowns, refutes, settle
-from job_agent.coordinator.incident.donors import choose_donor, redundancy
+from job_agent.coordinator.incident.confirm import FENCE_TIMEOUT, confirm, incident_of, is_current
+from job_agent.coordinator.incident.donors import choose_donor
 from job_agent.coordinator.incident.job_control import JobControl, Tick
 from job_agent.coordinator.incident.tracker import Incident, IncidentError
 from job_agent.coordinator.incident.transfer_plan import Supplier, mismatch
 from job_agent.coordinator.members import Member, MemberState
 from job_agent.wire import Freeze
 from torchpass.errors import ErrorType
-from torchpass.incident.classify import leaving_slots, planned
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.incident.proof import resume_problems
 from torchpass.incident.steps import (
     ConfirmResult,
     FallbackResult,
     FreezeResult,
+    IncidentRef,
     RejoinResult,
     ReserveResult,
     TransferResult,
 )
 from torchpass.models import Disposition, EventSource, Evidence, FailureKind
 
-FENCE_TIMEOUT = timedelta(seconds=10)
-# A failure reported by another source (or forged) names ranks the job still sees: they must show no
-# progress for this long before they are fenced (`claims.refutes`).
-REFUTE_WAIT = timedelta(seconds=5)
 MAX_REGROUPS = 4  # tries to form the group of a recovery, each after a rank lost as it formed
 
 
@@ -58,119 +55,21 @@ class IncidentSteps:
         self.transfer_timeout = transfer_timeout
         self.supplier = Supplier(job, transfer_timeout, spare_wait)
 
-    def _is_current(self, incident_id: str) -> bool:
-        """Whether `incident_id` (workflow id/run id) names the incident the job itself has open."""
-        inc = self.job.incidents.current
-        return inc is not None and inc.workflow_id == incident_id.split("/", 1)[0]
+    async def confirm(self, ref: IncidentRef, evidence: tuple[Evidence, ...]) -> ConfirmResult:
+        return await confirm(self.job, ref, evidence)
 
-    def _incident(self, incident_id: str, evidence: tuple[Evidence, ...] = ()) -> Incident:
-        workflow_id = incident_id.split("/", 1)[0]
-        inc = self.job.incidents.current
-        if inc is not None and self._is_current(incident_id):
-            return inc
-        if inc is None and evidence:
-            # Reported by another source (a node watch, NVML): adopt it as this job's incident.
-            for ev in evidence:
-                self.job.incidents.add(ev)
-            inc = self.job.incidents.current
-            if inc is not None:
-                inc.workflow_id = workflow_id
-                inc.answered = True  # its workflow drives it: the job never takes it over
-                return inc
-        raise IncidentError(
-            ErrorType.UNKNOWN_INCIDENT, f"job {self.job.job_id} has no incident {workflow_id}"
-        )
-
-    async def confirm(self, incident_id: str, evidence: tuple[Evidence, ...]) -> ConfirmResult:
+    async def reserve(self, ref: IncidentRef) -> ReserveResult:
         t0 = time.perf_counter()
-        inc = self.job.incidents.current
-        if inc is not None and self._is_current(incident_id) and evidence and evidence[0] not in inc.evidence:
-            # A run at the id of the job's own incident that somebody else started: the same failure seen
-            # first by another source, or a squatter holding the id with a claim of its own.
-            claims = [ev for ev in evidence if ev not in inc.evidence]
-            job = self.job
-            why = await disowns(
-                job.job_id, inc.evidence, inc.lost, claims, job.signed, job.changes, REFUTE_WAIT
-            )
-            if why is not None:
-                moved = self.job.incidents.rekey(inc, f"run {incident_id} is not this job's incident: {why}")
-                return self._result(False, (), (), f"refused by the job: {why}; its incident is {moved}", t0)
-        if not self._is_current(incident_id):
-            # Not an incident the job detected itself: a claim, checked against the job's own view. A
-            # planned move of healthy ranks cannot be checked that way: it must be signed.
-            unsigned = [ev for ev in evidence if planned(ev) and not self.job.signed(ev)]
-            if unsigned:
-                slots = sorted({s for ev in unsigned for s in ev.slots})
-                why = f"refused by the job: a planned move of rank(s) {slots}, not signed with its secret"
-                return self._result(False, (), (), why, t0)
-            # As long as the job's own hang detection takes: a claim stands only where the job sees it too.
-            wait = max(REFUTE_WAIT, self.job.hang_timeout + STALL_MARGIN)
-            refuted = await refutes(self.job.roster, self.job.changes, evidence, wait)
-            if refuted is not None:
-                return self._result(False, (), (), refuted, t0)
-        job, inc = self.job, self._incident(incident_id, evidence)
-        inc.leaving |= leaving_slots(inc.evidence)
-        fenced = []
-        for slot in sorted(inc.lost - inc.leaving):
-            for m in list(job.roster.members.values()):
-                # Still running (hung), or its connection lost while its process lives on: fence it so it
-                # can never rejoin (killing one that already exited does nothing).
-                if m.slot == slot and (m.alive or not m.fenced):
-                    job.fence(m)
-            fenced.append(slot)
-        gone = inc.lost - inc.leaving
-        await job.changes.wait_for(
-            lambda: all(job.roster.at(s) is None for s in gone), FENCE_TIMEOUT, "fenced ranks to die"
-        )
-        dead = [m.agent_id for m in job.roster.members.values() if m.slot in gone and not m.alive]
-        await settle(inc, dead, job.launcher, job.changes)  # a node's word on why they died, delivered
-        # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
-        confirmed = bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence)
-        detail = "; ".join(ev.detail for ev in inc.evidence)
-        inc.confirmed = frozenset(inc.lost)
-        leaving = tuple(sorted(leaving_slots(inc.evidence) & inc.lost))  # still healthy: each its own donor
-        return self._result(confirmed, tuple(sorted(inc.lost)), tuple(fenced), detail, t0, leaving)
-
-    def _result(
-        self,
-        confirmed: bool,
-        lost: tuple[int, ...],
-        fenced: tuple[int, ...],
-        detail: str,
-        t0: float,
-        leaving: tuple[int, ...] = (),
-    ) -> ConfirmResult:
-        job, shards = self.job, dict(self.job.roster.shards)
-        return ConfirmResult(
-            confirmed=confirmed,
-            lost_slots=lost,
-            fenced_slots=fenced,
-            world_size=job.world_size,
-            redundancy=redundancy(shards, job.world_size),
-            shard_of=shards,
-            spares_ready=len(job.spares.ready()),
-            spares_warming=job.spares.warming(),
-            generation=job.generation,
-            covered=job.covered,
-            agent=job.spec.agent,
-            leaving_slots=leaving,
-            batch_host=job.spec.batch_host,
-            detail=detail,
-            work_seconds=_since(t0),
-        )
-
-    async def reserve(self, incident_id: str) -> ReserveResult:
-        t0 = time.perf_counter()
-        inc = self._incident(incident_id)
+        inc = incident_of(self.job, ref)
         spares = await self.supplier.hold_spares(inc, len(inc.lost))
         return ReserveResult(spare_ids=tuple(m.agent_id for m in spares), work_seconds=_since(t0))
 
-    async def release(self, incident_id: str) -> None:
-        self.job.spares.release(self._incident(incident_id).workflow_id)
+    async def release(self, ref: IncidentRef) -> None:
+        self.job.spares.release(incident_of(self.job, ref).workflow_id)
 
-    async def freeze(self, incident_id: str) -> FreezeResult:
+    async def freeze(self, ref: IncidentRef) -> FreezeResult:
         t0 = time.perf_counter()
-        job, inc = self.job, self._incident(incident_id)
+        job, inc = self.job, incident_of(self.job, ref)
         if inc.frozen is not None:
             return inc.frozen
         inc.past_freeze = True
@@ -225,9 +124,9 @@ class IncidentSteps:
         )
         return inc.frozen
 
-    async def transfer(self, incident_id: str, tick: Tick) -> TransferResult:
+    async def transfer(self, ref: IncidentRef, tick: Tick) -> TransferResult:
         t0 = time.perf_counter()
-        inc = self._incident(incident_id)
+        inc = incident_of(self.job, ref)
         if inc.proof is not None:
             return TransferResult(proof=inc.proof, work_seconds=0.0)
         inc.proof = await self.supplier.supply(inc, tick)
@@ -259,9 +158,9 @@ class IncidentSteps:
             )
         )
 
-    async def rejoin(self, incident_id: str) -> RejoinResult:
+    async def rejoin(self, ref: IncidentRef) -> RejoinResult:
         t0 = time.perf_counter()
-        inc = self._incident(incident_id)
+        inc = incident_of(self.job, ref)
         if inc.rejoined is not None:
             return inc.rejoined
         if inc.frozen is None:
@@ -342,10 +241,10 @@ class IncidentSteps:
             raise IncidentError(ErrorType.REJOIN_FAILED, f"ranks {slots} were lost while the group re-formed")
         return generation, datetime.fromtimestamp(max(m.step_wall for m in ranks), UTC)
 
-    async def restart_from_checkpoint(self, incident_id: str, reason: str) -> FallbackResult:
+    async def restart_from_checkpoint(self, ref: IncidentRef, reason: str) -> FallbackResult:
         """The classic path: every rank restarted, the last checkpoint loaded, steps since it redone."""
         t0 = time.perf_counter()
-        job, inc = self.job, self._incident(incident_id)
+        job, inc = self.job, incident_of(self.job, ref)
         if inc.fallback is not None:
             return inc.fallback
         if not job.spec.agent and job.restarts >= job.spec.max_restarts:
@@ -381,16 +280,16 @@ class IncidentSteps:
         )
         return inc.fallback
 
-    async def complete(self, incident_id: str, outcome: MigrationOutcome) -> None:
+    async def complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> None:
         job = self.job
-        if job.incidents.file(incident_id.split("/", 1)[0], outcome):
+        if job.incidents.file(ref.workflow_id, outcome):
             return  # the job handled it itself (`local.py`): its workflow has now filed it
         if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
             return  # a retried completion: already recorded
-        if outcome.disposition is Disposition.NOT_A_FAILURE and not self._is_current(incident_id):
+        if outcome.disposition is Disposition.NOT_A_FAILURE and not is_current(self.job, ref):
             job.end_incident(outcome, refuted=True)  # a claim confirm refuted: recorded, nothing else
             return
-        inc = self._incident(incident_id)
+        inc = incident_of(self.job, ref)
         for m in job.roster.departing():  # a recovery that ended before its state moved
             job.fence(m)
         if not inc.completed:

@@ -8,7 +8,7 @@ cannot go on. Retryable step errors are tried again as often as the workflow's r
 
 What it did is kept as a `LocalRecord` (in memory and in the job's state directory) and, provisionally,
 as an outcome in the job's own list. The incident's workflow files it once Temporal takes the reports
-again: the job refuses it the steps (`HandledLocally`), it fetches the record (`recorded_outcome`),
+again: the job refuses it the steps (`HandledLocally`), it fetches the record (`fetch_local_record`),
 classifies it on the control worker, checks its proof and records it on the contract, once.
 """
 
@@ -25,11 +25,18 @@ from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.tracker import Incident, IncidentError
 from job_agent.coordinator.waiting import JobFailed
 from torchpass.errors import ErrorType
+from torchpass.ids import JobActivity
 from torchpass.incident.classify import classify, classify_input
 from torchpass.incident.decisions import RecoveryAction, plan_recovery
 from torchpass.incident.outcome import Ending, MigrationOutcome, bounded_error, build_outcome
 from torchpass.incident.proof import resume_problems, transfer_problems
-from torchpass.incident.steps import MAX_RECORD_EVIDENCE, ConfirmResult, FreezeResult, LocalRecord
+from torchpass.incident.steps import (
+    MAX_RECORD_EVIDENCE,
+    ConfirmResult,
+    FreezeResult,
+    IncidentRef,
+    LocalRecord,
+)
 from torchpass.models import Classification, Disposition, Phase, PhaseTiming
 from torchpass.policies import MIGRATION_RETRY
 
@@ -55,23 +62,25 @@ class LocalRecovery:
         run = _Run(self.steps, inc)
         record, outcome = await run.recover()
         log.warning("incident %s handled by the job itself: %s", inc.workflow_id, record.disposition.value)
-        await self.steps.complete(inc.workflow_id, outcome)
+        await self.steps.complete(IncidentRef.local(inc.workflow_id, self.job.job_id), outcome)
         self.job.incidents.keep(inc, record)
 
 
 class _Run:
     def __init__(self, steps: IncidentSteps, inc: Incident) -> None:
         self.steps, self.inc, self.wid = steps, inc, inc.workflow_id
+        self.ref = IncidentRef.local(inc.workflow_id, steps.job.job_id)
         self.phases: dict[Phase, PhaseTiming] = {}
         self.started = datetime.now(UTC)
         self.confirm: ConfirmResult | None = None
         self.frozen: FreezeResult | None = None
 
     async def recover(self) -> tuple[LocalRecord, MigrationOutcome]:
-        steps, wid = self.steps, self.wid
+        steps, wid, ref = self.steps, self.wid, self.ref
         evidence = tuple(self.inc.evidence)[:MAX_RECORD_EVIDENCE]
         try:
-            self.confirm = await self._step(Phase.CONFIRM, "confirm", lambda: steps.confirm(wid, evidence))
+            call = lambda: steps.confirm(ref, evidence)  # noqa: E731
+            self.confirm = await self._step(Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, call)
         except _StepFailed as e:
             classification = classify(classify_input(evidence, None))
             ending = await self._fall_back(str(e))
@@ -101,15 +110,15 @@ class _Run:
         )
         kind = classification.kind or evidence[0].kind
         outcome = build_outcome(
-            f"{wid}/local", evidence, kind, classification, self.confirm, ending, self.started, phases
+            ref.incident_id, evidence, kind, classification, self.confirm, ending, self.started, phases
         ).model_copy(update={"handled_locally": True})
         return record, outcome
 
     async def _migrate(self, classification: Classification) -> tuple[Classification, Ending]:
-        steps, wid, confirm = self.steps, self.wid, self.confirm
+        steps, ref, confirm = self.steps, self.ref, self.confirm
         assert confirm is not None
         try:
-            await self._step(Phase.RESERVE, "reserve_spare", lambda: steps.reserve(wid))
+            await self._step(Phase.RESERVE, JobActivity.RESERVE_SPARES, lambda: steps.reserve(ref))
         except _StepFailed as e:
             if e.error_type is not ErrorType.NO_SPARE:
                 await self._release()
@@ -117,15 +126,15 @@ class _Run:
             classification = classify(classify_input(tuple(self.inc.evidence), confirm, spare_lost=True))
             return classification, await self._fall_back(classification.reason)
         try:
-            self.frozen = frozen = await self._step(Phase.FREEZE, "freeze_ranks", lambda: steps.freeze(wid))
-            transfer = await self._step(
-                Phase.TRANSFER, "transfer_state", lambda: steps.transfer(wid, lambda n: None)
-            )
-            _check("transfer_state", transfer_problems(transfer.proof, frozen.target_step))
-            rejoin = await self._step(Phase.REJOIN, "rejoin", lambda: steps.rejoin(wid))
+            freeze = lambda: steps.freeze(ref)  # noqa: E731
+            self.frozen = frozen = await self._step(Phase.FREEZE, JobActivity.FREEZE_RANKS, freeze)
+            move = lambda: steps.transfer(ref, lambda n: None)  # noqa: E731
+            transfer = await self._step(Phase.TRANSFER, JobActivity.TRANSFER_STATE, move)
+            _check(JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step))
+            rejoin = await self._step(Phase.REJOIN, JobActivity.REJOIN, lambda: steps.rejoin(ref))
             proof = rejoin.proof or transfer.proof
-            _check("rejoin", transfer_problems(proof, frozen.target_step))
-            _check("rejoin", resume_problems(rejoin.resumed_steps, rejoin.resumed_step))
+            _check(JobActivity.REJOIN, transfer_problems(proof, frozen.target_step))
+            _check(JobActivity.REJOIN, resume_problems(rejoin.resumed_steps, rejoin.resumed_step))
         except _StepFailed as e:
             await self._release()
             return classification, await self._fall_back(str(e))
@@ -133,14 +142,14 @@ class _Run:
 
     async def _release(self) -> None:
         try:
-            await self.steps.release(self.wid)
+            await self.steps.release(self.ref)
         except IncidentError as e:
-            log.warning("release_spare failed: %s", e)
+            log.warning("%s failed: %s", JobActivity.RELEASE_SPARE, e)
 
     async def _fall_back(self, reason: str) -> Ending:
-        call = lambda: self.steps.restart_from_checkpoint(self.wid, reason)  # noqa: E731
+        call = lambda: self.steps.restart_from_checkpoint(self.ref, reason)  # noqa: E731
         try:
-            fb = await self._step(Phase.FALLBACK, "restart_from_checkpoint", call)
+            fb = await self._step(Phase.FALLBACK, JobActivity.RESTART_FROM_CHECKPOINT, call)
         except _StepFailed as e:
             return Ending(Disposition.FAILED, error=f"{reason}; fallback: {e}")
         return Ending(Disposition.FALLBACK_RESTART, fallback=fb, error=reason)

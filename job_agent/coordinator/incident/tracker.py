@@ -12,7 +12,7 @@ The job never waits on the control plane: an incident no workflow step has reach
 server, or every control worker, away) is carried out by the job itself
 (`job_agent.coordinator.incident.local`), which keeps the record in its state directory (`local/`). Its
 reports are then retried until Temporal takes them; the incident's workflow, refused the steps, files that
-record (`recorded_outcome`), so it is recorded once, under the incident's own id.
+record (`fetch_local_record`), so it is recorded once, under the incident's own id.
 """
 
 from __future__ import annotations
