@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 from job_agent.coordinator.coordinator import Coordinator
 from job_agent.coordinator.describe import describe
 from job_agent.coordinator.incident.executor import IncidentSteps
-from job_agent.coordinator.incident.tracker import IncidentError
+from job_agent.coordinator.incident.lifecycle import IncidentError
 from job_agent.coordinator.waiting import JobFailed
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity, JobActivityV0

@@ -20,8 +20,8 @@ from typing import TypeVar
 
 from job_agent.coordinator.coordinator import Coordinator
 from job_agent.coordinator.incident.executor import IncidentSteps
+from job_agent.coordinator.incident.lifecycle import IncidentError
 from job_agent.coordinator.incident.local import LocalRecovery
-from job_agent.coordinator.incident.tracker import IncidentError
 from tests.unit.fake_ranks import FakeLauncher
 from torchpass.errors import ErrorType
 from torchpass.incident import steps as st

@@ -25,6 +25,7 @@ async def test_the_ranks_say_their_environment_and_a_host_without_nccl_fails_the
     )
     job = Job(tmp_path, allowance, nproc=3)
     job.launcher.environments[2] = gpu
+    job.launcher.step_seconds = 0.1  # it trains long enough to be described while it does
     async with job:
         await until(lambda: job.coordinator.state is JobState.TRAINING, "the job to train")
         d = describe(job.coordinator)

@@ -11,6 +11,7 @@ import pytest
 from job_agent import wire
 from job_agent.coordinator.detect import conditions
 from job_agent.coordinator.detect.conditions import HostConditions
+from job_agent.coordinator.incident.lifecycle import IncidentState
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.members import Member, Roster
 from torchpass.models import EventSource, Evidence, FailureKind
@@ -106,6 +107,6 @@ async def test_a_frozen_incident_takes_no_more_conditions() -> None:
     c, incidents = tracked()
     add(c, incidents, failure(K.PROCESS_EXIT, "n0", 0))
     assert incidents.current is not None
-    incidents.current.past_freeze = True
+    incidents.current.move(IncidentState.FREEZING)
     c.heard("n0", full())
     assert [e.kind for e in incidents.current.evidence] == [K.PROCESS_EXIT] and not incidents.queued

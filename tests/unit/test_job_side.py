@@ -21,7 +21,7 @@ import torch.distributed as dist
 from job_agent import wire
 from job_agent.coordinator.coordinator import SHUTDOWN_GRACE
 from job_agent.coordinator.incident import confirm
-from job_agent.coordinator.incident.tracker import IncidentError
+from job_agent.coordinator.incident.lifecycle import IncidentError
 from job_agent.coordinator.jobs import request
 from job_agent.coordinator.members import Member
 from job_agent.coordinator.spares import MAX_FAILED_STARTS

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchpass.errors import INCIDENT_ERRORS, RETRYABLE, ErrorType, TorchpassError, non_retryable
-from torchpass.ids import ControlActivity, JobActivity
+from torchpass.ids import ControlActivity, JobActivity, JobActivityV0
 from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
 from workflows.policy import retry_policy
 
@@ -34,7 +34,8 @@ def test_a_typed_error_takes_its_retry_decision_from_its_type() -> None:
 
 
 def test_every_activity_is_bounded_per_attempt_and_in_total() -> None:
-    names = {v for k, v in vars(JobActivity).items() if k.isupper()} | {ControlActivity.CLASSIFY_FAILURE}
+    job = {v for c in (JobActivity, JobActivityV0) for k, v in vars(c).items() if k.isupper()}
+    names = job | {ControlActivity.CLASSIFY_FAILURE}
     assert set(ACTIVITY_TIMEOUTS) == names
     for name, t in ACTIVITY_TIMEOUTS.items():
         assert 0 < t.start_to_close.total_seconds() <= t.schedule_to_close.total_seconds(), name

@@ -10,7 +10,8 @@ from datetime import timedelta
 from typing import Protocol
 
 from job_agent.coordinator.detect.detection import Detector
-from job_agent.coordinator.incident.tracker import Incident, IncidentTracker
+from job_agent.coordinator.incident.lifecycle import Incident
+from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.members import Roster
 from job_agent.coordinator.node_launcher import NodeLauncher, cut_silent
 from job_agent.coordinator.spares import SparePool

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 
-from job_agent.coordinator.incident.tracker import Incident
+from job_agent.coordinator.incident.lifecycle import Driver, Incident
 from job_agent.coordinator.members import Roster
 from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.coordinator.waiting import Changes
@@ -99,5 +99,9 @@ async def settle(inc: Incident, lost: Iterable[str], launcher: Launcher, changes
     with contextlib.suppress(TimeoutError):
         await changes.wait_for(lambda: all(launcher.poll(a) is not None for a in agents), SETTLE, "exits")
     pending = set(inc.deliveries)
-    if pending and not inc.local and any(e.source is EventSource.NODE_AGENT for e in inc.evidence):
+    if (
+        pending
+        and inc.driver is not Driver.JOB
+        and any(e.source is EventSource.NODE_AGENT for e in inc.evidence)
+    ):
         await asyncio.wait(pending, timeout=SETTLE.total_seconds())

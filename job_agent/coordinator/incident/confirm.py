@@ -15,7 +15,7 @@ from datetime import timedelta
 from job_agent.coordinator.incident.claims import STALL_MARGIN, disowns, refutes, settle
 from job_agent.coordinator.incident.donors import redundancy
 from job_agent.coordinator.incident.job_control import JobControl
-from job_agent.coordinator.incident.tracker import Incident, IncidentError
+from job_agent.coordinator.incident.lifecycle import Driver, Incident, IncidentError
 from torchpass.errors import ErrorType
 from torchpass.incident.classify import leaving_slots, planned
 from torchpass.incident.steps import ConfirmResult, IncidentRef
@@ -50,7 +50,7 @@ def incident_of(job: JobControl, ref: IncidentRef, evidence: tuple[Evidence, ...
         inc = job.incidents.current
         if inc is not None:
             inc.workflow_id = workflow_id
-            inc.answered = True  # its workflow drives it: the job never takes it over
+            inc.drive(Driver.WORKFLOW)  # its workflow drives it: the job never takes it over
             return inc
     raise IncidentError(ErrorType.UNKNOWN_INCIDENT, f"job {job.job_id} has no incident {workflow_id}")
 

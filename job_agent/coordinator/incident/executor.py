@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from job_agent.coordinator.incident.confirm import FENCE_TIMEOUT, confirm, incident_of, is_current
 from job_agent.coordinator.incident.donors import choose_donor
 from job_agent.coordinator.incident.job_control import JobControl, Tick
-from job_agent.coordinator.incident.tracker import Incident, IncidentError
+from job_agent.coordinator.incident.lifecycle import Incident, IncidentError, IncidentState
 from job_agent.coordinator.incident.transfer_plan import Supplier, mismatch
 from job_agent.coordinator.members import Member, MemberState
 from job_agent.wire import Freeze
@@ -72,7 +72,7 @@ class IncidentSteps:
         job, inc = self.job, incident_of(self.job, ref)
         if inc.frozen is not None:
             return inc.frozen
-        inc.past_freeze = True
+        inc.move(IncidentState.FREEZING)
         survivors = [m for m in job.roster.ranks() if m.slot not in inc.lost]
         leaving = [m for m in job.roster.ranks() if m.slot in inc.leaving and not m.fenced]
         # A lost rank may never close its connections (its node hung or cut off): the survivors abandon
@@ -122,6 +122,7 @@ class IncidentSteps:
             leaving_steps={m.slot: m.completed for m in job.roster.departing() if m.slot in inc.leaving},
             work_seconds=_since(t0),
         )
+        inc.move(IncidentState.FROZEN)
         return inc.frozen
 
     async def transfer(self, ref: IncidentRef, tick: Tick) -> TransferResult:
@@ -129,7 +130,9 @@ class IncidentSteps:
         inc = incident_of(self.job, ref)
         if inc.proof is not None:
             return TransferResult(proof=inc.proof, work_seconds=0.0)
+        inc.allows(IncidentState.MOVED)
         inc.proof = await self.supplier.supply(inc, tick)
+        inc.move(IncidentState.MOVED)
         await self._dismiss()  # the state has moved: the leaving ranks of a planned move go
         return TransferResult(proof=inc.proof, work_seconds=_since(t0))
 
@@ -163,8 +166,8 @@ class IncidentSteps:
         inc = incident_of(self.job, ref)
         if inc.rejoined is not None:
             return inc.rejoined
-        if inc.frozen is None:
-            raise IncidentError(ErrorType.OUT_OF_ORDER, "rejoin before freeze")
+        inc.allows(IncidentState.TRAINING)
+        assert inc.frozen is not None  # the state moved: it was frozen
         await self._dismiss()
         resume = inc.frozen.target_step + 1
         reproof = None
@@ -175,6 +178,7 @@ class IncidentSteps:
                 # A rank lost after the state moved, or as the group formed: one more loss of this
                 # recovery, supplied like the rest, and the group formed again without it.
                 inc.proof = reproof = await self.supplier.supply(inc, lambda n: None)
+                inc.move(IncidentState.MOVED)
             formed = await self._regroup_and_resume(resume, inc)
             if formed is not None:
                 break
@@ -196,6 +200,7 @@ class IncidentSteps:
             proof=reproof,
             work_seconds=_since(t0),
         )
+        inc.move(IncidentState.TRAINING)
         return inc.rejoined
 
     async def _regroup_and_resume(
@@ -251,7 +256,7 @@ class IncidentSteps:
             why = f"the job was restarted {job.restarts} time(s), its --max-restarts: it fails"
             job.fail(f"{reason}; {why}")
             raise IncidentError(ErrorType.JOB_GONE, why)
-        inc.past_freeze = True
+        inc.move(IncidentState.RESTARTING)
         restored_step, path = job.latest_checkpoint()
         for m in (*job.roster.ranks(), *job.roster.departing()):
             job.fence(m)
@@ -278,6 +283,7 @@ class IncidentSteps:
             resumed_steps=dict(job.progress.resumed),
             work_seconds=_since(t0),
         )
+        inc.move(IncidentState.RESTARTED)
         return inc.fallback
 
     async def complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> None:
@@ -292,7 +298,7 @@ class IncidentSteps:
         inc = incident_of(self.job, ref)
         for m in job.roster.departing():  # a recovery that ended before its state moved
             job.fence(m)
-        if not inc.completed:
-            inc.completed = True
+        if inc.state is not IncidentState.COMPLETED:
+            inc.move(IncidentState.COMPLETED)
             job.spares.refill(inc.workflow_id)  # a new spare for each one that took a slot, at once
         job.end_incident(outcome)

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from job_agent.coordinator.incident.executor import IncidentSteps
-from job_agent.coordinator.incident.tracker import Incident, IncidentError
+from job_agent.coordinator.incident.lifecycle import Incident, IncidentError
 from job_agent.coordinator.waiting import JobFailed
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity

@@ -24,17 +24,16 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from job_agent import wire
-from torchpass.errors import ErrorType, TorchpassError
+from job_agent.coordinator.incident.lifecycle import Driver, Incident, IncidentError
+from torchpass.errors import ErrorType
 from torchpass.ids import REKEY_HEX, incident_workflow_id, job_task_queue
 from torchpass.incident.classify import CATEGORY_OF
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.incident.proof import filed_ending
-from torchpass.incident.steps import FallbackResult, FreezeResult, LocalRecord, RejoinResult, TransferProof
+from torchpass.incident.steps import LocalRecord
 from torchpass.job import JobSpec
 from torchpass.models import Category, ContractRef, Disposition, Evidence, FailureReport
 
@@ -51,60 +50,6 @@ _FIRST_BACKOFF, _MAX_BACKOFF = 0.2, 5.0
 class Squatted(Exception):
     """A report reached a workflow at the incident's id that is not this job's incident (it runs the job's
     activities on another task queue, or holds another job's reports): the incident needs a fresh id."""
-
-
-class IncidentError(TorchpassError):
-    """A step of the incident failed; its `error_type` decides whether trying again can help."""
-
-    def __init__(self, error_type: ErrorType, message: str) -> None:
-        super().__init__(message, error_type)
-
-
-@dataclass
-class Supply:
-    """The state transfers of one recovery so far (several when a donor or receiver was lost)."""
-
-    got: dict[int, tuple[str, wire.Received, int]] = field(
-        default_factory=dict
-    )  # slot: agent, account, donor
-    served: list[tuple[int, wire.Served]] = field(default_factory=list)  # donor slot and its account
-    moves: int = 0
-    shards: set[str | None] = field(default_factory=set)  # the shards moved (one, data parallel)
-
-
-@dataclass
-class Incident:
-    """What the coordinator remembers of the incident in progress."""
-
-    workflow_id: str
-    evidence: list[Evidence] = field(default_factory=list)
-    lost: set[int] = field(default_factory=set)
-    leaving: set[int] = field(default_factory=set)  # planned: healthy until frozen, then fenced
-    confirmed: frozenset[int] = frozenset()  # the slots confirm found lost; the rest were lost later
-    past_freeze: bool = False
-    frozen: FreezeResult | None = None
-    proof: TransferProof | None = None
-    supply: Supply = field(default_factory=Supply)
-    rejoined: RejoinResult | None = None
-    fallback: FallbackResult | None = None
-    completed: bool = False
-    generation: int = -1  # the world generation its reports carry (the first report's)
-    rekeyed: int = 0  # times it moved to a fresh id because a squatter held its own
-    answered: bool = False  # a workflow step reached the job for it
-    local: bool = False  # the job carries it out itself: no workflow step came within LOCAL_AFTER
-    record: LocalRecord | None = None  # what the job did, once it is done (local only)
-    recorded: asyncio.Event = field(default_factory=asyncio.Event)
-    deliveries: set[asyncio.Task[None]] = field(default_factory=set)
-    # The delivery of the report that names the workflow (its first evidence): the others wait for it, so the
-    # workflow is started by that report and its id is the one its start input keys
-    # (`torchpass.contract.verify`).
-    lead: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-
-    @property
-    def recovering(self) -> bool:
-        """Frozen and not yet training again: a failure now is one more loss of this recovery, whose plan
-        is re-made around it, not a failure of the world the recovery is building."""
-        return self.past_freeze and self.rejoined is None and self.fallback is None and not self.completed
 
 
 class IncidentTracker:
@@ -179,7 +124,8 @@ class IncidentTracker:
         base = old.rsplit(":", 1)[0] if old.rsplit(":", 1)[-1].startswith("x") else old
         inc.workflow_id = f"{base}:x{secrets.token_hex(REKEY_HEX // 2)}"
         inc.rekeyed += 1
-        inc.answered = False  # the squatter's step was no step of this incident
+        if inc.driver is Driver.WORKFLOW:  # the squatter's step was no step of this incident
+            inc.drive(Driver.WAITING)
         log.warning("incident %s moves to %s: %s", old, inc.workflow_id, why)
         for ev in inc.evidence:
             self._report(inc, ev, inc.generation)
@@ -223,9 +169,11 @@ class IncidentTracker:
 
     async def _unanswered_after(self, inc: Incident) -> None:
         await asyncio.sleep(self.local_after.total_seconds())
-        if self.on_unanswered is None or self.current is not inc or inc.answered or inc.past_freeze:
+        if self.on_unanswered is None or self.current is not inc:
             return
-        inc.local = True
+        if inc.driver is not Driver.WAITING or inc.past_freeze:
+            return
+        inc.drive(Driver.JOB)
         self.handled[inc.workflow_id] = inc
         log.warning(
             "incident %s: no workflow step within %.0f s (is Temporal or the control worker down?); the job"
@@ -242,7 +190,7 @@ class IncidentTracker:
             return False
         inc = self.current
         if inc is not None and inc.workflow_id == workflow_id:
-            inc.answered = True
+            inc.drive(Driver.WORKFLOW)
         return True
 
     def keep(self, inc: Incident, record: LocalRecord) -> None:
@@ -330,7 +278,7 @@ class IncidentTracker:
                 return
             except Exception as e:  # any failure to reach Temporal: retried, then logged, never raised
                 # One the job handles itself is retried until Temporal is back: its record waits there.
-                if not (inc is not None and inc.local) and loop.time() + backoff > deadline:
+                if not (inc is not None and inc.driver is Driver.JOB) and loop.time() + backoff > deadline:
                     self.undelivered += 1
                     log.error(
                         "report of %s to incident %s NOT delivered after %.0f s: %s",

@@ -10,7 +10,7 @@ from datetime import timedelta
 from job_agent import wire
 from job_agent.coordinator.incident.donors import receivers
 from job_agent.coordinator.incident.job_control import JobControl, Tick
-from job_agent.coordinator.incident.tracker import Incident, IncidentError
+from job_agent.coordinator.incident.lifecycle import Incident, IncidentError
 from job_agent.coordinator.members import Member
 from job_agent.wire import Assign, Role
 from torchpass.errors import ErrorType

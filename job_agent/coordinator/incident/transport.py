@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from job_agent import wire
-from job_agent.coordinator.incident.tracker import IncidentError
+from job_agent.coordinator.incident.lifecycle import IncidentError
 from job_agent.coordinator.members import Member
 from job_agent.coordinator.waiting import Changes
 from torchpass.errors import ErrorType
