@@ -210,7 +210,7 @@ class SimLauncher(Launcher):
 async def one(n: int, state: Path) -> tuple[float, float, float]:
     """(CPU seconds per second while training, heartbeats per second, seconds from loss to report)."""
     from job_agent.coordinator.coordinator import Coordinator
-    from job_agent.wire import Role
+    from job_agent.wire.rank import Role
     from torchpass.job import JobSpec, JobState
     from torchpass.models import FailureReport
 

@@ -30,7 +30,7 @@ from job_agent.coordinator.incident.tracker import IncidentTracker, Reporter
 from job_agent.coordinator.incident.transport import DirectTransport, StateTransport
 from job_agent.coordinator.interrupt import stopped_by_signals
 from job_agent.coordinator.jobs import register
-from job_agent.coordinator.members import Member, MemberState, Roster
+from job_agent.coordinator.members import Member, Pending, Roster
 from job_agent.coordinator.node_launcher import NodeLauncher, admit_node, wait_for_nodes
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import Checkpoints, ProgressFile
@@ -39,7 +39,8 @@ from job_agent.coordinator.store_server import StoreServer
 from job_agent.coordinator.takeback import prior_coordinator, take_back
 from job_agent.coordinator.waiting import Changes, JobFailed
 from job_agent.launch.launcher import Launcher, LocalLauncher, agent_env, command, free_port, signal_name
-from job_agent.wire import Role
+from job_agent.wire.operator import MemberState
+from job_agent.wire.rank import Role
 from job_agent.wire.store import STORE_PREFIX
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
@@ -173,7 +174,7 @@ class Coordinator:
         self.progress.begin_generation()
         for m in self.roster.ranks():
             m.state = MemberState.JOINING
-            m.replies.pop("joined", None)
+            m.joined = None
             m.send(wire.Regroup(generation=self._generation, world_size=self.world_size))
         return self._generation
 
@@ -224,7 +225,7 @@ class Coordinator:
         env = agent_env(
             self.spec, agent_id, role.value, slot, self._address, self._store_address, restore, self._launch
         )
-        self.roster.pending[agent_id] = self.launcher.spawn(agent_id, env)
+        self.roster.pending[agent_id] = Pending(self.launcher.spawn(agent_id, env), role)
         return agent_id
 
     # --- what the incident steps may do (steps.JobControl) ----------------------------------------------
@@ -376,7 +377,7 @@ def job_status(c: Coordinator) -> wire.Status:
     inc = c.incidents.current
     return wire.Status(
         job_id=c.job_id,
-        state=c.state.value,
+        state=c.state,
         generation=c.generation,
         world_size=c.world_size,
         ranks=tuple(m.status() for m in c.roster.ranks()),

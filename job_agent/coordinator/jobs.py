@@ -12,7 +12,7 @@ from typing import Any
 
 from job_agent import wire
 from job_agent.wire import protocol
-from torchpass.job import JobSpec
+from torchpass.job import JobSpec, JobState
 
 
 def register(spec: JobSpec, secret: bytes, coordinator: str, store: str | None) -> None:
@@ -174,7 +174,7 @@ def wait_until_ready(
         except (UnknownJob, OSError, protocol.ProtocolError):
             pass  # not registered yet, or between two accepts
         else:
-            if isinstance(last, wire.Status) and last.state == "training" and last.spares >= 1:
+            if isinstance(last, wire.Status) and last.state is JobState.TRAINING and last.spares >= 1:
                 return last
         time.sleep(0.1)
     raise TimeoutError(f"job {job_id} not training with a warm spare after {timeout}: {last}")

@@ -9,25 +9,14 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from job_agent import wire
+from job_agent.coordinator.answers import TransferAnswers
 from job_agent.coordinator.channel import send
-from job_agent.wire import Role
-from job_agent.wire.node import RankStatus
+from job_agent.wire.operator import MemberState, RankStatus
+from job_agent.wire.rank import Role
 from torchpass.incident.classify import CATEGORY_OF
 from torchpass.models import Category, Evidence
-
-
-class MemberState(StrEnum):
-    CONNECTED = "connected"  # said hello, still building its model
-    READY = "ready"  # model built: a rank waits for its world, a spare for a slot
-    JOINING = "joining"  # told to form the next generation of the world
-    JOINED = "joined"  # in the new world, not yet stepping
-    TRAINING = "training"
-    FROZEN = "frozen"  # left a failed collective (or was asked to stop) at a step boundary
-    DONE = "done"  # finished every step
-    LOST = "lost"  # its connection closed: dead, fenced or gone
 
 
 @dataclass
@@ -58,8 +47,9 @@ class Member:
     reserved_for: str | None = None
     layout: wire.ShardLayout | None = None
     digest: str | None = None
-    # The latest answer of each kind to a recovery command (serving, served, received, ...).
-    replies: dict[str, wire.Frame] = field(default_factory=dict)
+    joined: wire.Joined | None = None  # where it said it stands in the newest generation it formed
+    device_error: wire.DeviceError | None = None  # the device error it reported, if it did
+    answers: TransferAnswers | None = None  # its answers to the transfer it was last commanded in
     bytes_moved: int = 0  # state bytes a transfer has streamed so far, as the donor reports them
 
     @property
@@ -71,7 +61,7 @@ class Member:
         return RankStatus(
             slot=self.slot,
             agent=self.agent_id,
-            state=self.state.value,
+            state=self.state,
             step=self.step,
             node=self.node,
             pid=self.pid,
@@ -99,17 +89,25 @@ class Member:
                 self.state, self.completed = MemberState.FROZEN, c
                 self.frozen_at = self.frozen_at or now
             case wire.Joined():
-                self.state, self.collective_step = MemberState.JOINED, -1
-                self.replies["joined"] = frame
+                self.state, self.collective_step, self.joined = MemberState.JOINED, -1, frame
             case wire.Done(step=step, digest=digest):
                 # A rank with no step left to run (restored at the job's end) resumes by finishing.
                 self.state, self.completed, self.digest, self.step_wall = MemberState.DONE, step, digest, wall
             case wire.TransferProgress(bytes=n):
                 self.bytes_moved = n
-            case (
-                wire.DeviceError() | wire.Serving() | wire.Served() | wire.Received() | wire.TransferFailed()
-            ):
-                self.replies[frame.t] = frame
+            case wire.DeviceError():
+                self.device_error = frame
+            case wire.Serving() | wire.Served() | wire.Received() | wire.TransferFailed():
+                if self.answers is not None:
+                    self.answers.take(frame)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A process launched and not yet connected: where it runs and what it was started as."""
+
+    node: str
+    role: Role
 
 
 class Roster:
@@ -117,7 +115,7 @@ class Roster:
 
     def __init__(self) -> None:
         self.members: dict[str, Member] = {}
-        self.pending: dict[str, str] = {}  # agent_id -> node, launched but not yet connected
+        self.pending: dict[str, Pending] = {}  # launched, not yet connected
         self._by_conn: dict[socket.socket, Member] = {}
         self.shards: dict[int, str] = {}  # slot -> shard its rank last reported holding
         # slot -> the process found holding another state than its replicas
@@ -125,15 +123,15 @@ class Roster:
 
     def admit(self, conn: socket.socket, hello: wire.Hello) -> Member | None:
         """The member a hello announces, or None when no such process was launched (or it was fenced)."""
-        node = self.pending.pop(hello.agent_id, None)
-        if node is None:
+        launched = self.pending.pop(hello.agent_id, None)
+        if launched is None:
             return None
         m = Member(
             hello.agent_id,
             hello.role,
             hello.slot,
             hello.pid,
-            node,
+            launched.node,
             conn,
             device=hello.device,
             environment=hello.environment,
@@ -167,7 +165,10 @@ class Roster:
     def is_spare(self, agent_id: str) -> bool:
         """Started as a spare (connected or not yet) and not given a slot since."""
         m = self.members.get(agent_id)
-        return m.role is Role.SPARE if m is not None else agent_id.startswith(Role.SPARE.value)
+        if m is not None:
+            return m.role is Role.SPARE
+        launched = self.pending.get(agent_id)
+        return launched is not None and launched.role is Role.SPARE
 
     def finished(self, world_size: int) -> bool:
         """Every slot's rank has done every step."""

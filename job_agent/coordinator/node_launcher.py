@@ -29,11 +29,11 @@ from pathlib import Path
 
 from job_agent import wire
 from job_agent.coordinator.channel import cut, send
-from job_agent.coordinator.members import Roster
+from job_agent.coordinator.members import Pending, Roster
 from job_agent.coordinator.waiting import Changes, JobFailed
 from job_agent.launch.launcher import Launcher
-from job_agent.wire import Role
 from job_agent.wire.node import NodeProcess, SignalAction
+from job_agent.wire.rank import Role
 from torchpass.errors import ErrorType
 from torchpass.job import JobSpec
 
@@ -318,7 +318,8 @@ def admit_node(
     if hello.rejoin:
         for p in hello.processes:
             if p.code is None:
-                roster.pending[p.agent_id] = hello.node
+                role = Role.SPARE if p.slot < 0 else Role.RANK
+                roster.pending[p.agent_id] = Pending(hello.node, role)
         return wire.Welcome()
     send(conn, wire.Welcome())  # before its first Spawn
     for _ in range(hello.spares if nodes.started else 0):

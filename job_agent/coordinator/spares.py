@@ -11,8 +11,9 @@ import abc
 import logging
 from collections.abc import Callable, Collection
 
-from job_agent.coordinator.members import Member, MemberState, Roster
-from job_agent.wire import Role
+from job_agent.coordinator.members import Member, Roster
+from job_agent.wire.operator import MemberState
+from job_agent.wire.rank import Role
 
 log = logging.getLogger("torchpass.spares")
 MAX_FAILED_STARTS = 3
@@ -100,7 +101,8 @@ class LocalSparePool(SparePool):
 
     def warming(self) -> int:
         connecting = [m for m in self._spares() if m.state is MemberState.CONNECTED]
-        return len(connecting) + sum(1 for a in self._roster.pending if a.startswith("spare-"))
+        launched = self._roster.pending.values()
+        return len(connecting) + sum(1 for p in launched if p.role is Role.SPARE)
 
     def held(self, incident: str) -> list[Member]:
         return [m for m in self._roster.members.values() if m.reserved_for == incident]

@@ -23,7 +23,6 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from job_agent import wire
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.jobs import alive, registered_pid
 from job_agent.coordinator.members import Member, Roster
@@ -119,8 +118,8 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
         c.launcher.kill(agent)
     generation, completed = -1, -1
     for m in c.roster.ranks():
-        joined = m.replies.get("joined")
-        if isinstance(joined, wire.Joined):
+        joined = m.joined
+        if joined is not None:
             m.completed = max(m.completed, joined.completed)
             generation, completed = max(generation, joined.generation), max(completed, m.completed)
     stale = _fence_stale(c, generation)
@@ -138,8 +137,7 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
 
 
 def _generation_of(m: Member) -> int:
-    joined = m.replies.get("joined")
-    return joined.generation if isinstance(joined, wire.Joined) else -1
+    return m.joined.generation if m.joined is not None else -1
 
 
 def _fence_stale(c: Job, newest: int) -> dict[int, str]:

@@ -35,7 +35,8 @@ from job_agent.launch.launcher import LocalLauncher
 from job_agent.node.gpu_health import GpuHealth, GpuSignal, nvml_index
 from job_agent.node.host_health import HostHealth
 from job_agent.wire import protocol
-from job_agent.wire.node import TEXT, NodeProcess, SignalAction
+from job_agent.wire.base import TEXT
+from job_agent.wire.node import NodeProcess, SignalAction
 from job_agent.wire.protocol import EXIT_COORDINATOR_LOST
 from torchpass.errors import ErrorType
 

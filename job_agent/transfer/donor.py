@@ -21,6 +21,7 @@ from datetime import timedelta
 from job_agent import wire
 from job_agent.transfer.snapshot import Snapshot, state_hash
 from job_agent.wire.protocol import AuthError, ProtocolError, authenticate_server, recv_frame, send_frame
+from torchpass.incident.steps import Stripe
 
 AUTH_TIMEOUT = timedelta(seconds=2)  # a receiver proves the secret in milliseconds
 MAX_STRAYS = 64
@@ -39,7 +40,7 @@ class TransferStats:
     nbytes: int
     seconds: float
     step: int
-    stripes: tuple[wire.Stripe, ...] = ()
+    stripes: tuple[Stripe, ...] = ()
     dropped: tuple[int, ...] = field(default=())  # donors the receiver stopped taking slices from
 
 

@@ -27,6 +27,7 @@ from job_agent import wire
 from job_agent.transfer.donor import CHUNK, Hasher, Progress, TransferError, TransferStats, tune
 from job_agent.transfer.snapshot import Snapshot, StateMismatch, Transferable, state_hash
 from job_agent.wire.protocol import ProtocolError, connect, recv_frame, send_frame
+from torchpass.incident.steps import Stripe
 
 STALL = timedelta(seconds=10)  # a donor silent this long mid-slice is dropped and its slice taken elsewhere
 MIN_SLICE = 64 * 2**10  # a state smaller than this per donor takes fewer slices (the others stand by)
@@ -77,7 +78,7 @@ class _Striped:
         self.on_progress = on_progress
         self.cond = threading.Condition()
         self.todo: deque[int] = deque()  # slices whose donor failed: the next donor free takes them
-        self.done: dict[int, wire.Stripe] = {}
+        self.done: dict[int, Stripe] = {}
         self.arrived = [0] * len(self.slices)  # bytes of each slice in memory, from its start
         self.dropped: dict[int, str] = {}  # donor slot -> why it was dropped
         self.running = 0
@@ -179,7 +180,7 @@ class _Striped:
                 f"slice [{a}, {b}) hashes to {mine[:12]}, donor rank {peer.source.slot} sent "
                 f"{end.slice_digest[:12]}"
             )
-        stripe = wire.Stripe(
+        stripe = Stripe(
             donor=peer.source.slot, start=a, stop=b, digest=mine, sent_digest=end.slice_digest,
             donor_digest=end.digest,
         )  # fmt: skip

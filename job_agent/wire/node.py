@@ -8,26 +8,14 @@ from enum import StrEnum
 from typing import Literal
 
 from pydantic import (
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeInt,
     field_validator,
     model_validator,
 )
 
+from job_agent.wire.base import ID, NAME, TEXT, FrameModel
 from torchpass.models import FailureKind
-
-TEXT = 4000
-ID = 200
-
-
-class FrameModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class NodeProcess(FrameModel):
@@ -175,69 +163,4 @@ _GPU_FAILURES = frozenset(
 _GPU_WARNINGS = frozenset({FailureKind.GPU_TEMPERATURE, FailureKind.GPU_ECC_UNCORRECTABLE})
 
 
-CLUSTER_PLANNED = frozenset({FailureKind.NODE_CORDON, FailureKind.NODE_DRAIN})
-CLUSTER_FAILURES = frozenset(
-    {
-        FailureKind.NODE_NOT_READY,
-        FailureKind.NODE_FAILURE,
-        FailureKind.NODE_POWER_LOSS,
-        FailureKind.POD_DELETED,
-    }
-)
-
-
-class NodeEvent(FrameModel):
-    """What a cluster detector (`workers.detectors.kube`, `workers.detectors.slurm`) saw of a node: cordoned
-    or drained (a planned move), or failed (NotReady, DOWN, the job's pod there deleted). A claim of the
-    cluster's: the coordinator acts only on its own ranks on that node, and takes a failure for one only once
-    its own view agrees (`job_agent.coordinator.detect.cluster`). `key` names the observation: heard twice (a
-    restarted detector re-reading the same state), it starts nothing new."""
-
-    t: Literal["node_event"] = "node_event"
-    node: str = Field(pattern=NAME)
-    kind: FailureKind
-    source: Literal["kubernetes", "slurm"]
-    reason: str = Field(default="", max_length=TEXT)
-    key: str = Field(min_length=1, max_length=ID)
-    observed_at: AwareDatetime
-
-    @field_validator("kind")
-    @classmethod
-    def _a_nodes_kind(cls, kind: FailureKind) -> FailureKind:
-        if kind not in CLUSTER_PLANNED | CLUSTER_FAILURES:
-            allowed = sorted(k.value for k in CLUSTER_PLANNED | CLUSTER_FAILURES)
-            raise ValueError(f"a node event is one of {allowed}, not {kind.value}")
-        return kind
-
-
 # --- operator -> coordinator, and its answer ----------------------------------------------------------
-
-
-class StatusRequest(FrameModel):
-    t: Literal["status"] = "status"
-
-
-class RankStatus(FrameModel):
-    slot: int
-    agent: str
-    state: str
-    step: int
-    node: str = Field(default="", max_length=ID, description="where it runs (its failure domain)")
-    pid: int = Field(default=-1, description="its process id on its node, as it said in its hello")
-    device: int = Field(default=-1, description="its GPU index on its node (LOCAL_RANK), as it said")
-
-
-class Status(FrameModel):
-    t: Literal["job_status"] = "job_status"
-    job_id: str
-    state: str
-    generation: int
-    world_size: int
-    ranks: tuple[RankStatus, ...]
-    spares: NonNegativeInt
-    incident: str | None = None
-    incidents: NonNegativeInt = Field(default=0, description="incidents recorded so far")
-    nodes: tuple[str, ...] = Field(default=(), max_length=1024, description="node agents joined (multi-node)")
-    idle_nodes: tuple[str, ...] = Field(
-        default=(), max_length=1024, description="joined nodes with no rank that may take some: spare nodes"
-    )

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, model_validator
 
-from job_agent.wire.node import ID, TEXT, FrameModel
+from job_agent.wire.base import ID, TEXT, FrameModel
 
 MAX_SOURCES = 8  # donors one receiver may take slices from at once
 

@@ -18,7 +18,7 @@ from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.coordinator.jobs import request, running_jobs
-from job_agent.wire.node import RankStatus
+from job_agent.wire.operator import RankStatus
 from tests.unit.job_driver import SHARED_PEERS
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec

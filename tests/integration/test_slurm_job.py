@@ -198,7 +198,12 @@ async def _status(state: Path, job_id: str, out: Path, ok: Callable[[wire.Status
         except Exception:  # not registered yet
             await asyncio.sleep(0.2)
             continue
-        if isinstance(last, wire.Status) and last.state == "training" and len(last.ranks) == 4 and ok(last):
+        if (
+            isinstance(last, wire.Status)
+            and last.state is JobState.TRAINING
+            and len(last.ranks) == 4
+            and ok(last)
+        ):
             return last
         await asyncio.sleep(0.1)
     raise AssertionError(f"the job never got there: {last}\n{_tail(out)}")

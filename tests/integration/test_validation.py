@@ -33,7 +33,7 @@ from torchpass.contract.credit import Money
 from torchpass.contract.models import ContractPurpose, ContractTerms
 from torchpass.contract.rules import add_months
 from torchpass.ids import WorkflowName, job_task_queue
-from torchpass.job import JobResult
+from torchpass.job import JobResult, JobState
 from torchpass.validation.report import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
 from workers import contract_client as cc
 from workers.job import run_job
@@ -57,7 +57,7 @@ async def wait_until_training_with_a_warm_spare(
             st = await asyncio.to_thread(request, state_dir, job_id, wire.StatusRequest())
         except UnknownJob:  # not registered yet
             st = None
-        if isinstance(st, wire.Status) and st.state == "training" and st.spares >= 1:
+        if isinstance(st, wire.Status) and st.state is JobState.TRAINING and st.spares >= 1:
             return
         await asyncio.sleep(0.2)
 

@@ -25,7 +25,7 @@ from job_agent.coordinator.incident.lifecycle import IncidentError
 from job_agent.coordinator.jobs import request
 from job_agent.coordinator.members import Member
 from job_agent.coordinator.spares import MAX_FAILED_STARTS
-from job_agent.wire import Role
+from job_agent.wire.rank import Role
 from tests.unit.fake_ranks import KILLED, digest_of
 from tests.unit.job_driver import STEPS, Counts, Job, Migration, bounded, until
 from torchpass.errors import ErrorType

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import pytest
 
 from job_agent import wire
-from job_agent.coordinator.members import Roster
+from job_agent.coordinator.members import Pending, Roster
 from job_agent.coordinator.node_launcher import NodeLauncher, admit_node
 from job_agent.wire import protocol
 from job_agent.wire.node import NodeProcess
+from job_agent.wire.rank import Role
 
 
 def hello(node: str, slots: int, spares: int = 0, job: str = "job-1") -> wire.NodeHello:
@@ -165,7 +166,10 @@ def test_a_node_rejoins_only_a_coordinator_taking_its_job_back(nodes: Nodes) -> 
     nodes.conns["b"] = (near, far)
     roster = Roster()
     assert isinstance(admit_node(nodes.launcher, roster, near, back, lambda: None), wire.Welcome)
-    assert roster.pending == {"rank2-3": "b", "spare-17": "b"}  # running: each may say hello again
+    assert roster.pending == {
+        "rank2-3": Pending("b", Role.RANK),
+        "spare-17": Pending("b", Role.SPARE),
+    }  # running: each may say hello again
     launcher = nodes.launcher
     assert launcher.poll("rank3-4") == -9 and launcher.poll("rank2-3") is None
     assert launcher.ended_in(3) == ("b", -9) and launcher.ended_in(2) == ("b", None)

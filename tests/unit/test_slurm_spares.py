@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from job_agent import wire
-from job_agent.wire.node import RankStatus
+from job_agent.wire.operator import RankStatus
 from workers.detectors import slurm_spares, spare_nodes
 from workers.detectors.slurm import SlurmError
 from workers.detectors.slurm_spares import PREFIX, Queued, SlurmSpares, SpareNodeSettings

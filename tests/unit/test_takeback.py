@@ -34,7 +34,7 @@ class _Nodes:
 def _rank(job: _Job, agent: str, slot: int, generation: int | None, completed: int) -> Member:
     m = Member(agent, wire.Role.RANK, slot, 1, "node0", completed=completed)
     if generation is not None:
-        m.replies["joined"] = wire.Joined(generation=generation, completed=completed)
+        m.joined = wire.Joined(generation=generation, completed=completed)
     job.roster.members[agent] = m
     return m
 

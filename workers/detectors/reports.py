@@ -23,7 +23,7 @@ from typing import Literal
 
 from job_agent import wire
 from job_agent.coordinator.jobs import UnknownJob, ask, registered_jobs
-from job_agent.wire.node import ID, TEXT
+from job_agent.wire.base import ID, TEXT
 from torchpass.models import FailureKind
 
 log = logging.getLogger("torchpass.detect")

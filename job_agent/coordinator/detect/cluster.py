@@ -32,7 +32,7 @@ from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.members import Member, Roster
 from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.launch.launcher import Launcher
-from job_agent.wire.node import CLUSTER_PLANNED
+from job_agent.wire.operator import CLUSTER_PLANNED
 from torchpass.models import EventSource, Evidence, FailureKind
 
 QUIET = timedelta(seconds=2)  # a node agent beats every 0.5 s, a rank every second

@@ -19,8 +19,9 @@ from datetime import UTC, datetime, timedelta
 from job_agent import wire
 from job_agent.coordinator.detect.hangs import Progress, find_hung
 from job_agent.coordinator.incident.claims import STALL_MARGIN
-from job_agent.coordinator.members import Member, MemberState, Roster
+from job_agent.coordinator.members import Member, Roster
 from job_agent.launch.launcher import signal_name
+from job_agent.wire.operator import MemberState
 from torchpass.models import EventSource, Evidence, FailureKind
 
 # Nodes holding ranks lost within this window, half the job's or more (two at least), are one outage of what
@@ -55,8 +56,8 @@ class Detector:
     def lost(self, m: Member, code: int | None, reason: str, observed: float) -> Evidence:
         """A rank's connection closed at wall time `observed`; `code` is its exit status if it ended."""
         at = datetime.fromtimestamp(observed, UTC)
-        device = m.replies.get("device_error")
-        if isinstance(device, wire.DeviceError):
+        device = m.device_error
+        if device is not None:
             return self._evidence(m, FailureKind.CUDA_ERROR, device.detail, observed_at=at, exit_code=code)
         if code is not None:
             detail = f"rank {m.slot} ({m.agent_id}) {signal_name(code)}"

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from job_agent import wire
 from job_agent.coordinator.members import Member, Roster
 from job_agent.launch.launcher import Launcher
-from job_agent.wire import InjectAction, InjectTarget, Role
+from job_agent.wire.operator import InjectAction, InjectTarget
+from job_agent.wire.rank import Role
 from torchpass.errors import ErrorType
 from torchpass.models import EventSource, Evidence, FailureKind
 
@@ -55,7 +56,7 @@ class Injector:
     def _hit_spare(self, req: wire.Inject) -> wire.Ok | wire.Error:
         """A spare process, at once: one still starting up if any (the case that once failed the whole
         job), else a warm one nobody holds. The pool replaces it; nothing is migrated."""
-        starting = sorted(a for a in self._roster.pending if a.startswith(f"{Role.SPARE.value}-"))
+        starting = sorted(a for a, p in self._roster.pending.items() if p.role is Role.SPARE)
         warm = sorted(
             m.agent_id
             for m in self._roster.members.values()

@@ -16,7 +16,7 @@ from job_agent.coordinator.members import Roster
 from job_agent.coordinator.node_launcher import NodeLauncher, cut_silent
 from job_agent.coordinator.spares import SparePool
 from job_agent.launch.launcher import Launcher, signal_name
-from job_agent.wire import Role
+from job_agent.wire.rank import Role
 from torchpass.job import JobSpec, JobState
 from torchpass.models import Evidence
 
@@ -100,8 +100,8 @@ def reap_pending(roster: Roster, launcher: Launcher, spares: SparePool, fail: Ca
         code = launcher.poll(agent_id)
         if code is None:
             continue
-        del roster.pending[agent_id]
-        if agent_id.startswith(Role.SPARE.value):  # a spare is replaceable: never fatal to the job
+        launched = roster.pending.pop(agent_id)
+        if launched.role is Role.SPARE:  # a spare is replaceable: never fatal to the job
             spares.failed_start(agent_id, code)
             continue
         fail(f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above")

@@ -17,8 +17,9 @@ from job_agent.coordinator.incident.donors import choose_donor
 from job_agent.coordinator.incident.job_control import JobControl, Tick
 from job_agent.coordinator.incident.lifecycle import Incident, IncidentError, IncidentState
 from job_agent.coordinator.incident.transfer_plan import Supplier, mismatch
-from job_agent.coordinator.members import Member, MemberState
-from job_agent.wire import Freeze
+from job_agent.coordinator.members import Member
+from job_agent.wire.operator import MemberState
+from job_agent.wire.rank import Freeze
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.incident.proof import resume_problems

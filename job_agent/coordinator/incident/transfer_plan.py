@@ -12,7 +12,7 @@ from job_agent.coordinator.incident.donors import receivers
 from job_agent.coordinator.incident.job_control import JobControl, Tick
 from job_agent.coordinator.incident.lifecycle import Incident, IncidentError
 from job_agent.coordinator.members import Member
-from job_agent.wire import Assign, Role
+from job_agent.wire.rank import Assign, Role
 from torchpass.errors import ErrorType
 from torchpass.incident.proof import transfer_problems
 from torchpass.incident.steps import ReceiverProof, TransferProof
@@ -109,8 +109,8 @@ class Supplier:
                 for m in lost:
                     inc.lost.add(m.slot)
                 for m in targets:  # whoever installed the state before the loss keeps it
-                    r = m.replies.get("received")
-                    if m.alive and isinstance(r, wire.Received):
+                    r = m.answers.received() if m.answers is not None else None
+                    if m.alive and r is not None:
                         sup.got[m.slot] = (m.agent_id, r, sources[0].slot)
                 continue
             sup.served.extend(moved.served.items())

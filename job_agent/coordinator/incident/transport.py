@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from job_agent import wire
+from job_agent.coordinator.answers import TransferAnswers
 from job_agent.coordinator.incident.lifecycle import IncidentError
 from job_agent.coordinator.members import Member
 from job_agent.coordinator.waiting import Changes
@@ -21,8 +22,6 @@ from torchpass.errors import ErrorType
 
 LISTEN_TIMEOUT = timedelta(seconds=10)
 DONOR_GRACE = timedelta(seconds=5)  # a donor's account, once its receivers have theirs
-_REPLIES = ("serving", "served", "received", "transfer_failed")
-_ENDS = frozenset({"served", "received", "transfer_failed"})
 
 
 @dataclass(frozen=True)
@@ -69,34 +68,26 @@ class DirectTransport(StateTransport):
     ) -> Moved:
         self._transfers += 1
         tid = self._transfers
+        answers = {m.agent_id: TransferAnswers(tid) for m in (*donors, *receivers)}  # this transfer's
         for m in (*donors, *receivers):
-            for key in _REPLIES:
-                m.replies.pop(key, None)
-            m.bytes_moved = 0
-
-        def answer(m: Member, *keys: str) -> wire.Frame | None:
-            return next(
-                (f for k in keys if (f := m.replies.get(k)) is not None and getattr(f, "transfer", 0) == tid),
-                None,
-            )
+            m.answers, m.bytes_moved = answers[m.agent_id], 0
 
         def ended(m: Member) -> bool:
-            return answer(m, *_ENDS) is not None or not m.alive
+            return answers[m.agent_id].account.done() or not m.alive
 
         for d in donors:
             d.send(wire.Serve(receivers=len(receivers), timeout=timeout.total_seconds(), transfer=tid))
         with contextlib.suppress(TimeoutError):  # a donor that never listens is left out
             await self._changes.wait_for(
-                lambda: all(
-                    answer(d, "serving", "transfer_failed") is not None or not d.alive for d in donors
-                ),
+                lambda: all(answers[d.agent_id].listening.done() or not d.alive for d in donors),
                 LISTEN_TIMEOUT,
                 "the donors to listen",
             )
-        serving = [(d, f) for d in donors if isinstance(f := answer(d, "serving"), wire.Serving)]
+        serving = [(d, s) for d in donors if (s := answers[d.agent_id].serving()) is not None]
         if not serving:
-            raise _failed("no donor served: " + "; ".join(f"{d.slot}: {self._why(d, tid)}" for d in donors))
-        sources = tuple(wire.Source(slot=d.slot, host=f.host, port=f.port) for d, f in serving)
+            why = "; ".join(f"{d.slot}: {_why(d, answers[d.agent_id])}" for d in donors)
+            raise _failed(f"no donor served: {why}")
+        sources = tuple(wire.Source(slot=d.slot, host=s.host, port=s.port) for d, s in serving)
         for r in receivers:
             r.send(wire.Receive(sources=sources, timeout=timeout.total_seconds(), transfer=tid))
 
@@ -114,21 +105,21 @@ class DirectTransport(StateTransport):
                 lambda: all(ended(d) for d, _ in serving), DONOR_GRACE, "the donors' accounts"
             )
         broken = [
-            f"{m.slot}: {self._why(m, tid)}"
+            f"{m.slot}: {_why(m, answers[m.agent_id])}"
             for m in receivers
-            if answer(m, "transfer_failed") is not None or not m.alive
+            if answers[m.agent_id].failed() is not None or not m.alive
         ]
-        received = {r.slot: answer(r, "received") for r in receivers}
         if broken:
             raise _failed(f"state transfer failed ({'; '.join(broken)})")
-        served = {d.slot: f for d, _ in serving if isinstance(f := answer(d, "served"), wire.Served)}
+        served = {d.slot: a for d, _ in serving if (a := answers[d.agent_id].served()) is not None}
         if not served:
             raise _failed("no donor finished serving")
-        return Moved(served, {s: f for s, f in received.items() if isinstance(f, wire.Received)})
+        received = {r.slot: g for r in receivers if (g := answers[r.agent_id].received()) is not None}
+        return Moved(served, received)
 
-    @staticmethod
-    def _why(m: Member, tid: int) -> str:
-        f = m.replies.get("transfer_failed")
-        if isinstance(f, wire.TransferFailed) and f.transfer == tid:
-            return f.error
-        return "process lost" if not m.alive else "no answer"
+
+def _why(m: Member, answers: TransferAnswers) -> str:
+    failed = answers.failed()
+    if failed is not None:
+        return failed.error
+    return "process lost" if not m.alive else "no answer"
