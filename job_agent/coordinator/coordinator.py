@@ -12,37 +12,37 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 import time
 from datetime import timedelta
 
 from job_agent import wire
 from job_agent.coordinator import resume
-from job_agent.coordinator.channel import ControlServer, send
+from job_agent.coordinator.channel import ControlServer
+from job_agent.coordinator.clock import SYSTEM, Clock
 from job_agent.coordinator.detect.cluster import ClusterSignals
 from job_agent.coordinator.detect.conditions import HostConditions
 from job_agent.coordinator.detect.detection import Detector
 from job_agent.coordinator.detect.injection import Injector
 from job_agent.coordinator.detect.replicas import ReplicaChecks
 from job_agent.coordinator.detect.watch import watch
-from job_agent.coordinator.ending import job_result, judge_exits, put_away, user_error
+from job_agent.coordinator.ending import job_result, judge_exits, put_away
+from job_agent.coordinator.inbound import ENDED, Inbound
 from job_agent.coordinator.incident.tracker import IncidentTracker, Reporter
 from job_agent.coordinator.incident.transport import DirectTransport, StateTransport
 from job_agent.coordinator.interrupt import stopped_by_signals
 from job_agent.coordinator.jobs import register
 from job_agent.coordinator.members import Member, Pending, Roster
-from job_agent.coordinator.node_launcher import NodeLauncher, admit_node, wait_for_nodes
+from job_agent.coordinator.node_launcher import NodeLauncher, wait_for_nodes
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import Checkpoints, ProgressFile
 from job_agent.coordinator.spares import LocalSparePool, SparePool
 from job_agent.coordinator.store_server import StoreServer
 from job_agent.coordinator.takeback import prior_coordinator, take_back
 from job_agent.coordinator.waiting import Changes, JobFailed
-from job_agent.launch.launcher import Launcher, LocalLauncher, agent_env, command, free_port, signal_name
+from job_agent.launch.launcher import Launcher, LocalLauncher, agent_env, command, free_port
 from job_agent.wire.operator import MemberState
 from job_agent.wire.rank import Role
 from job_agent.wire.store import STORE_PREFIX
-from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult, JobSpec, JobState, Resumed
 from torchpass.models import Evidence
@@ -50,15 +50,20 @@ from torchpass.signing import is_signed
 
 SHUTDOWN_GRACE = timedelta(seconds=10)
 FILE_WAIT = timedelta(seconds=30)
-_ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR)
-_NOT_FROM_MEMBERS = (wire.Hello, wire.NodeHello, wire.Inject, wire.Drain, wire.NodeEvent, wire.StatusRequest)
 
 
 class Coordinator:
     """One per job. All state is touched on the event loop thread only."""
 
-    def __init__(self, spec: JobSpec, reporter: Reporter, launcher: Launcher | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        reporter: Reporter,
+        launcher: Launcher | None = None,
+        clock: Clock = SYSTEM,
+    ) -> None:
         self.spec = spec
+        self.clock = clock
         self.job_id = spec.job_id
         self.world_size = spec.nproc
         self.covered = spec.contract is not None
@@ -66,7 +71,7 @@ class Coordinator:
         self.hang_timeout = timedelta(seconds=spec.hang_timeout)
         self.stripe_donors = spec.stripe_donors
         self.state = JobState.STARTING
-        self._launching = False
+        self.launching = False  # the ranks were started: one lost before training is the script's failure
         self.error: str | None = None
         self.checkpoints = Checkpoints()
         self._generation = -1
@@ -75,7 +80,7 @@ class Coordinator:
         self._prior = prior_coordinator(spec)
         self._secret = self._prior.secret if self._prior else secrets.token_bytes(32)
         control_port, store_port = (p.control_port, p.store_port) if (p := self._prior) else (0, 0)
-        self.roster = Roster()
+        self.roster = Roster(clock)
         self.replicas = ReplicaChecks(self.job_id, self.world_size, self.roster, self.add_evidence)
         self.nodes = (
             NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare, spec.job_dir) if spec.nodes else None
@@ -84,16 +89,17 @@ class Coordinator:
         self._spawned = 0
         self._done = asyncio.get_running_loop().create_future()
         self._watcher: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # each lost connection's check, until it reports
         # Authenticated: torch's TCPStore serves anyone. Both listen on the job's address, never a wildcard.
         self._store = StoreServer(self._secret, spec.host, store_port)
         loop = asyncio.get_running_loop()
+        inbound = Inbound(self)
         self._server = ControlServer(
-            self._secret, loop, self._on_frame, self._on_close, spec.host, control_port
+            self._secret, loop, inbound.on_frame, inbound.on_close, spec.host, control_port
         )
         self._address = f"{spec.host}:{self._server.port}"
         self._store_address = f"{spec.host}:{self._store.port}"
-        self.changes = Changes()
+        self.changes = Changes(clock)
         self._progress_file = ProgressFile(spec.job_dir)
         self.progress = StepTracker(self._progress_file.write)
         self.resumed: Resumed | None = None
@@ -107,9 +113,9 @@ class Coordinator:
             self.job_id, self.roster, self.launcher, avoid, self.incidents, self.add_evidence
         )
         self.cluster.training = lambda: self.state is JobState.TRAINING
-        self.detector = Detector(self.job_id, self.roster, self.hang_timeout)
+        self.detector = Detector(self.job_id, self.roster, self.hang_timeout, clock)
         self.conditions = HostConditions(self.job_id, self.roster, self.incidents, self.nodes)
-        self._injector = Injector(self.job_id, self.world_size, self.roster, self.launcher)
+        self.injector = Injector(self.job_id, self.world_size, self.roster, self.launcher)
 
     @property
     def generation(self) -> int:
@@ -135,7 +141,7 @@ class Coordinator:
         self._watcher = asyncio.ensure_future(watch(self))
         try:
             if taken_back is None:
-                self._launching = True  # the ranks start now (a job taken back has its own)
+                self.launching = True  # the ranks start now (a job taken back has its own)
                 await self._start_processes()
                 await self.changes.wait_for(
                     lambda: len(self.roster.ranks(MemberState.READY)) == self.world_size,
@@ -169,7 +175,7 @@ class Coordinator:
     def regroup(self) -> int:
         """Form the next generation of the world with every current rank; returns its number."""
         self._generation += 1
-        self._injector.on_regroup()
+        self.injector.on_regroup()
         self._store.drop_before(STORE_PREFIX, self._generation - 1)
         self.progress.begin_generation()
         for m in self.roster.ranks():
@@ -212,7 +218,7 @@ class Coordinator:
 
     def fail(self, error: str | None, state: JobState = JobState.FAILED) -> None:
         """The job ends (`error` None: it finished); every wait on it fails from now on."""
-        if self.state in _ENDED:
+        if self.state in ENDED:
             return
         self.state, self.error = state, error
         self.changes.stop(error or "the job finished")
@@ -257,141 +263,8 @@ class Coordinator:
             self.incidents.add(cause)
 
     def on_transfer(self, donor: Member, receivers: list[Member]) -> None:
-        self._injector.on_transfer(donor, receivers)
+        self.injector.on_transfer(donor, receivers)
 
     def signed(self, ev: Evidence) -> bool:
         """Whether `ev` carries a signature under this job's secret (`torchpass.signing`)."""
         return is_signed(self._secret, ev)
-
-    # --- control channel -----------------------------------------------------------------------------
-
-    def _on_frame(self, conn: socket.socket, frame: wire.Frame | wire.BadFrame, ts: float) -> None:
-        member = self.roster.of(conn)
-        if isinstance(frame, wire.BadFrame):
-            send(conn, frame.error())  # the sender's problem: it hears why, the coordinator carries on
-        elif self.nodes is not None and self.nodes.heard(conn, frame):
-            pass  # a node agent's: the launcher's business
-        elif member is None:
-            send(conn, self._request(conn, frame))
-        else:
-            self._on_member_frame(member, frame, ts)
-        self.changes.notify()
-
-    def _request(self, conn: socket.socket, frame: wire.Frame) -> wire.Frame:
-        """A frame from a connection that is not (yet) a member: a hello or an operator's request."""
-        if isinstance(frame, wire.Hello):
-            m = self.roster.admit(conn, frame)
-            if m is None:
-                return wire.Reject(reason=f"{frame.agent_id} is not a process of this job (or fenced)")
-            if self.state in _ENDED:  # it started (a refilled spare) as the job ended: it leaves at once
-                send(conn, wire.Welcome())
-                return wire.Exit(code=0 if self.state is JobState.FINISHED else 1, reason="the job has ended")
-            return wire.Welcome()
-        if isinstance(frame, wire.NodeHello):
-            return admit_node(self.nodes, self.roster, conn, frame, lambda: self.spawn(Role.SPARE, -1))
-        return operator_request(self, self._injector, frame)
-
-    def _on_member_frame(self, m: Member, frame: wire.Frame, ts: float) -> None:
-        if isinstance(frame, wire.Step):  # measured before the member's own view moves on
-            self.progress.entered(m.slot, frame.k, m.completed)
-        m.observe(frame, time.monotonic(), ts)
-        match frame:
-            case wire.Step(k=k, digest=digest):
-                self._injector.on_step(m)
-                self.replicas.reported(m.slot, k, digest)
-            case wire.Ready(layout=layout) | wire.Joined(layout=layout):
-                self.roster.record_layout(m, layout)
-                if m.role is Role.SPARE:
-                    self.spares.started(m)
-            case wire.Frozen(completed=step):
-                self.progress.completed(step)
-            case wire.Done(step=step):
-                self.progress.completed(step)
-                if self.roster.finished(self.world_size):
-                    self.fail(None, JobState.FINISHED)
-            case wire.CheckpointSaved(step=step, path=path):
-                self.checkpoints.saved(m, step, path, self.world_size)
-            case wire.UserError(step=step, traceback=tb):
-                self.fail(user_error(m.slot, step, tb), state=JobState.USER_ERROR)
-            case _ if isinstance(frame, _NOT_FROM_MEMBERS):
-                why = f"a member does not send {frame.t!r}"
-                m.send(wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=why))
-
-    def _on_close(self, conn: socket.socket, reason: str, ts: float) -> None:
-        if self.nodes is not None and (node := self.nodes.closed(conn, self.changes.notify)):
-            # A node lost whole: one report for the node, beside its ranks' own (all one incident).
-            if self.state is JobState.TRAINING and (
-                ev := self.detector.node_lost(node.name, ts, self.world_size, node.lost_why)
-            ):
-                self.add_evidence(ev)
-            return
-        m = self.roster.closed(conn)
-        if m is None or not m.alive or (m.state is MemberState.DONE and self.state is JobState.FINISHED):
-            return
-        task = asyncio.ensure_future(self._lost(m, ts, reason))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        self.changes.notify()
-
-    async def _lost(self, m: Member, observed: float, reason: str) -> None:
-        """A member's connection closed: find out whether its process died, then report it."""
-        for _ in range(20):  # the exit status follows the closed socket within milliseconds
-            if self.launcher.poll(m.agent_id) is not None:
-                break
-            await asyncio.sleep(0.005)
-        code = self.launcher.poll(m.agent_id)
-        warm, m.state = m.state is not MemberState.CONNECTED, MemberState.LOST
-        self.changes.notify()
-        if self._launching and self.state is JobState.STARTING and m.role is Role.RANK and not m.fenced:
-            # Nothing to migrate yet, and most likely the script's own failure: say so now, not at the
-            # start-up timeout.
-            why = "unknown" if code is None else signal_name(code)
-            self.fail(f"rank {m.slot} exited ({why}) before the job started training; see its output above")
-        if m.fenced or self.state not in (JobState.STARTING, JobState.TRAINING):
-            return
-        if m.role is Role.SPARE:  # a spare died: refill the pool, nothing to migrate
-            self.spares.lost(m, warm)
-        elif self.state is JobState.TRAINING:
-            self.add_evidence(self.detector.lost(m, code, reason, observed))
-
-
-def operator_request(c: Coordinator, injector: Injector, frame: wire.Frame) -> wire.Frame:
-    """An operator's or a cluster detector's request: inject, drain, a node's event, the job's status."""
-    if isinstance(frame, wire.Inject):
-        return injector.inject(frame)
-    if isinstance(frame, wire.StatusRequest):
-        return job_status(c)
-    if isinstance(frame, wire.Drain):
-        reply, ev = injector.drain(frame, c.state)
-    elif isinstance(frame, wire.NodeEvent):
-        reply, ev = c.cluster.heard(frame, c.state)
-    else:
-        return wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"unexpected request {frame.t!r}")
-    if ev is not None:
-        c.add_evidence(ev)
-    return reply
-
-
-def job_status(c: Coordinator) -> wire.Status:
-    """The job's state, its ranks' steps, its warm spares and its incidents (`torchpass status`)."""
-    inc = c.incidents.current
-    return wire.Status(
-        job_id=c.job_id,
-        state=c.state,
-        generation=c.generation,
-        world_size=c.world_size,
-        ranks=tuple(m.status() for m in c.roster.ranks()),
-        spares=len(c.spares.ready()),
-        incident=inc.workflow_id if inc else None,
-        incidents=len(c.incidents.outcomes),
-        nodes=tuple(n.name for n in c.nodes.joined()) if c.nodes is not None else (),
-        idle_nodes=_idle_nodes(c),
-    )
-
-
-def _idle_nodes(c: Coordinator) -> tuple[str, ...]:
-    """Joined nodes running no rank where new ranks may go (not cordoned, drained or lost)."""
-    if c.nodes is None:
-        return ()
-    busy = {m.node for m in c.roster.ranks()}
-    return tuple(n.name for n in c.nodes.joined() if n.name not in busy and n.name not in c.nodes.avoid)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from job_agent import wire
 from job_agent.coordinator.answers import TransferAnswers
 from job_agent.coordinator.channel import send
+from job_agent.coordinator.clock import SYSTEM, Clock
 from job_agent.wire.operator import MemberState, RankStatus
 from job_agent.wire.rank import Role
 from torchpass.incident.classify import CATEGORY_OF
@@ -113,7 +114,8 @@ class Pending:
 class Roster:
     """Every process of the job: launched and not yet connected (`pending`), and connected (`members`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
         self.members: dict[str, Member] = {}
         self.pending: dict[str, Pending] = {}  # launched, not yet connected
         self._by_conn: dict[socket.socket, Member] = {}
@@ -135,6 +137,8 @@ class Roster:
             conn,
             device=hello.device,
             environment=hello.environment,
+            last_heartbeat=self.clock.monotonic(),
+            last_progress=self.clock.monotonic(),
         )
         self.members[m.agent_id] = m
         self._by_conn[conn] = m

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections.abc import Callable
 from datetime import timedelta
+
+from job_agent.coordinator.clock import SYSTEM, Clock
 
 _POLL = 1.0  # seconds: re-check the predicate (and call `tick`) at least this often
 
@@ -18,7 +18,8 @@ class JobFailed(Exception):
 class Changes:
     """Signalled whenever the coordinator's view of the job changes; `stop` fails every wait."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
         self._event = asyncio.Event()
         self._stopped: str | None = None
 
@@ -38,16 +39,16 @@ class Changes:
     ) -> None:
         """Until `pred()` holds; TimeoutError naming `what` after `timeout` (None only under an outer
         timeout), JobFailed once the job stopped. `tick` runs at least once a second (heartbeats)."""
-        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+        clock = self.clock
+        deadline = None if timeout is None else clock.monotonic() + timeout.total_seconds()
         while not pred():
             if self._stopped is not None:
                 raise JobFailed(self._stopped)
-            left = None if deadline is None else deadline - time.monotonic()
+            left = None if deadline is None else deadline - clock.monotonic()
             if left is not None and left <= 0:
                 assert timeout is not None
                 raise TimeoutError(f"timed out after {timeout.total_seconds():.1f} s waiting for {what}")
             self._event.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), min(left or _POLL, _POLL))
+            await clock.wait(self._event, min(left or _POLL, _POLL))
             if tick is not None:
                 tick()

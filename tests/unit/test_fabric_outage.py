@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from job_agent.coordinator.detect import detection
+from job_agent.coordinator.clock import SimulatedClock
 from job_agent.coordinator.detect.detection import FABRIC_WINDOW, Detector
 from torchpass.incident.classify import classify
 from torchpass.models import Category, ClassifyInput, FailureKind
@@ -27,23 +27,13 @@ class Homes:
         return self.of.get(slot)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(detection.time, "monotonic", c)
-    return c
+def clock() -> SimulatedClock:
+    return SimulatedClock()
 
 
-def _detector(nodes: int) -> Detector:
-    return Detector("job", Homes(nodes), timedelta(seconds=10))  # type: ignore[arg-type]
+def _detector(nodes: int, clock: SimulatedClock) -> Detector:
+    return Detector("job", Homes(nodes), timedelta(seconds=10), clock)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -59,25 +49,25 @@ def _detector(nodes: int) -> Detector:
     ],
 )
 def test_nodes_lost_together_are_a_fabric_outage(
-    clock: Clock, nodes: int, lost: list[str], kinds: list[FailureKind | None]
+    clock: SimulatedClock, nodes: int, lost: list[str], kinds: list[FailureKind | None]
 ) -> None:
-    d, seen = _detector(nodes), []
+    d, seen = _detector(nodes, clock), []
     for n in lost:
-        clock.now += 1
+        clock.skip(1)
         ev = d.node_lost(n, 0.0, 2 * nodes)
         seen.append(ev.kind if ev else None)
     assert seen == kinds
 
 
-def test_nodes_lost_further_apart_than_the_window_are_each_a_host_failure(clock: Clock) -> None:
-    d = _detector(2)
+def test_nodes_lost_further_apart_than_the_window_are_each_a_host_failure(clock: SimulatedClock) -> None:
+    d = _detector(2, clock)
     assert d.node_lost("node0", 0.0, 4).kind is K.NODE_FAILURE  # type: ignore[union-attr]
-    clock.now += FABRIC_WINDOW.total_seconds() + 1
+    clock.skip(FABRIC_WINDOW.total_seconds() + 1)
     assert d.node_lost("node1", 0.0, 4).kind is K.NODE_FAILURE  # type: ignore[union-attr]
 
 
-def test_an_incident_with_a_fabric_outage_in_it_is_disqualified(clock: Clock) -> None:
-    d = _detector(2)
+def test_an_incident_with_a_fabric_outage_in_it_is_disqualified(clock: SimulatedClock) -> None:
+    d = _detector(2, clock)
     first, second = d.node_lost("node0", 0.0, 4), d.node_lost("node1", 0.0, 4)
     assert first is not None and second is not None and "2 of the job's 2 nodes" in second.detail
     inp: Any = ClassifyInput(evidence=(first, second), lost_slots=(0, 1, 2, 3), world_size=4, redundancy=4)

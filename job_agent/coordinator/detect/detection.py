@@ -12,11 +12,11 @@ Each returns `Evidence` and decides nothing else: the incident's workflow does.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from job_agent import wire
+from job_agent.coordinator.clock import SYSTEM, Clock
 from job_agent.coordinator.detect.hangs import Progress, find_hung
 from job_agent.coordinator.incident.claims import STALL_MARGIN
 from job_agent.coordinator.members import Member, Roster
@@ -29,13 +29,9 @@ from torchpass.models import EventSource, Evidence, FailureKind
 FABRIC_WINDOW = timedelta(seconds=30)
 
 
-def _wall(monotonic: float, now: float) -> datetime:
-    """A monotonic instant of this process as wall-clock time."""
-    return datetime.fromtimestamp(time.time() - (now - monotonic), UTC)
-
-
 class Detector:
-    def __init__(self, job_id: str, roster: Roster, hang_timeout: timedelta) -> None:
+    def __init__(self, job_id: str, roster: Roster, hang_timeout: timedelta, clock: Clock = SYSTEM) -> None:
+        self._clock = clock
         self._job_id = job_id
         self._roster = roster
         self._hang = hang_timeout
@@ -74,7 +70,7 @@ class Detector:
         slots = tuple(s for s, n in homes.items() if n == node)
         if not slots:
             return None
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._nodes_lost = {
             n: t for n, t in self._nodes_lost.items() if now - t < FABRIC_WINDOW.total_seconds()
         }
@@ -126,7 +122,7 @@ class Detector:
             failure_domain=node,
             slots=slots,
             detail=f"node {node}: {report.detail}; rank(s) {list(slots)} {what}",
-            observed_at=datetime.now(UTC),
+            observed_at=self._clock.now(),
             xid=report.xid,
         ), ranks
 
@@ -156,8 +152,8 @@ class Detector:
                     m,
                     FailureKind.HANG,
                     f"rank {m.slot} hung: {hang.detail}",
-                    observed_at=datetime.now(UTC),
-                    last_progress_at=_wall(last, now),
+                    observed_at=self._clock.now(),
+                    last_progress_at=self._clock.as_wall(last),
                 )
             )
         return out
@@ -170,11 +166,11 @@ class Detector:
             if not m.alive or m.fenced or now - m.last_heartbeat <= self._hang.total_seconds():
                 continue
             detail = f"{m.agent_id} silent for {now - m.last_heartbeat:.1f} s during a recovery"
-            at = _wall(m.last_heartbeat, now)
+            at = self._clock.as_wall(m.last_heartbeat)
             ev = None
             if m.slot >= 0:
                 ev = self._evidence(
-                    m, FailureKind.HANG, detail, observed_at=datetime.now(UTC), last_progress_at=at
+                    m, FailureKind.HANG, detail, observed_at=self._clock.now(), last_progress_at=at
                 )
             out.append((m, ev))
         return out
@@ -203,5 +199,5 @@ class Detector:
             slots=(),
             detail=f"ranks {sorted(m.slot for m in frozen)} left a failed collective with every rank alive"
             f" ({len(frozen)} of {world_size} frozen for {waited:.1f} s); re-forming the group in place",
-            observed_at=_wall(first, now),
+            observed_at=self._clock.as_wall(first),
         )

@@ -3,12 +3,11 @@ silent ranks, and a world that stalled with nobody lost."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
+from job_agent.coordinator.clock import Clock
 from job_agent.coordinator.detect.detection import Detector
 from job_agent.coordinator.incident.lifecycle import Incident
 from job_agent.coordinator.incident.tracker import IncidentTracker
@@ -27,6 +26,7 @@ class Watched(Protocol):
     """What the watch reads and does (the job's coordinator)."""
 
     spec: JobSpec
+    clock: Clock
     state: JobState
     world_size: int
     roster: Roster
@@ -44,7 +44,7 @@ class Watched(Protocol):
 async def watch(c: Watched) -> None:
     """Until cancelled (the job's shutdown)."""
     while True:
-        await asyncio.sleep(WATCH_EVERY.total_seconds())
+        await c.clock.sleep(WATCH_EVERY.total_seconds())
         reap_pending(c.roster, c.launcher, c.spares, c.fail)
         if c.nodes is not None:
             cut_silent(c.nodes, c.roster, timedelta(seconds=c.spec.node_timeout))
@@ -55,7 +55,7 @@ async def watch(c: Watched) -> None:
             continue
         if c.nodes is not None and c.nodes.gpu_reports:
             _gpu_reports(c, c.nodes)
-        now = time.monotonic()
+        now = c.clock.monotonic()
         for ev in c.detector.hung(now):
             m = c.roster.at(ev.slots[0])
             if m is not None:
@@ -71,7 +71,7 @@ def _silent_in_recovery(c: Watched, inc: Incident) -> None:
     would hold it up until a timeout: it is one more loss of the recovery, killed now, so the plan is
     re-made."""
     members = [*c.roster.ranks(), *c.roster.departing(), *c.spares.held(inc.workflow_id)]
-    for m, ev in c.detector.silent(time.monotonic(), members):
+    for m, ev in c.detector.silent(c.clock.monotonic(), members):
         if ev is not None:
             m.fenced = True  # its loss is this evidence, not a second one when its socket closes
             c.add_evidence(ev)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 
@@ -41,7 +40,7 @@ async def refutes(
         named = set(ranks)
     if not named or any(s not in ranks or not ranks[s].alive for s in named):
         return None
-    since = time.monotonic()
+    since = changes.clock.monotonic()
     try:
         await changes.wait_for(
             lambda: (
