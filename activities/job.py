@@ -139,7 +139,7 @@ class JobActivities:
     @activity.defn(name=JobActivity.FETCH_LOCAL_RECORD)
     async def fetch_local_record(self, inp: IncidentRef) -> LocalRecord:
         """The record of an incident the job handled itself; waits (heart-beating) while it still runs."""
-        return await _guard(self._c.incidents.record_of(inp.workflow_id))
+        return await _guard(self._c.incidents.records.record_of(inp.workflow_id))
 
     @activity.defn(name=JobActivityV0.RECORDED_OUTCOME)
     async def recorded_outcome_v0(self, inp: IncidentRef) -> LocalRecord:

@@ -32,7 +32,8 @@ from job_agent.coordinator.incident.transport import DirectTransport, StateTrans
 from job_agent.coordinator.interrupt import stopped_by_signals
 from job_agent.coordinator.jobs import register
 from job_agent.coordinator.members import Member, Pending, Roster
-from job_agent.coordinator.node_launcher import NodeLauncher, wait_for_nodes
+from job_agent.coordinator.node_admission import wait_for_nodes
+from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import Checkpoints, ProgressFile
 from job_agent.coordinator.spares import LocalSparePool, SparePool
@@ -208,7 +209,8 @@ class Coordinator:
         late = {m.agent_id for m in self.roster.ranks() if self.launcher.poll(m.agent_id) is None}
         await asyncio.to_thread(self.launcher.shutdown, timedelta(seconds=5))
         judge_exits(self, self.launcher, late)
-        await self.incidents.filed(FILE_WAIT)  # the job handled some itself: let their workflows file them
+        # The job handled some itself: let their workflows file them.
+        await self.incidents.records.filed(FILE_WAIT)
         self.incidents.cancel()
         self._server.close()
         self._store.close()

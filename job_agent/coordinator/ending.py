@@ -82,7 +82,7 @@ def job_result(job: Ended) -> JobResult:
         steps_recomputed=len(job.progress.recomputed),
         incidents=tuple(incidents.outcomes),
         reports_undelivered=incidents.undelivered,
-        incidents_unfiled=sum(inc.record is not None for inc in incidents.handled.values()),
+        incidents_unfiled=sum(inc.record is not None for inc in incidents.records.handled.values()),
         resumed=job.resumed,
         restarts=job.restarts,
         error=error,

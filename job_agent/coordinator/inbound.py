@@ -21,7 +21,8 @@ from job_agent.coordinator.detect.replicas import ReplicaChecks
 from job_agent.coordinator.ending import user_error
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.members import Member, Roster
-from job_agent.coordinator.node_launcher import NodeLauncher, admit_node
+from job_agent.coordinator.node_admission import admit_node
+from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import Checkpoints
 from job_agent.coordinator.spares import SparePool

@@ -14,28 +14,21 @@ connection to the coordinator is lost.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import ipaddress
 import logging
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from job_agent import wire
 from job_agent.launch.launcher import LocalLauncher
-from job_agent.node.gpu_health import GpuHealth, GpuSignal, nvml_index
-from job_agent.node.host_health import HostHealth
+from job_agent.node.health_watch import HealthWatch
+from job_agent.node.interfaces import collective_interface
+from job_agent.node.settings import NodeSettings
 from job_agent.wire import protocol
-from job_agent.wire.base import TEXT
 from job_agent.wire.node import NodeProcess, SignalAction
 from job_agent.wire.protocol import EXIT_COORDINATOR_LOST
 from torchpass.errors import ErrorType
@@ -56,46 +49,6 @@ class NodeRefused(Exception):
     """The coordinator did not admit this node (another job's, a name already taken, ...)."""
 
 
-class NodeSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    job_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    node: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    coordinator: str = Field(min_length=3, max_length=300, description="host:port the coordinator printed")
-    host: str = Field(min_length=1, max_length=200, description="this node's address, reachable by peers")
-    secret_file: Path
-    slots: int = Field(default=0, ge=0, le=1024, description="ranks this node runs; 0: a spare node")
-    spares: int = Field(default=0, ge=0, le=64, description="warm spares this node keeps")
-    coordinator_wait: float = Field(
-        default=120.0,
-        ge=0,
-        le=86400,
-        description="seconds its processes train on without the coordinator while it waits for it to be "
-        "back (restarted); 0: they stop with it",
-    )
-    gpu_check_every: float = Field(
-        default=1.0, ge=0, le=3600, description="seconds between reads of the GPUs' health (0: never)"
-    )
-    max_gpu_temperature: int = Field(default=85, ge=30, le=150, description="Celsius: move ranks off above")
-    watch_paths: tuple[Path, ...] = Field(
-        default=(), max_length=16, description="filesystems the job writes to (checkpoints), checked for room"
-    )
-    min_free_disk: int = Field(default=64 << 20, ge=0, description="bytes under which a watched path is full")
-    min_free_memory: float = Field(
-        default=0.02, ge=0, le=1, description="share of memory available under which the host is out of it"
-    )
-    host_check_every: float = Field(
-        default=1.0, ge=0, le=3600, description="seconds between reads of the host's filesystems and memory"
-    )
-    proc: Path = Field(default=Path("/proc"), description="the host's /proc (in a container: where mounted)")
-    script: Path
-    args: tuple[str, ...] = ()
-
-    def coordinator_addr(self) -> tuple[str, int]:
-        host, _, port = self.coordinator.rpartition(":")
-        return host, int(port)
-
-
 class NodeAgent:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
@@ -107,10 +60,6 @@ class NodeAgent:
         # its pid and GPU in its hello (`torchpass status` shows them), as /proc cannot show a fork's
         # environment.
         self._launcher = LocalLauncher(str(settings.script), settings.args)
-        # NVML indices of the GPUs that failed, or warned (hot, ECC rising, remaps pending): not given to a
-        # new process while another is free (one warned with no process on it said nothing to anyone).
-        self._avoided_gpus: set[int] = set()
-        self._gpu_count = 0
         self._collective_interface = collective_interface(settings.host, os.environ)
         self._send_lock = threading.Lock()
         self._done = threading.Event()
@@ -118,10 +67,7 @@ class NodeAgent:
         self._exits: dict[str, int] = {}
         self._first_slot = -1  # of the slots this node holds: its first rank's
         self._killed: set[str] = set()  # processes this agent was told to kill: their SIGKILL is no OOM
-        self._host = HostHealth(
-            settings.watch_paths, settings.min_free_disk, settings.min_free_memory, settings.proc
-        )
-        self._host_lock = threading.Lock()
+        self._health = HealthWatch(settings, self._launcher, self._send, self._done)
         self._sock = self._join(rejoin=False)
 
     def _join(self, rejoin: bool) -> socket.socket:
@@ -158,9 +104,9 @@ class NodeAgent:
         thread, so that the processes' parent-death signal follows the agent itself."""
         threading.Thread(target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True).start()
         if self.settings.gpu_check_every:
-            threading.Thread(target=self._watch_gpus, name="torchpass-node-gpus", daemon=True).start()
+            threading.Thread(target=self._health.gpus, name="torchpass-node-gpus", daemon=True).start()
         if self.settings.host_check_every:
-            threading.Thread(target=self._watch_host, name="torchpass-node-host", daemon=True).start()
+            threading.Thread(target=self._health.host, name="torchpass-node-host", daemon=True).start()
         try:
             while True:
                 try:
@@ -222,10 +168,7 @@ class NodeAgent:
     def _spawn(self, agent_id: str, env: dict[str, str]) -> None:
         if agent_id in self._started:
             return  # said twice: the process is already there
-        free = self._launcher.free_devices(len(self._avoided_gpus) + 1)
-        # A GPU that failed or warned is not given while another is free (a spare would be lost with it).
-        healthy = [i for i in free if nvml_index(i, self._gpu_count, os.environ) not in self._avoided_gpus]
-        device = (healthy or free)[0]
+        device = self._health.device_for_a_new_process()
         slot = (
             int(env.get("TORCHPASS_SLOT", "-1"))
             if env.get("TORCHPASS_SLOT", "").lstrip("-").isdigit()
@@ -259,11 +202,7 @@ class NodeAgent:
     def _reap(self, agent_id: str) -> None:
         code = self._launcher.wait(agent_id)
         if code == -signal.SIGKILL and agent_id not in self._killed and not self._done.is_set():
-            with self._host_lock:  # said before its exit: the coordinator learns why as it learns of it
-                oom = self._host.oom_killed(f"process {agent_id}")
-            if oom is not None:
-                log.error("node %s: %s", self.settings.node, oom.detail)
-                self._send(wire.HostReport(kind=oom.kind, detail=oom.detail, agent_ids=(agent_id,)))
+            self._health.oom_killed(agent_id)  # said before its exit: the coordinator learns why with it
         self._exits[agent_id] = code  # said again on a rejoin, if the coordinator was away
         self._send(wire.Exited(agent_id=agent_id, code=code))
 
@@ -271,89 +210,12 @@ class NodeAgent:
         while not self._done.wait(HEARTBEAT.total_seconds()):
             self._send(wire.Heartbeat())
 
-    def _watch_gpus(self) -> None:
-        """Read the GPUs' health and tell the coordinator what concerns the processes on each GPU (the
-        one a process's LOCAL_RANK names, through CUDA_VISIBLE_DEVICES). A GPU running none of them
-        starts nothing. A reading that fails is logged and read again; the watch never dies of it."""
-        s = self.settings
-        health = GpuHealth(s.max_gpu_temperature)
-        if not health.gpus:
-            log.info("node %s: %s; GPU health not watched", s.node, health.reason or "no GPUs")
-            return
-        wait_ms, self._gpu_count = int(s.gpu_check_every * 1000), len(health.gpus)
-        try:
-            while not self._done.is_set():
-                try:
-                    signals = health.poll(wait_ms)
-                except Exception as e:  # an NVML failure of a kind not foreseen: said, then read again
-                    log.error("node %s: reading the GPUs failed: %s", s.node, e)
-                    self._done.wait(s.gpu_check_every)
-                    continue
-                for signal in signals:
-                    self._gpu_signal(signal, len(health.gpus))
-        finally:
-            health.close()
-
-    def _watch_host(self) -> None:
-        """Read the host's watched filesystems and its memory; tell the coordinator what began or ended.
-        Nothing is acted on here: the coordinator joins it to the failures it explains."""
-        every = self.settings.host_check_every
-        while not self._done.wait(every):
-            with self._host_lock:
-                changes = self._host.poll()
-            for c in changes:
-                (log.error if c.active else log.warning)("node %s: %s", self.settings.node, c.detail)
-                self._send(wire.HostReport(kind=c.kind, active=c.active, detail=c.detail[:TEXT], path=c.path))
-
-    def _gpu_signal(self, signal: GpuSignal, count: int) -> None:
-        self._avoided_gpus.add(signal.gpu)
-        on_it = tuple(
-            a for a, d in self._launcher.devices().items() if nvml_index(d, count, os.environ) == signal.gpu
-        )
-        log.warning("node %s: %s (processes on it: %s)", self.settings.node, signal.detail, on_it or "none")
-        if on_it:
-            report = wire.GpuReport(
-                gpu=signal.gpu,
-                agent_ids=on_it[:64],
-                kind=signal.kind,
-                planned=signal.planned,
-                detail=signal.detail[:TEXT],
-                xid=signal.xid,
-            )
-            self._send(report)
-
     def _send(self, frame: wire.Frame) -> None:
         try:
             with self._send_lock:
                 protocol.send_frame(self._sock, frame)
         except OSError:
             pass  # the reader sees the loss and ends the agent
-
-
-def collective_interface(host: str, environ: os._Environ[str] | dict[str, str]) -> dict[str, str]:
-    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for the interface holding `host`, unless already set.
-
-    Left to itself, gloo binds the address the host name resolves to, often loopback: its peers on other
-    hosts then never connect. The node's processes talk collectives where the node said it is reached."""
-    name = _interface_holding(host)
-    if name is None:
-        return {}
-    return {k: name for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in environ}
-
-
-def _interface_holding(host: str) -> str | None:
-    try:
-        wanted = ipaddress.ip_address(socket.gethostbyname(host))
-    except (OSError, ValueError):
-        return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            with contextlib.suppress(OSError):
-                # SIOCGIFADDR: the interface's IPv4 address, at bytes 20-24 of the answer.
-                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-                if ipaddress.ip_address(got[20:24]) == wanted:
-                    return name
-    return None
 
 
 def run_node(settings: NodeSettings) -> int:

@@ -59,7 +59,7 @@ async def test_with_temporal_down_the_job_recovers_by_itself_and_its_record_is_f
         delivered, report = await job.report()
         assert delivered == workflow_id and report.evidence.slots == (2,)
         assert not c.incidents.answered(workflow_id)  # its steps are refused (HandledLocally) ...
-        record = await c.incidents.record_of(workflow_id)  # ... it files the record instead
+        record = await c.incidents.records.record_of(workflow_id)  # ... it files the record instead
         assert record.workflow_id == workflow_id and record.confirm is not None
         assert filed_ending(record).disposition is Disposition.MIGRATED  # the workflow's own check holds
         forged = {"incident_id": f"{workflow_id}/run-0", "disposition": Disposition.FAILED, "success": False}
@@ -127,7 +127,7 @@ async def test_an_incident_adopted_from_another_sources_report_stays_its_workflo
         report = FailureReport(evidence=sign(c._secret, ev), job_task_queue="q", generation=c.generation)
         m = Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
         outcome = await m.run()
-        assert outcome.disposition is Disposition.MIGRATED and not c.incidents.handled
+        assert outcome.disposition is Disposition.MIGRATED and not c.incidents.records.handled
         await job.finished()
     r = job.result
     assert r is not None and [o.handled_locally for o in r.incidents] == [False] and not _records(job)

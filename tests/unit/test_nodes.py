@@ -12,7 +12,8 @@ import pytest
 
 from job_agent import wire
 from job_agent.coordinator.members import Pending, Roster
-from job_agent.coordinator.node_launcher import NodeLauncher, admit_node
+from job_agent.coordinator.node_admission import admit_node
+from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.wire import protocol
 from job_agent.wire.node import NodeProcess
 from job_agent.wire.rank import Role

@@ -84,7 +84,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from job_agent.node.agent import NodeSettings, run_node
+    from job_agent.node.agent import run_node
+    from job_agent.node.settings import NodeSettings
 
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     if args.coordinator is None or args.secret_file is None:

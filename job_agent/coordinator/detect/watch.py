@@ -12,7 +12,8 @@ from job_agent.coordinator.detect.detection import Detector
 from job_agent.coordinator.incident.lifecycle import Incident
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.members import Roster
-from job_agent.coordinator.node_launcher import NodeLauncher, cut_silent
+from job_agent.coordinator.node_admission import cut_silent
+from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.coordinator.spares import SparePool
 from job_agent.launch.launcher import Launcher, signal_name
 from job_agent.wire.rank import Role

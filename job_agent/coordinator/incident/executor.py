@@ -289,7 +289,7 @@ class IncidentSteps:
 
     async def complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> None:
         job = self.job
-        if job.incidents.file(ref.workflow_id, outcome):
+        if job.incidents.records.file(ref.workflow_id, outcome):
             return  # the job handled it itself (`local.py`): its workflow has now filed it
         if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
             return  # a retried completion: already recorded

@@ -63,7 +63,7 @@ class LocalRecovery:
         record, outcome = await run.recover()
         log.warning("incident %s handled by the job itself: %s", inc.workflow_id, record.disposition.value)
         await self.steps.complete(IncidentRef.local(inc.workflow_id, self.job.job_id), outcome)
-        self.job.incidents.keep(inc, record)
+        self.job.incidents.records.keep(inc, record)
 
 
 class _Run:

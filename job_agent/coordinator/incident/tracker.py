@@ -18,22 +18,18 @@ record (`fetch_local_record`), so it is recorded once, under the incident's own 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 
-from job_agent.coordinator.incident.lifecycle import Driver, Incident, IncidentError
-from torchpass.errors import ErrorType
+from job_agent.coordinator.incident.lifecycle import Driver, Incident
+from job_agent.coordinator.incident.local_records import LocalRecords
 from torchpass.ids import REKEY_HEX, incident_workflow_id, job_task_queue
 from torchpass.incident.classify import CATEGORY_OF
 from torchpass.incident.outcome import MigrationOutcome
-from torchpass.incident.proof import filed_ending
-from torchpass.incident.steps import LocalRecord
 from torchpass.job import JobSpec
 from torchpass.models import Category, ContractRef, Disposition, Evidence, FailureReport
 
@@ -71,18 +67,17 @@ class IncidentTracker:
         self._reporter = reporter
         self._contract = contract
         self._retry_for = retry_for
-        self._records = records
         self.local_after = local_after
         self.late_window = late_window  # an incident's workflow stays open this long after its outcome
         self._recorded: dict[str, float] = {}  # incident id -> when its outcome was recorded (monotonic)
         self.current: Incident | None = None
         self.queued: list[Evidence] = []
         self.outcomes: list[MigrationOutcome] = []
+        self.records = LocalRecords(job_id, records, self.outcomes)  # incidents it handled itself
         self.undelivered = 0  # reports that never reached Temporal within the retry bound
         # Set by the job worker (`job_agent.coordinator.incident.local`): carries out an incident no workflow
         # step reached.
         self.on_unanswered: Callable[[Incident], Awaitable[None]] | None = None
-        self.handled: dict[str, Incident] = {}  # incidents the job handled itself, until filed
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -174,7 +169,7 @@ class IncidentTracker:
         if inc.driver is not Driver.WAITING or inc.past_freeze:
             return
         inc.drive(Driver.JOB)
-        self.handled[inc.workflow_id] = inc
+        self.records.handled[inc.workflow_id] = inc
         log.warning(
             "incident %s: no workflow step within %.0f s (is Temporal or the control worker down?); the job"
             " carries it out itself and files the record when the control plane is back",
@@ -186,74 +181,12 @@ class IncidentTracker:
     def answered(self, workflow_id: str) -> bool:
         """A workflow step for `workflow_id` reached the job. False: the job handled that incident itself,
         and the step must be refused (the workflow files the job's record instead)."""
-        if workflow_id in self.handled:
+        if workflow_id in self.records.handled:
             return False
         inc = self.current
         if inc is not None and inc.workflow_id == workflow_id:
             inc.drive(Driver.WORKFLOW)
         return True
-
-    def keep(self, inc: Incident, record: LocalRecord) -> None:
-        """The job's own recovery of `inc` is done: its record is kept (in memory and in the state
-        directory, owner-only) until the incident's workflow files it."""
-        inc.record = record
-        if self._records is not None:
-            self._records.mkdir(mode=0o700, exist_ok=True)
-            path = self._records / f"{_safe(inc.workflow_id)}.json"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(record.model_dump_json(indent=2))
-        inc.recorded.set()
-
-    async def record_of(self, workflow_id: str) -> LocalRecord:
-        """The record of an incident the job handled itself, once its recovery is done."""
-        inc = self.handled.get(workflow_id)
-        if inc is None:
-            raise IncidentError(
-                ErrorType.UNKNOWN_INCIDENT, f"job {self._job_id} holds no unfiled record of {workflow_id}"
-            )
-        await inc.recorded.wait()
-        assert inc.record is not None
-        return inc.record
-
-    def file(self, workflow_id: str, outcome: MigrationOutcome) -> bool:
-        """The workflow recorded a locally handled incident (`outcome`, under its own id): it replaces the
-        job's provisional one, the record file goes, no report of it is sent again. False: not one."""
-        inc = self.handled.get(workflow_id)
-        if inc is None or inc.record is None:
-            return False
-        mine = f"{workflow_id}/"
-        expected = filed_ending(inc.record).disposition
-        if not outcome.incident_id.startswith(mine) or outcome.disposition is not expected:
-            # A completion that is not the filing of this record (another run's, or forged): the job's
-            # own outcome stands, the record stays for its real workflow.
-            log.error(
-                "incident %s: a filing as %s (%s) does not match the job's record (%s); not taken",
-                workflow_id,
-                outcome.incident_id,
-                outcome.disposition.value,
-                expected.value,
-            )
-            return True
-        del self.handled[workflow_id]
-        for task in inc.deliveries:
-            task.cancel()
-        at = next((i for i, o in enumerate(self.outcomes) if o.incident_id.startswith(mine)), None)
-        if at is None:
-            self.outcomes.append(outcome)
-        else:
-            self.outcomes[at] = outcome
-        if self._records is not None:
-            (self._records / f"{_safe(workflow_id)}.json").unlink(missing_ok=True)
-        log.info("incident %s, handled by the job itself, is filed as %s", workflow_id, outcome.incident_id)
-        return True
-
-    async def filed(self, timeout: timedelta) -> None:
-        """Wait (at most `timeout`) for the incidents the job handled itself to be filed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout.total_seconds()
-        while any(inc.record is not None for inc in self.handled.values()) and loop.time() < deadline:
-            await asyncio.sleep(0.1)
 
     async def _deliver(
         self, inc: Incident | None, workflow_id: str, report: FailureReport, after: asyncio.Task[None] | None
@@ -324,9 +257,3 @@ class IncidentTracker:
     def cancel(self) -> None:
         for t in self._tasks:
             t.cancel()
-
-
-def _safe(workflow_id: str) -> str:
-    """A file name for a workflow id (ids hold ':' and may hold '/'), its hash keeping two apart."""
-    readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in workflow_id)[:160]
-    return f"{readable}-{hashlib.sha256(workflow_id.encode()).hexdigest()[:12]}"
