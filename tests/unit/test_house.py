@@ -37,7 +37,7 @@ def test_the_coordinator_node_agent_and_their_commands_load_no_torch() -> None:
     sake. Run in a fresh interpreter, where nothing imported torch before."""
     code = (
         "import sys\n"
-        "import torchpass.cli, torchpass.cli.launch, torchpass.cli.job, torchpass.cli.node\n"
+        "import torchpass.cli, torchpass.cli.run, torchpass.cli.job, torchpass.cli.node\n"
         "import workers.job, workers.local_nodes\n"
         "import activities.job, job_agent.coordinator.coordinator, job_agent.node.agent\n"
         "print(sorted(m for m in ('torch', 'numpy', 'blake3') if m in sys.modules))\n"

@@ -13,7 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
-from torchpass.cli import contract, cost, detect, incidents, job, launch, node, serve
+from torchpass.cli import contract, cost, detect, incidents, job, node, run, serve
 from torchpass.cli.common import EXIT_USAGE, CliError, fields, load_settings, temporal_args
 
 
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     serve.register(sub)
-    launch.register(sub)
+    run.register(sub)
     job.register(sub)
     node.register(sub)
     detect.register(sub)
@@ -67,7 +67,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "detect":
         return detect.run(args, settings)
     if args.command == "run":
-        return asyncio.run(launch.run(args, settings))
+        return asyncio.run(run.run(args, settings))
     if args.command in job.COMMANDS:
         return job.run_command(args, settings)
     if args.command == "contract":

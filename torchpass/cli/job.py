@@ -1,7 +1,7 @@
 """`torchpass jobs`, `status`, `inject`, `drain`: talk to the jobs running on this host.
 
 Each command but `jobs` (which reads the host's job registrations) sends one request to the job's
-coordinator over its control channel and prints the answer; `torchpass run` (`torchpass.cli.launch`)
+coordinator over its control channel and prints the answer; `torchpass run` (`torchpass.cli.run`)
 started them.
 """
 
