@@ -23,7 +23,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.validation_settings import ValidationSettings
-from torchpass.contract.models import JobCoverage
+from torchpass.contract.coverage import JobCoverage
 from torchpass.ids import ContractMessage, ValidationActivity, contract_workflow_id
 from torchpass.validation.facts import ControlPlaneFacts, SchedulerFacts, SchedulerProbe, ValidationTarget
 from torchpass.validation.report import RecordValidationInput, RecordValidationResult

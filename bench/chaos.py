@@ -33,7 +33,7 @@ from bench import write_block
 from job_agent import wire
 from job_agent.coordinator.jobs import UnknownJob, request, running_jobs
 from job_agent.wire.protocol import ProtocolError
-from torchpass.contract.models import LedgerRow
+from torchpass.contract.queries import LedgerRow
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import ContractRef

@@ -6,7 +6,8 @@ and the demo print them. A development contract's standing and ledger open with 
 
 from __future__ import annotations
 
-from torchpass.contract.models import DEVELOPMENT_BANNER, ContractPurpose, LedgerPage, Standing
+from torchpass.contract.queries import LedgerPage, Standing
+from torchpass.contract.terms import DEVELOPMENT_BANNER, ContractPurpose
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.validation.report import CheckResult, CheckStatus
 

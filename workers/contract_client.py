@@ -15,21 +15,13 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from torchpass.contract.coverage import JobCoverage
 from torchpass.contract.credit import Money
-from torchpass.contract.models import (
-    ContractInput,
-    ContractPurpose,
-    ContractTerms,
-    Evaluation,
-    ExpandInput,
-    JobCoverage,
-    LedgerPage,
-    LedgerPageInput,
-    OptInInput,
-    RenewInput,
-    Standing,
-)
+from torchpass.contract.evaluation import Evaluation
+from torchpass.contract.queries import LedgerPage, LedgerPageInput, Standing
 from torchpass.contract.rules import add_months
+from torchpass.contract.state import ContractInput
+from torchpass.contract.terms import ContractPurpose, ContractTerms, ExpandInput, OptInInput, RenewInput
 from torchpass.ids import (
     CONTROL_TASK_QUEUE,
     ContractMessage,

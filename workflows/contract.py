@@ -28,21 +28,13 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from torchpass.contract.book import ContractBook
+    from torchpass.contract.coverage import JobCoverage
     from torchpass.contract.credit import CreditDelivery, CreditNotice, Money
-    from torchpass.contract.models import (
-        ContractInput,
-        ContractRuleError,
-        ContractTerms,
-        Evaluation,
-        ExpandInput,
-        JobCoverage,
-        LedgerPage,
-        LedgerPageInput,
-        OptInInput,
-        RenewInput,
-        Standing,
-    )
+    from torchpass.contract.evaluation import Evaluation
+    from torchpass.contract.queries import LedgerPage, LedgerPageInput, Standing
     from torchpass.contract.rules import day_start
+    from torchpass.contract.state import ContractInput
+    from torchpass.contract.terms import ContractRuleError, ContractTerms, ExpandInput, OptInInput, RenewInput
     from torchpass.errors import ErrorType
     from torchpass.ids import ContractMessage, ControlActivity, WorkflowName
     from torchpass.incident.outcome import MigrationOutcome

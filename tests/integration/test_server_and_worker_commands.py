@@ -29,7 +29,7 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from torchpass.contract.credit import Money
-from torchpass.contract.models import ContractTerms
+from torchpass.contract.terms import ContractTerms
 from torchpass.ids import SEARCH_ATTRIBUTES
 from workers.contract_client import create_contract, get_standing
 from workers.temporal import TemporalSettings, connect

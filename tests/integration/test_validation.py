@@ -30,8 +30,8 @@ from job_agent import wire
 from job_agent.coordinator.jobs import UnknownJob, request
 from tests.integration.conftest import spec
 from torchpass.contract.credit import Money
-from torchpass.contract.models import ContractPurpose, ContractTerms
 from torchpass.contract.rules import add_months
+from torchpass.contract.terms import ContractPurpose, ContractTerms
 from torchpass.ids import WorkflowName, job_task_queue
 from torchpass.job import JobResult, JobState
 from torchpass.validation.report import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport

@@ -16,21 +16,9 @@ from pydantic import ValidationError
 from torchpass.contract import ledger
 from torchpass.contract.book import ContractBook
 from torchpass.contract.credit import Money, credit_idempotency_key
-from torchpass.contract.models import (
-    DEVELOPMENT_BANNER,
-    EXCLUSION_REASON,
-    ContractInput,
-    ContractPurpose,
-    ContractRuleError,
-    ContractState,
-    ContractTerms,
-    EntryStatus,
-    ExpandInput,
-    LedgerEntry,
-    LedgerPageInput,
-    RenewInput,
-    Trigger,
-)
+from torchpass.contract.entries import EXCLUSION_REASON, EntryStatus, LedgerEntry
+from torchpass.contract.evaluation import Trigger
+from torchpass.contract.queries import LedgerPageInput
 from torchpass.contract.rules import (
     add_months,
     credit_due,
@@ -40,6 +28,15 @@ from torchpass.contract.rules import (
     success_rate,
     tally,
     window_for,
+)
+from torchpass.contract.state import ContractInput, ContractState
+from torchpass.contract.terms import (
+    DEVELOPMENT_BANNER,
+    ContractPurpose,
+    ContractRuleError,
+    ContractTerms,
+    ExpandInput,
+    RenewInput,
 )
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome

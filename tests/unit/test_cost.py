@@ -23,8 +23,9 @@ from torchpass.contract.cost import (
     inputs_from_outcomes,
     monthly_cost,
 )
-from torchpass.contract.models import EntryStatus as ES
-from torchpass.contract.models import LedgerEntry, LedgerRow
+from torchpass.contract.entries import EntryStatus as ES
+from torchpass.contract.entries import LedgerEntry
+from torchpass.contract.queries import LedgerRow
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
 

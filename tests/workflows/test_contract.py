@@ -26,15 +26,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from torchpass.contract.credit import CreditDelivery, CreditNotice, Money, credit_idempotency_key
-from torchpass.contract.models import (
-    ContractPurpose,
-    ContractTerms,
-    EntryStatus,
-    ExpandInput,
-    RenewInput,
-    Trigger,
-)
+from torchpass.contract.entries import EntryStatus
+from torchpass.contract.evaluation import Trigger
 from torchpass.contract.rules import add_months, day_start
+from torchpass.contract.terms import ContractPurpose, ContractTerms, ExpandInput, RenewInput
 from torchpass.contract.verify import OutcomeClaims, ValidationClaim, Verdict, Verdicts
 from torchpass.errors import ErrorType
 from torchpass.ids import ContractMessage, ControlActivity, contract_workflow_id

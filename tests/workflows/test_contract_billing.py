@@ -18,8 +18,8 @@ from activities.billing import BillingActivities
 from activities.billing_settings import BillingSettings
 from tests.workflows.test_contract import CUSTOMER, TRUSTING, Contract, _start_day
 from torchpass.contract.credit import credit_idempotency_key
-from torchpass.contract.models import RenewInput
 from torchpass.contract.rules import day_start
+from torchpass.contract.terms import RenewInput
 from torchpass.dev.billing_receiver import BillingReceiver
 from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS

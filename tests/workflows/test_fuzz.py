@@ -29,15 +29,10 @@ from tests.workflows.fake_job import FakeJob, control_worker, report, signal_wit
 from tests.workflows.test_contract import TRUSTING
 from tests.workflows.test_validation_workflow import outcome as valid_outcome
 from torchpass.contract.credit import Money
-from torchpass.contract.models import (
-    ContractInput,
-    ContractTerms,
-    ExpandInput,
-    OptInInput,
-    RenewInput,
-    Standing,
-)
+from torchpass.contract.queries import Standing
 from torchpass.contract.rules import add_months
+from torchpass.contract.state import ContractInput
+from torchpass.contract.terms import ContractTerms, ExpandInput, OptInInput, RenewInput
 from torchpass.errors import ErrorType
 from torchpass.ids import CONTROL_TASK_QUEUE, ContractMessage, IncidentMessage, WorkflowName
 from torchpass.incident.outcome import MigrationOutcome

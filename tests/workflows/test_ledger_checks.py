@@ -21,8 +21,8 @@ from activities.ledger import LedgerActivities
 from tests.workflows.fake_job import FakeJob, control_worker, finish, report, signal_with_start
 from tests.workflows.test_contract import CUSTOMER, Contract, FakeBilling, _start_day
 from torchpass.contract.credit import Money
-from torchpass.contract.models import ContractTerms, RenewInput
 from torchpass.contract.rules import add_months, day_start
+from torchpass.contract.terms import ContractTerms, RenewInput
 from torchpass.errors import ErrorType
 from torchpass.models import ContractRef
 from torchpass.render import format_ledger

@@ -33,7 +33,7 @@ from tests.workflows.fake_job import (
     signal_with_start,
 )
 from torchpass.contract.credit import Money
-from torchpass.contract.models import ContractTerms
+from torchpass.contract.terms import ContractTerms
 from torchpass.errors import ErrorType
 from torchpass.ids import (
     CONTROL_TASK_QUEUE,

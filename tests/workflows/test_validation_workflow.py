@@ -29,8 +29,9 @@ from activities.validation_settings import ValidationSettings
 from tests.unit.test_validation import desc
 from tests.workflows.test_contract import trust_outcomes
 from torchpass.contract.credit import Money
-from torchpass.contract.models import ContractPurpose, ContractTerms, EntryStatus
+from torchpass.contract.entries import EntryStatus
 from torchpass.contract.rules import add_months
+from torchpass.contract.terms import ContractPurpose, ContractTerms
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity, ValidationActivity, WorkflowName
 from torchpass.incident.outcome import MigrationOutcome

@@ -18,16 +18,15 @@ from temporalio.client import Client
 
 from torchpass.cli.common import CliError, connect
 from torchpass.contract.credit import Money
-from torchpass.contract.models import (
+from torchpass.contract.queries import LedgerRow, Standing
+from torchpass.contract.rules import add_months, day_start
+from torchpass.contract.terms import (
     DEVELOPMENT_BANNER,
     ContractPurpose,
     ContractTerms,
     ExpandInput,
-    LedgerRow,
     RenewInput,
-    Standing,
 )
-from torchpass.contract.rules import add_months, day_start
 from torchpass.render import format_check, format_ledger, format_standing
 from torchpass.validation.report import ReportStatus, ValidationReport
 from workers import contract_client as cc

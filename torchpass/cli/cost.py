@@ -17,7 +17,7 @@ from typing import Any
 from torchpass.cli.common import CliError, connect
 from torchpass.contract.cost import HOURS_PER_MONTH, CostInputs, MonthlyCost, inputs_from_ledger, monthly_cost
 from torchpass.contract.credit import Money
-from torchpass.contract.models import LedgerRow
+from torchpass.contract.queries import LedgerRow
 
 LedgerLookup = Callable[[str], Awaitable[Sequence[LedgerRow]]]
 """`async def ledger_for_contract(contract_id) -> list[LedgerRow]`: the rows of the contract's current

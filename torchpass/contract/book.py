@@ -9,28 +9,12 @@ from __future__ import annotations
 
 from datetime import date, datetime, timedelta
 
+from torchpass.contract.coverage import CoverageChange, JobCoverage, coverage_of
 from torchpass.contract.credit import CreditDelivery
+from torchpass.contract.entries import EntryStatus, LedgerEntry
+from torchpass.contract.evaluation import Evaluation, EvaluationContext, Trigger
 from torchpass.contract.ledger import Ledger
-from torchpass.contract.models import (
-    ContractPurpose,
-    ContractRuleError,
-    ContractState,
-    ContractTerms,
-    CoverageChange,
-    EntryStatus,
-    Evaluation,
-    EvaluationContext,
-    ExpandInput,
-    JobCoverage,
-    LedgerEntry,
-    LedgerPage,
-    LedgerPageInput,
-    LedgerRow,
-    RenewInput,
-    Standing,
-    Trigger,
-    coverage_of,
-)
+from torchpass.contract.queries import LedgerPage, LedgerPageInput, LedgerRow, Standing
 from torchpass.contract.rules import (
     CREDIT_SHARE,
     add_months,
@@ -47,6 +31,14 @@ from torchpass.contract.rules import (
     tally,
     validation_status,
     window_for,
+)
+from torchpass.contract.state import ContractState
+from torchpass.contract.terms import (
+    ContractPurpose,
+    ContractRuleError,
+    ContractTerms,
+    ExpandInput,
+    RenewInput,
 )
 from torchpass.contract.verify import Quarantine
 from torchpass.errors import ErrorType

@@ -25,7 +25,8 @@ from fractions import Fraction
 from pydantic import Field, PositiveInt
 
 from torchpass.contract.credit import Money
-from torchpass.contract.models import EntryStatus, LedgerRow
+from torchpass.contract.entries import EntryStatus
+from torchpass.contract.queries import LedgerRow
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Disposition, Model
 

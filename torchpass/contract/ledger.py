@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 
-from torchpass.contract.models import DayRollup, LedgerEntry
+from torchpass.contract.entries import DayRollup, LedgerEntry
 from torchpass.contract.rules import day_start
 from torchpass.contract.verify import split_run
 

@@ -23,18 +23,9 @@ from decimal import Decimal
 from fractions import Fraction
 
 from torchpass.contract.credit import CreditNotice, Money, credit_idempotency_key
-from torchpass.contract.models import (
-    COUNTED,
-    ContractPurpose,
-    ContractRuleError,
-    DayRollup,
-    EntryStatus,
-    Evaluation,
-    EvaluationContext,
-    LedgerEntry,
-    Tally,
-    Trigger,
-)
+from torchpass.contract.entries import COUNTED, DayRollup, EntryStatus, LedgerEntry
+from torchpass.contract.evaluation import Evaluation, EvaluationContext, Tally, Trigger
+from torchpass.contract.terms import ContractPurpose, ContractRuleError
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Disposition

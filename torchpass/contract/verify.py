@@ -21,7 +21,7 @@ from datetime import datetime
 
 from pydantic import Field
 
-from torchpass.contract.models import RejectedClaim
+from torchpass.contract.entries import RejectedClaim
 from torchpass.ids import REKEY_HEX, WorkflowName, incident_workflow_id
 from torchpass.incident.outcome import MAX_INCIDENT_ID, MigrationOutcome
 from torchpass.models import FailureReport, Model

@@ -29,7 +29,8 @@ from temporalio.client import Client
 from job_agent import wire
 from job_agent.coordinator.jobs import request, wait_until_ready
 from job_agent.launch.launcher import free_port
-from torchpass.contract.models import DEVELOPMENT_BANNER, Standing
+from torchpass.contract.queries import Standing
+from torchpass.contract.terms import DEVELOPMENT_BANNER
 from torchpass.dev.hosts import Fabric, fabric
 from torchpass.dev.server import start_dev_server
 from torchpass.job import JobResult, JobSpec
