@@ -123,7 +123,7 @@ class ContractWorkflow:
     def opt_in(self, raw: RawValue) -> JobCoverage:
         inp = decode(raw, OptInInput, "opt_in input")
         self._handled += 1
-        return self._book.opt_in(inp.job_id, workflow.now())
+        return self._book.jobs.opt_in(inp.job_id, workflow.now())
 
     @opt_in.validator
     def _check_opt_in(self, raw: RawValue) -> None:
@@ -134,12 +134,12 @@ class ContractWorkflow:
     def opt_out(self, raw: RawValue) -> JobCoverage:
         inp = decode(raw, OptInInput, "opt_out input")
         self._handled += 1
-        return self._apply(self._book.opt_out, inp.job_id, workflow.now())
+        return self._apply(self._book.jobs.opt_out, inp.job_id, workflow.now())
 
     @opt_out.validator
     def _check_opt_out(self, raw: RawValue) -> None:
         inp = decode(raw, OptInInput, "opt_out input")
-        self._check(self._book.check_opted_in, inp.job_id)
+        self._check(self._book.jobs.check_opted_in, inp.job_id)
 
     @workflow.update(name=ContractMessage.RECORD_VALIDATION)
     async def record_validation(self, raw: RawValue) -> JobCoverage:
@@ -156,12 +156,12 @@ class ContractWorkflow:
                     type=ErrorType.CONTRACT_UNVERIFIED.value,
                     non_retryable=True,
                 )
-        return self._apply(self._book.record_validation, report)
+        return self._apply(self._book.jobs.record_validation, report)
 
     @record_validation.validator
     def _check_validation(self, raw: RawValue) -> None:
         report = decode(raw, ValidationReport, "record_validation input")
-        self._check(self._book.check_validation, report)
+        self._check(self._book.jobs.check_validation, report)
 
     @workflow.update(name=ContractMessage.EXPAND)
     def expand(self, raw: RawValue) -> Evaluation:
@@ -179,13 +179,13 @@ class ContractWorkflow:
     def renew(self, raw: RawValue) -> Standing:
         inp = decode(raw, RenewInput, "renew input")
         self._handled += 1
-        self._apply(self._book.renew, inp, workflow.now().date())
+        self._apply(self._book.term.renew, inp, workflow.now().date())
         return self._book.standing(workflow.now())
 
     @renew.validator
     def _check_renew(self, raw: RawValue) -> None:
         inp = decode(raw, RenewInput, "renew input")
-        self._check(self._book.check_renew, inp, workflow.now().date())
+        self._check(self._book.term.check_renew, inp, workflow.now().date())
 
     def _apply(self, change: Callable[..., R], *args: Any) -> R:
         # The validator already passed; should the rules still refuse (an earlier update in the same
@@ -198,7 +198,7 @@ class ContractWorkflow:
     def _check(self, check: Callable[..., object], *args: Any) -> None:
         if self._bad is not None:
             raise self._bad
-        if self._book.lapsed:
+        if self._book.term.lapsed:
             raise ApplicationError(
                 "the contract has ended", type=ErrorType.CONTRACT_ENDED.value, non_retryable=True
             )
@@ -228,21 +228,21 @@ class ContractWorkflow:
     async def run(self, start: RawValue) -> Standing:
         if self._bad is not None:
             raise self._bad
-        while not self._book.lapsed:
+        while not self._book.term.lapsed:
             await self._wait(lambda: self._delivery_due() or self._should_continue() or self._verify_due())
             while self._verify_due():  # before a term closes: what arrived in time counts in it
                 await self._verify_pending()
             if self._renewal_due():
                 self._book.close_term(workflow.now())
             # Unrenewed past the grace (at once when there is none): the contract lapses.
-            self._book.lapse_if_unrenewed(workflow.now())
+            self._book.term.lapse_if_unrenewed(workflow.now())
             if self._delivery_due():
                 # Bounded: gives up within DELIVER_CREDIT_SCHEDULE_TO_CLOSE, the credit staying pending.
                 await self._deliver_pending()
-            if self._should_continue() and not self._book.lapsed:
+            if self._should_continue() and not self._book.term.lapsed:
                 await self._continue_as_new()
         # Not renewed within the grace: the last credit is still owed, then the contract's workflow ends.
-        while self._book.pending:
+        while self._book.evaluations.pending_credits:
             await self._wait(self._delivery_due)
             if self._delivery_due():
                 await self._deliver_pending()
@@ -250,21 +250,20 @@ class ContractWorkflow:
         return self._book.standing(workflow.now())
 
     def _renewal_due(self) -> bool:
-        return (
-            not self._book.lapsed and not self._book.awaiting_renewal and workflow.now() >= self._closes_at()
-        )
+        term = self._book.term
+        return not term.lapsed and not term.awaiting_renewal and workflow.now() >= self._closes_at()
 
     def _closes_at(self) -> datetime:
         """When the term is evaluated: its renewal date (the evaluated period's end) plus a settling
         time, so that an incident detected just before midnight, whose outcome arrives minutes later,
         is counted in the term it belongs to instead of no term at all."""
-        return day_start(self._book.renewal_date) + RENEWAL_SETTLE
+        return day_start(self._book.term.renewal_date) + RENEWAL_SETTLE
 
     def _deadline(self) -> datetime:
         """The next wake-up of the contract itself: the term's close, or, awaiting a late renewal, the
         end of the grace (a `renew` meanwhile moves it to the next term's close)."""
-        if self._book.awaiting_renewal:
-            return day_start(self._book.grace_ends())
+        if self._book.term.awaiting_renewal:
+            return day_start(self._book.term.grace_ends())
         return self._closes_at()
 
     async def _wait(self, condition: Callable[[], bool]) -> None:
@@ -288,14 +287,15 @@ class ContractWorkflow:
         await workflow.wait_condition(lambda: condition() or timer.done() or self._next_wake() != at)
 
     def _delivery_due(self) -> bool:
-        retry_at = self._book.credit_retry_at
-        return bool(self._book.pending) and (retry_at is None or workflow.now() >= retry_at)
+        credits = self._book.evaluations
+        retry_at = credits.credit_retry_at
+        return bool(credits.pending_credits) and (retry_at is None or workflow.now() >= retry_at)
 
     def _next_wake(self) -> datetime | None:
         # Once the contract lapsed there is no renewal to wake for (only a credit retry, if any).
-        wakes = [] if self._book.lapsed else [self._deadline()]
-        if self._book.pending:
-            wakes.append(self._book.credit_retry_at or workflow.now())
+        wakes = [] if self._book.term.lapsed else [self._deadline()]
+        if self._book.evaluations.pending_credits:
+            wakes.append(self._book.evaluations.credit_retry_at or workflow.now())
         if self._book.checks.unverified and self._verify_at is not None:
             wakes.append(self._verify_at)
         return min(wakes, default=None)
@@ -307,13 +307,13 @@ class ContractWorkflow:
         )
 
     async def _deliver_pending(self) -> None:
-        for notice in list(self._book.pending):
+        for notice in list(self._book.evaluations.pending_credits):
             delivery = await self._deliver(notice)
             if delivery is None:
                 # Carried in the state: a continue-as-new does not bring the next offer forward.
-                self._book.credit_retry_at = workflow.now() + REDELIVER_AFTER
+                self._book.evaluations.credit_retry_at = workflow.now() + REDELIVER_AFTER
                 return
-            self._book.delivered(delivery)
+            self._book.evaluations.delivered(delivery)
 
     async def _deliver(self, notice: CreditNotice) -> CreditDelivery | None:
         try:

@@ -101,8 +101,8 @@ def waived_report(at: datetime, job: str = "job-a") -> ValidationReport:
 def covered_book(*jobs: str) -> ContractBook:
     book = ContractBook(terms())
     for job in jobs or ("job-a",):
-        book.opt_in(job, T0)
-        book.record_validation(report(True, T0, job))
+        book.jobs.opt_in(job, T0)
+        book.jobs.record_validation(report(True, T0, job))
     return book
 
 
@@ -145,7 +145,7 @@ def test_exactly_ninety_percent_earns_no_credit_and_just_below_does() -> None:
 
 def test_no_qualifying_failure_means_no_rate_and_no_credit() -> None:
     book = covered_book()
-    ev = book.close_term(day_start(book.renewal_date))
+    ev = book.close_term(day_start(book.term.renewal_date))
     assert ev.evaluated and ev.qualifying == 0 and ev.success_rate is None and ev.credit is None
     assert "no qualifying failures" in ev.note
     assert "no qualifying failures" in book.standing(T0).summary
@@ -154,8 +154,8 @@ def test_no_qualifying_failure_means_no_rate_and_no_credit() -> None:
 def test_a_renewal_below_ninety_percent_issues_one_credit_of_a_quarter_of_the_fee() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=8, failures=2)  # 80%
-    book.renew(RenewInput())
-    renewal = book.renewal_date
+    book.term.renew(RenewInput())
+    renewal = book.term.renewal_date
     now = day_start(renewal) + timedelta(seconds=5)
     ev = book.close_term(now)
     assert ev.trigger is Trigger.RENEWAL and ev.credit is not None
@@ -165,7 +165,8 @@ def test_a_renewal_below_ninety_percent_issues_one_credit_of_a_quarter_of_the_fe
     assert (c.qualifying, c.successful, c.success_rate) == (10, 8, Decimal("0.8"))
     assert c.amount == usd("30000.00") and c.customer_id == "acme" and c.issued_at == now
     assert c.apply_to == f"renewal on {renewal}"
-    assert book.pending == [c] and book.term == 1 and book.renewal_date == add_months(renewal, 12)
+    assert book.evaluations.pending_credits == [c]
+    assert book.term.number == 1 and book.term.renewal_date == add_months(renewal, 12)
 
 
 def test_excluded_events_stay_in_the_ledger_with_their_reason_but_not_in_the_rate() -> None:
@@ -193,11 +194,11 @@ def test_excluded_events_stay_in_the_ledger_with_their_reason_but_not_in_the_rat
 
 def test_a_job_is_covered_only_between_a_passed_validation_and_an_opt_out() -> None:
     book = ContractBook(terms())
-    book.opt_in("job-a", T0)
+    book.jobs.opt_in("job-a", T0)
     before = outcome(1, T0 + timedelta(hours=1), success=False)
-    book.record_validation(report(True, T0 + timedelta(hours=2)))
+    book.jobs.record_validation(report(True, T0 + timedelta(hours=2)))
     during = outcome(2, T0 + timedelta(hours=3), success=False)
-    book.opt_out("job-a", T0 + timedelta(hours=4))
+    book.jobs.opt_out("job-a", T0 + timedelta(hours=4))
     after = outcome(3, T0 + timedelta(hours=5), success=False)
     statuses = [book.record_outcome(o)[0].status for o in (before, during, after)]
     assert statuses == [EntryStatus.AWAITING_VALIDATION, EntryStatus.FAILURE, EntryStatus.OPTED_OUT]
@@ -205,41 +206,41 @@ def test_a_job_is_covered_only_between_a_passed_validation_and_an_opt_out() -> N
 
 def test_a_failed_validation_leaves_the_job_uncovered() -> None:
     book = ContractBook(terms())
-    book.opt_in("job-a", T0)
-    book.record_validation(report(False, T0 + timedelta(minutes=1)))
+    book.jobs.opt_in("job-a", T0)
+    book.jobs.record_validation(report(False, T0 + timedelta(minutes=1)))
     entry, _ = book.record_outcome(outcome(1, T0 + timedelta(hours=1), success=False))
     assert entry.status is EntryStatus.VALIDATION_FAILED
-    assert book.covered_jobs(T0 + timedelta(hours=1)) == ()
+    assert book.jobs.covered(T0 + timedelta(hours=1)) == ()
 
 
 def test_opting_in_again_needs_a_new_validation() -> None:
     book = covered_book()
-    book.opt_out("job-a", T0 + timedelta(hours=1))
-    book.opt_in("job-a", T0 + timedelta(hours=2))
+    book.jobs.opt_out("job-a", T0 + timedelta(hours=1))
+    book.jobs.opt_in("job-a", T0 + timedelta(hours=2))
     entry, _ = book.record_outcome(outcome(1, T0 + timedelta(hours=3)))
     assert entry.status is EntryStatus.AWAITING_VALIDATION
 
 
 def test_a_report_dated_before_its_opt_in_covers_from_the_opt_in() -> None:
     book = ContractBook(terms())
-    book.opt_in("job-a", T0)
-    book.record_validation(report(True, T0 - timedelta(days=1)))
-    assert book.jobs["job-a"].at(T0 - timedelta(hours=1)) is EntryStatus.NOT_OPTED_IN
-    assert book.jobs["job-a"].at(T0) is EntryStatus.SUCCESS
+    book.jobs.opt_in("job-a", T0)
+    book.jobs.record_validation(report(True, T0 - timedelta(days=1)))
+    assert book.jobs.coverage["job-a"].at(T0 - timedelta(hours=1)) is EntryStatus.NOT_OPTED_IN
+    assert book.jobs.coverage["job-a"].at(T0) is EntryStatus.SUCCESS
 
 
 def test_validation_of_an_unknown_job_or_another_contract_is_refused() -> None:
     book = ContractBook(terms())
     with pytest.raises(ContractRuleError) as e:
-        book.check_validation(report(True, T0, job="job-x"))
+        book.jobs.check_validation(report(True, T0, job="job-x"))
     assert e.value.error_type is ErrorType.CONTRACT_UNKNOWN_JOB
-    book.opt_in("job-x", T0)
+    book.jobs.opt_in("job-x", T0)
     other = report(True, T0, job="job-x").model_copy(update={"contract_id": "c-2"})
     with pytest.raises(ContractRuleError) as e:
-        book.check_validation(other)
+        book.jobs.check_validation(other)
     assert e.value.error_type is ErrorType.CONTRACT_WRONG_CONTRACT
     with pytest.raises(ContractRuleError):
-        ContractBook(terms()).opt_out("job-never", T0)
+        ContractBook(terms()).jobs.opt_out("job-never", T0)
 
 
 # --- waived checks, customer and development contracts -------------------------------------------------
@@ -248,15 +249,15 @@ def test_validation_of_an_unknown_job_or_another_contract_is_refused() -> None:
 def test_a_waived_check_does_not_cover_a_job_on_a_customer_contract() -> None:
     book = ContractBook(terms())
     assert book.terms.purpose is ContractPurpose.CUSTOMER  # the default
-    book.opt_in("job-a", T0)
+    book.jobs.opt_in("job-a", T0)
     waived = waived_report(T0 + timedelta(minutes=1))
     assert waived.status is ReportStatus.PASSED_WITH_WAIVERS and waived.waived == ("scheduler",)
-    cov = book.record_validation(waived)
+    cov = book.jobs.record_validation(waived)
     assert cov.changes[-1].status is EntryStatus.VALIDATION_WAIVED
     at = T0 + timedelta(hours=1)
     entry, _ = book.record_outcome(outcome(1, at, success=False))
     book.record_outcome(outcome(2, at, success=True))
-    assert entry.status is EntryStatus.VALIDATION_WAIVED and book.covered_jobs(at) == ()
+    assert entry.status is EntryStatus.VALIDATION_WAIVED and book.jobs.covered(at) == ()
     s = book.standing(at)
     assert (s.qualifying, s.successful) == (0, 0) and s.excluded == {EntryStatus.VALIDATION_WAIVED: 2}
     assert s.purpose is ContractPurpose.CUSTOMER and DEVELOPMENT_BANNER not in format_standing(s)
@@ -265,7 +266,7 @@ def test_a_waived_check_does_not_cover_a_job_on_a_customer_contract() -> None:
     assert all(not r.counted and r.reason == reason for r in rows)
     assert "waived checks" in reason and "not accepted on a customer contract" in reason
     # A clean validation afterwards covers it as usual.
-    book.record_validation(report(True, T0 + timedelta(hours=2)))
+    book.jobs.record_validation(report(True, T0 + timedelta(hours=2)))
     assert book.record_outcome(outcome(3, T0 + timedelta(hours=3)))[0].status is EntryStatus.SUCCESS
 
 
@@ -277,8 +278,8 @@ def with_failed_check(r: ValidationReport) -> ValidationReport:
 
 def dev_book() -> ContractBook:
     book = ContractBook(terms(purpose="development"))
-    book.opt_in("job-a", T0)
-    book.record_validation(waived_report(T0))
+    book.jobs.opt_in("job-a", T0)
+    book.jobs.record_validation(waived_report(T0))
     return book
 
 
@@ -286,7 +287,7 @@ def test_a_waived_check_covers_a_job_on_a_development_contract_and_its_outcomes_
     book = dev_book()
     assert book.terms.purpose is ContractPurpose.DEVELOPMENT
     at = T0 + timedelta(hours=1)
-    assert book.covered_jobs(at) == ("job-a",)
+    assert book.jobs.covered(at) == ("job-a",)
     statuses = [book.record_outcome(outcome(n, at, success=n > 0))[0].status for n in range(2)]
     assert statuses == [EntryStatus.FAILURE, EntryStatus.SUCCESS]
     s = book.standing(at)
@@ -298,7 +299,7 @@ def test_a_waived_check_covers_a_job_on_a_development_contract_and_its_outcomes_
     assert format_ledger(page).splitlines()[0] == DEVELOPMENT_BANNER
     # A failed check still fails on a development contract.
     failed = with_failed_check(waived_report(T0 + timedelta(hours=2)))
-    assert book.record_validation(failed).changes[-1].status is EntryStatus.VALIDATION_FAILED
+    assert book.jobs.record_validation(failed).changes[-1].status is EntryStatus.VALIDATION_FAILED
 
 
 def test_a_development_contract_never_issues_a_credit() -> None:
@@ -309,15 +310,15 @@ def test_a_development_contract_never_issues_a_credit() -> None:
     exp = book.expand(ExpandInput(on=add_months(START, 5), annual_fee=FEE), day_start(add_months(START, 5)))
     assert exp.evaluated and (exp.qualifying, exp.successful) == (15, 9) and exp.credit is None
     assert "development contract never issues a credit notice" in exp.note
-    book.renew(RenewInput())
-    ev = book.close_term(day_start(book.renewal_date))
+    book.term.renew(RenewInput())
+    ev = book.close_term(day_start(book.term.renewal_date))
     assert ev.evaluated and (ev.qualifying, ev.successful) == (15, 9) and ev.credit is None
     assert "below 90%" in ev.note and "development contract never issues a credit notice" in ev.note
-    assert book.pending == [] and book.last_credited() is None
+    assert book.evaluations.pending_credits == [] and book.evaluations.last_credited() is None
     # The same outcomes on a customer contract earn the year's credit.
     customer = covered_book()
     fill(customer, 0, 1, successes=8, failures=2)
-    assert customer.close_term(day_start(customer.renewal_date)).credit is not None
+    assert customer.close_term(day_start(customer.term.renewal_date)).credit is not None
 
 
 def test_old_terms_without_a_purpose_are_a_customer_contract() -> None:
@@ -350,10 +351,10 @@ def test_a_late_outcome_never_reopens_an_evaluation_but_counts_in_later_windows(
     late_at = day_start(add_months(START, 2))
     entry, _ = book.record_outcome(outcome(99, late_at, success=False))
     assert entry.late
-    assert book.evaluations[0] == ev  # closed: unchanged
-    renewal = book.close_term(day_start(book.renewal_date))
+    assert book.evaluations.closed[0] == ev  # closed: unchanged
+    renewal = book.close_term(day_start(book.term.renewal_date))
     assert (renewal.qualifying, renewal.successful) == (11, 10)
-    on_time, _ = book.record_outcome(outcome(100, day_start(book.renewal_date) + timedelta(days=1)))
+    on_time, _ = book.record_outcome(outcome(100, day_start(book.term.renewal_date) + timedelta(days=1)))
     assert not on_time.late
 
 
@@ -366,7 +367,7 @@ def test_an_expansion_in_month_two_is_recorded_but_not_evaluated() -> None:
     month2 = add_months(START, 2)
     ev = book.expand(ExpandInput(on=month2, annual_fee=usd("130000")), day_start(month2))
     assert not ev.evaluated and ev.credit is None and "under 3 months" in ev.note
-    assert book.fee == usd("130000") and not book.pending
+    assert book.term.fee == usd("130000") and not book.evaluations.pending_credits
 
 
 def test_at_most_one_credit_per_contract_year_across_expansions_and_renewal() -> None:
@@ -378,8 +379,8 @@ def test_at_most_one_credit_per_contract_year_across_expansions_and_renewal() ->
     second = book.expand(
         ExpandInput(on=add_months(START, 6), annual_fee=usd("200000")), day_start(add_months(START, 6))
     )
-    book.renew(RenewInput())
-    renewal = book.close_term(day_start(book.renewal_date))
+    book.term.renew(RenewInput())
+    renewal = book.close_term(day_start(book.term.renewal_date))
     assert first.credit is not None and second.credit is None and renewal.credit is None
     assert "already issued" in second.note and "already issued" in renewal.note
     fill(book, 100, 13, successes=0, failures=3)  # the next contract year earns its own credit
@@ -393,12 +394,12 @@ def _credited_year_zero() -> ContractBook:
     """The reviewer's contract: 100,000 a year; the year ends at 80/100, 3 of the failures in its first
     days, so that a window 9 days later measures 80/97 without one new failure."""
     book = ContractBook(terms(annual_fee=usd("100000.00")))
-    book.opt_in("job-a", T0)
-    book.record_validation(report(True, T0))
+    book.jobs.opt_in("job-a", T0)
+    book.jobs.record_validation(report(True, T0))
     fill(book, 0, 0, successes=0, failures=3)  # day 1 of the contract
     fill(book, 3, 5, successes=80, failures=17)
-    book.renew(RenewInput())
-    ev = book.close_term(day_start(book.renewal_date))
+    book.term.renew(RenewInput())
+    ev = book.close_term(day_start(book.term.renewal_date))
     assert (ev.qualifying, ev.successful) == (100, 80)
     assert ev.credit is not None and ev.credit.amount == usd("25000.00") and ev.term == 0
     return book
@@ -406,7 +407,7 @@ def _credited_year_zero() -> ContractBook:
 
 def test_a_shortfall_already_credited_is_not_credited_again_in_the_next_year() -> None:
     book = _credited_year_zero()
-    renewal = book.term_start
+    renewal = book.term.start
     on = renewal + timedelta(days=9)
     assert book.standing(day_start(on) - timedelta(hours=1)).projected_credit is None
     ev = book.expand(ExpandInput(on=on, annual_fee=usd("110000.00")), day_start(on))
@@ -415,12 +416,13 @@ def test_a_shortfall_already_credited_is_not_credited_again_in_the_next_year() -
     assert ev.evaluated and ev.term == 1 and (ev.qualifying, ev.successful) == (97, 80)
     assert ev.credit_period_start == renewal and (ev.credit_qualifying, ev.credit_successful) == (0, 0)
     assert ev.credit is None and "no qualifying failure since the last credit" in ev.note
-    assert len(book.pending) == 1 and book.pending[0].period_end == renewal  # only the renewal's credit
+    pending = book.evaluations.pending_credits
+    assert len(pending) == 1 and pending[0].period_end == renewal  # only the renewal's credit
 
 
 def test_new_failures_after_the_credited_period_earn_the_next_years_credit() -> None:
     book = _credited_year_zero()
-    renewal = book.term_start
+    renewal = book.term.start
     fill(book, 200, 13, successes=2, failures=3)  # a month into year 1
     month15 = add_months(START, 15)
     assert book.standing(day_start(month15) - timedelta(hours=1)).projected_credit == usd("25000.00")
@@ -431,7 +433,8 @@ def test_new_failures_after_the_credited_period_earn_the_next_years_credit() -> 
     c = ev.credit
     assert (c.period_start, c.period_end) == (renewal, month15)
     assert (c.qualifying, c.successful, c.success_rate) == (5, 2, Decimal("0.4"))
-    assert c.idempotency_key != book.pending[0].idempotency_key and len(book.pending) == 2
+    pending = book.evaluations.pending_credits
+    assert c.idempotency_key != pending[0].idempotency_key and len(pending) == 2
 
 
 def test_outcomes_since_the_last_credit_must_be_below_ninety_on_their_own() -> None:
@@ -448,8 +451,8 @@ def test_the_trailing_year_must_still_be_below_ninety_for_a_credit() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=0, failures=15)
     fill(book, 100, 11, successes=85, failures=0)
-    book.renew(RenewInput())
-    assert book.close_term(day_start(book.renewal_date)).credit is not None  # 85/100
+    book.term.renew(RenewInput())
+    assert book.close_term(day_start(book.term.renewal_date)).credit is not None  # 85/100
     fill(book, 200, 13, successes=0, failures=1)  # since the credit: 0/1
     month14 = add_months(START, 14)
     ev = book.expand(ExpandInput(on=month14, annual_fee=usd("150000")), day_start(month14))
@@ -463,7 +466,7 @@ def test_the_credit_uses_the_fee_in_force_over_the_measured_period() -> None:
     ev = book.expand(ExpandInput(on=month4, annual_fee=usd("200000")), day_start(month4))
     assert ev.credit is not None and ev.fee == FEE and ev.credit.amount == usd("30000.00")
     assert ev.credit.apply_to == f"expansion on {month4}"
-    assert book.fee == usd("200000")
+    assert book.term.fee == usd("200000")
 
 
 def test_a_second_expansion_on_an_evaluated_date_is_not_evaluated_again() -> None:
@@ -471,7 +474,7 @@ def test_a_second_expansion_on_an_evaluated_date_is_not_evaluated_again() -> Non
     month4 = add_months(START, 4)
     book.expand(ExpandInput(on=month4, annual_fee=usd("150000")), day_start(month4))
     again = book.expand(ExpandInput(on=month4, annual_fee=usd("160000")), day_start(month4))
-    assert not again.evaluated and "already evaluated" in again.note and book.fee == usd("160000")
+    assert not again.evaluated and "already evaluated" in again.note and book.term.fee == usd("160000")
 
 
 # --- bad input -----------------------------------------------------------------------------------------
@@ -513,9 +516,9 @@ def test_an_expansion_before_a_closed_evaluation_or_in_another_currency_is_refus
 def test_a_renewal_cannot_move_the_next_renewal_backwards() -> None:
     book = covered_book()
     with pytest.raises(ContractRuleError) as e:
-        book.renew(RenewInput(next_renewal=book.renewal_date))
+        book.term.renew(RenewInput(next_renewal=book.term.renewal_date))
     assert e.value.error_type is ErrorType.CONTRACT_DATES_OUT_OF_ORDER
-    assert book.renewal is None
+    assert book.term.renewal is None
 
 
 @pytest.mark.parametrize(
@@ -530,26 +533,27 @@ def test_terms_with_a_negative_fee_or_dates_out_of_order_do_not_validate(bad: di
 def test_a_contract_that_is_not_renewed_is_evaluated_and_lapses_after_the_grace() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=0, failures=1)
-    renewal = book.renewal_date
+    renewal = book.term.renewal_date
     ev = book.close_term(day_start(renewal))
     # Evaluated exactly as before; the credit applies to whatever the customer buys next.
     assert ev.credit is not None and ev.credit.apply_to == "next renewal or expansion"
-    assert not book.lapsed and book.awaiting_renewal and book.term == 0 and book.renewal_date == renewal
+    term = book.term
+    assert not term.lapsed and term.awaiting_renewal and term.number == 0 and term.renewal_date == renewal
     grace_ends = renewal + timedelta(days=60)
     s = book.standing(day_start(renewal) + timedelta(days=1))
     assert s.awaiting_renewal and s.renewal_grace_ends == grace_ends and s.next_evaluation is None
     assert not s.lapsed and not s.renewed
-    assert not book.lapse_if_unrenewed(day_start(grace_ends) - timedelta(seconds=1))
-    assert book.lapse_if_unrenewed(day_start(grace_ends))
+    assert not book.term.lapse_if_unrenewed(day_start(grace_ends) - timedelta(seconds=1))
+    assert book.term.lapse_if_unrenewed(day_start(grace_ends))
     s = book.standing(day_start(grace_ends))
     assert s.lapsed and not s.awaiting_renewal and s.next_evaluation is None
-    assert len(book.pending) == 1  # the credit is still owed
+    assert len(book.evaluations.pending_credits) == 1  # the credit is still owed
 
 
 def test_no_grace_lapses_at_the_renewal() -> None:
     book = ContractBook(terms(renewal_grace_days=0))
-    book.close_term(day_start(book.renewal_date) + timedelta(minutes=20))
-    assert book.lapse_if_unrenewed(day_start(book.renewal_date) + timedelta(minutes=20))
+    book.close_term(day_start(book.term.renewal_date) + timedelta(minutes=20))
+    assert book.term.lapse_if_unrenewed(day_start(book.term.renewal_date) + timedelta(minutes=20))
 
 
 @pytest.mark.parametrize("days", [-1, 367])
@@ -561,31 +565,32 @@ def test_the_grace_is_validated(days: int) -> None:
 def test_a_late_renewal_starts_the_next_term_from_the_renewal_date() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=0, failures=1)
-    renewal = book.renewal_date
+    renewal = book.term.renewal_date
     book.close_term(day_start(renewal))
     # Outcomes and opt-ins are still recorded while the contract awaits its renewal.
     late = day_start(renewal) + timedelta(days=3)
     entry, _ = book.record_outcome(outcome(50, late, success=False))
     assert entry.status is EntryStatus.FAILURE and not entry.late
-    book.opt_in("job-b", late)
-    assert "job-b" in book.jobs
+    book.jobs.opt_in("job-b", late)
+    assert "job-b" in book.jobs.coverage
     # An expansion must wait for the renewal: which contract year it would be in is not known yet.
     with pytest.raises(ContractRuleError) as e:
         book.check_expand(ExpandInput(on=late.date(), annual_fee=usd("150000")), late.date())
     assert e.value.error_type is ErrorType.CONTRACT_AWAITING_RENEWAL
     today = renewal + timedelta(days=10)
     with pytest.raises(ContractRuleError) as e:  # a next renewal already passed is refused
-        book.check_renew(RenewInput(next_renewal=today), today)
+        book.term.check_renew(RenewInput(next_renewal=today), today)
     assert e.value.error_type is ErrorType.CONTRACT_DATES_OUT_OF_ORDER
-    assert book.renew(RenewInput(annual_fee=usd("150000")), today) == add_months(renewal, 12)
-    assert not book.awaiting_renewal and book.renewal is None
-    assert (book.term, book.term_start, book.renewal_date) == (1, renewal, add_months(renewal, 12))
-    assert book.fee == usd("150000") and not book.lapse_if_unrenewed(day_start(today) + timedelta(days=90))
+    term = book.term
+    assert term.renew(RenewInput(annual_fee=usd("150000")), today) == add_months(renewal, 12)
+    assert not term.awaiting_renewal and term.renewal is None
+    assert (term.number, term.start, term.renewal_date) == (1, renewal, add_months(renewal, 12))
+    assert term.fee == usd("150000") and not term.lapse_if_unrenewed(day_start(today) + timedelta(days=90))
     s = book.standing(day_start(today))
     assert not s.awaiting_renewal and s.next_evaluation == add_months(renewal, 12)
     # The next renewal counts the days before the late `renew`, in the new term; no credit twice.
-    book.renew(RenewInput())
-    ev = book.close_term(day_start(book.renewal_date))
+    book.term.renew(RenewInput())
+    ev = book.close_term(day_start(book.term.renewal_date))
     assert (ev.term, ev.period_start, ev.credit_period_start) == (1, renewal, renewal)
     assert (ev.qualifying, ev.successful) == (1, 0) and ev.credit is not None
     assert ev.fee == usd("150000")
@@ -593,12 +598,12 @@ def test_a_late_renewal_starts_the_next_term_from_the_renewal_date() -> None:
 
 def test_awaiting_renewal_survives_continue_as_new() -> None:
     book = covered_book()
-    book.close_term(day_start(book.renewal_date))
+    book.close_term(day_start(book.term.renewal_date))
     again = ContractInput.model_validate_json(
         ContractInput(terms=book.terms, state=book.to_state()).model_dump_json()
     )
     copy = ContractBook(again.terms, again.state)
-    assert copy.awaiting_renewal and copy.grace_ends() == book.grace_ends()
+    assert copy.term.awaiting_renewal and copy.term.grace_ends() == book.term.grace_ends()
 
 
 def test_the_ledger_keeps_the_recovery_time_to_the_millisecond() -> None:
@@ -633,17 +638,18 @@ def test_state_round_trips_through_json_and_keeps_the_standing() -> None:
 def test_a_pending_credit_and_its_retry_time_survive_continue_as_new() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=0, failures=2)
-    book.renew(RenewInput())
-    book.close_term(day_start(book.renewal_date))
-    retry = day_start(book.term_start) + timedelta(hours=7)
-    book.credit_retry_at = retry
+    book.term.renew(RenewInput())
+    book.close_term(day_start(book.term.renewal_date))
+    retry = day_start(book.term.start) + timedelta(hours=7)
+    book.evaluations.credit_retry_at = retry
     again = ContractInput.model_validate_json(
         ContractInput(terms=book.terms, state=book.to_state()).model_dump_json()
     )
     copy = ContractBook(again.terms, again.state)
-    assert copy.credit_retry_at == retry and copy.pending == book.pending
+    assert copy.evaluations.credit_retry_at == retry
+    assert copy.evaluations.pending_credits == book.evaluations.pending_credits
     assert copy.standing(retry).next_credit_retry == retry
-    assert copy.last_credited() == book.term_start  # what was paid for stays paid for
+    assert copy.evaluations.last_credited() == book.term.start  # what was paid for stays paid for
 
 
 def test_a_year_of_ten_thousand_outcomes_fits_one_payload() -> None:
@@ -670,10 +676,10 @@ def test_pruning_drops_only_what_no_future_window_counts() -> None:
     book = covered_book()
     fill(book, 0, 1, successes=5, failures=0)
     fill(book, 100, 10, successes=5, failures=0)
-    book.renew(RenewInput())
-    book.close_term(day_start(book.renewal_date))
+    book.term.renew(RenewInput())
+    book.close_term(day_start(book.term.renewal_date))
     today = add_months(START, 15)
-    ends = (today - timedelta(days=31), today, book.renewal_date)
+    ends = (today - timedelta(days=31), today, book.term.renewal_date)
     before = [tally(book.entries.values(), *window_for(START, end)) for end in ends]
     dropped = book.prune(today)
     assert dropped == 5 and book.pruned == 5  # month 1's outcomes: before any window ending after today-31d

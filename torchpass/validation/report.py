@@ -2,7 +2,7 @@
 status, and the inputs that ask for one and record it.
 
 A check passed only under a development override is *waived*, never passed: a report with a waived check
-covers a job on a development contract only (`torchpass.contract.book`, docs/contract.md)."""
+covers a job on a development contract only (`torchpass.contract.coverage`, docs/contract.md)."""
 
 from __future__ import annotations
 
