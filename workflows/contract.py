@@ -7,55 +7,48 @@ from MigrationWorkflow, decoded here so that a malformed one is counted and drop
 timer wakes the workflow at each renewal date. A term that ends unrenewed is evaluated all the same and the
 contract then awaits a late `renew` for `terms.renewal_grace_days` (still recording outcomes and opt-ins);
 only when that grace passes does it lapse and the workflow end. A credit is delivered to billing by the
-`deliver_credit` activity. A billing outage holds up the renewal timer, the evaluations and continue-as-new
-for at most `DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up, the credit stays pending, and it
-is offered again `REDELIVER_AFTER` later (that time travels in the state, across continue-as-new).
-The rules themselves are pure (`torchpass.contract.rules`); this module only orders them in time.
-Continue-as-new carries everything in one `ContractState`.
+`deliver_credit` activity (`workflows.credit_delivery`). A billing outage holds up the renewal timer, the
+evaluations and continue-as-new for at most `DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up,
+the credit stays pending, and it is offered again `REDELIVER_AFTER` later (that time travels in the state,
+across continue-as-new).
+
+This module holds the workflow's handlers and its main loop. The rules themselves are pure (`ContractBook`,
+`torchpass.contract.rules`); when the loop wakes is `workflows.contract_wakeups`; the activities it calls
+are steps in `workflows.checks` and `workflows.credit_delivery`. Continue-as-new carries everything in one
+`ContractState`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from datetime import date, datetime, timedelta
+from datetime import date
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RawValue
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from torchpass.contract.book import ContractBook
     from torchpass.contract.coverage import JobCoverage
-    from torchpass.contract.credit import CreditDelivery, CreditNotice, Money
+    from torchpass.contract.credit import Money
     from torchpass.contract.evaluation import Evaluation
     from torchpass.contract.queries import LedgerPage, LedgerPageInput, Standing
-    from torchpass.contract.rules import day_start
     from torchpass.contract.state import ContractInput
     from torchpass.contract.terms import ContractRuleError, ContractTerms, ExpandInput, OptInInput, RenewInput
     from torchpass.errors import ErrorType
-    from torchpass.ids import ContractMessage, ControlActivity, WorkflowName
+    from torchpass.ids import ContractMessage, WorkflowName
     from torchpass.incident.outcome import MigrationOutcome
-    from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS, VERIFY_AGAIN_AFTER
+    from torchpass.policies import VERIFY_AGAIN_AFTER
     from torchpass.validation.report import ValidationReport
     from workflows.checks import check_outcomes, check_validation
+    from workflows.contract_wakeups import Wakeups
+    from workflows.credit_delivery import deliver_credits
     from workflows.inputs import decode, decode_start
-    from workflows.policy import retry_policy
 
 R = TypeVar("R")
 
-# Billing may be down for days; a credit is owed until it says it has it. One delivery is BILLING_TIMEOUTS'
-# attempt and heartbeat bounds and retry policy (1 s to 5 min apart), given up after an hour, not
-# BILLING_TIMEOUTS' week: an outage must not keep an activity open (and its credit's retry time unknown)
-# for days. The credit then stays pending and is offered again REDELIVER_AFTER later, as after a refusal
-# no retry cures (a non-retryable error). Billing deduplicates on the idempotency key: re-offering is safe.
-DELIVER_CREDIT_SCHEDULE_TO_CLOSE = timedelta(hours=1)
-REDELIVER_AFTER = timedelta(hours=6)
-# An incident's outcome reaches the contract when its workflow ends: seconds after a live migration, up to
-# the fallback restart's 15-minute bound otherwise.
-RENEWAL_SETTLE = timedelta(minutes=20)
 # Runs from before the ledger checked its claims took outcomes and validations on their word.
 VERIFIED_LEDGER = "verified-ledger"
 
@@ -88,9 +81,7 @@ class ContractWorkflow:
         self._terms = inp.terms
         self._book = ContractBook(inp.terms, inp.state)
         self._handled = 0  # history-growing inputs handled by this run
-        self._timer: asyncio.Task[None] | None = None  # the durable timer of the next wake-up ...
-        self._timer_at: datetime | None = None  # ... and its time
-        self._verify_at: datetime | None = None  # when queued outcomes are checked again after a failure
+        self._wakeups = Wakeups(self._book)
 
     # --- inputs --------------------------------------------------------------------------------------
 
@@ -228,77 +219,27 @@ class ContractWorkflow:
     async def run(self, start: RawValue) -> Standing:
         if self._bad is not None:
             raise self._bad
+        due, credits = self._wakeups, self._book.evaluations
         while not self._book.term.lapsed:
-            await self._wait(lambda: self._delivery_due() or self._should_continue() or self._verify_due())
-            while self._verify_due():  # before a term closes: what arrived in time counts in it
+            await due.wait(lambda: due.delivery_due() or self._should_continue() or due.verify_due())
+            while due.verify_due():  # before a term closes: what arrived in time counts in it
                 await self._verify_pending()
-            if self._renewal_due():
+            if due.renewal_due():
                 self._book.close_term(workflow.now())
             # Unrenewed past the grace (at once when there is none): the contract lapses.
             self._book.term.lapse_if_unrenewed(workflow.now())
-            if self._delivery_due():
+            if due.delivery_due():
                 # Bounded: gives up within DELIVER_CREDIT_SCHEDULE_TO_CLOSE, the credit staying pending.
-                await self._deliver_pending()
+                await deliver_credits(credits)
             if self._should_continue() and not self._book.term.lapsed:
                 await self._continue_as_new()
         # Not renewed within the grace: the last credit is still owed, then the contract's workflow ends.
-        while self._book.evaluations.pending_credits:
-            await self._wait(self._delivery_due)
-            if self._delivery_due():
-                await self._deliver_pending()
+        while credits.pending_credits:
+            await due.wait(due.delivery_due)
+            if due.delivery_due():
+                await deliver_credits(credits)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._book.standing(workflow.now())
-
-    def _renewal_due(self) -> bool:
-        term = self._book.term
-        return not term.lapsed and not term.awaiting_renewal and workflow.now() >= self._closes_at()
-
-    def _closes_at(self) -> datetime:
-        """When the term is evaluated: its renewal date (the evaluated period's end) plus a settling
-        time, so that an incident detected just before midnight, whose outcome arrives minutes later,
-        is counted in the term it belongs to instead of no term at all."""
-        return day_start(self._book.term.renewal_date) + RENEWAL_SETTLE
-
-    def _deadline(self) -> datetime:
-        """The next wake-up of the contract itself: the term's close, or, awaiting a late renewal, the
-        end of the grace (a `renew` meanwhile moves it to the next term's close)."""
-        if self._book.term.awaiting_renewal:
-            return day_start(self._book.term.grace_ends())
-        return self._closes_at()
-
-    async def _wait(self, condition: Callable[[], bool]) -> None:
-        """Until `condition` holds, or the next renewal or credit retry is due (a durable timer).
-
-        The timer is never cancelled: one is started per wake-up time and left to fire, even when the
-        condition comes first. So no completion carries a CancelTimer, which matters for continue-as-new:
-        the time-skipping test server wedges a run whose [CancelTimer, ContinueAsNew] completion it refused
-        for a signal that arrived meanwhile (temporalio/sdk-java#3088)."""
-        at = self._next_wake()
-        if at is None:
-            await workflow.wait_condition(condition)
-            return
-        if at <= workflow.now():
-            return
-        if self._timer is None or self._timer_at != at:
-            self._timer, self._timer_at = asyncio.create_task(workflow.sleep(at - workflow.now())), at
-        timer = self._timer
-        # A late `renew` moves the wake-up from the grace's end to the next term's close, which may be
-        # sooner: wake to start that timer instead of sleeping through it.
-        await workflow.wait_condition(lambda: condition() or timer.done() or self._next_wake() != at)
-
-    def _delivery_due(self) -> bool:
-        credits = self._book.evaluations
-        retry_at = credits.credit_retry_at
-        return bool(credits.pending_credits) and (retry_at is None or workflow.now() >= retry_at)
-
-    def _next_wake(self) -> datetime | None:
-        # Once the contract lapsed there is no renewal to wake for (only a credit retry, if any).
-        wakes = [] if self._book.term.lapsed else [self._deadline()]
-        if self._book.evaluations.pending_credits:
-            wakes.append(self._book.evaluations.credit_retry_at or workflow.now())
-        if self._book.checks.unverified and self._verify_at is not None:
-            wakes.append(self._verify_at)
-        return min(wakes, default=None)
 
     def _should_continue(self) -> bool:
         return (
@@ -306,47 +247,13 @@ class ContractWorkflow:
             or workflow.info().is_continue_as_new_suggested()
         )
 
-    async def _deliver_pending(self) -> None:
-        for notice in list(self._book.evaluations.pending_credits):
-            delivery = await self._deliver(notice)
-            if delivery is None:
-                # Carried in the state: a continue-as-new does not bring the next offer forward.
-                self._book.evaluations.credit_retry_at = workflow.now() + REDELIVER_AFTER
-                return
-            self._book.evaluations.delivered(delivery)
-
-    async def _deliver(self, notice: CreditNotice) -> CreditDelivery | None:
-        try:
-            return await workflow.execute_activity(
-                ControlActivity.DELIVER_CREDIT,
-                notice,
-                result_type=CreditDelivery,
-                start_to_close_timeout=BILLING_TIMEOUTS.start_to_close,
-                heartbeat_timeout=BILLING_TIMEOUTS.heartbeat,
-                schedule_to_close_timeout=DELIVER_CREDIT_SCHEDULE_TO_CLOSE,
-                retry_policy=retry_policy(BILLING_RETRY),
-            )
-        except ActivityError as e:
-            workflow.logger.error(
-                "credit %s not delivered, offered again in %s: %s",
-                notice.idempotency_key,
-                REDELIVER_AFTER,
-                e.cause or e,
-            )
-            return None
-
-    # --- the ledger's checks (torchpass.contract.verify)
-    # ----------------------------------------------------------
-
-    def _verify_due(self) -> bool:
-        at = self._verify_at
-        return bool(self._book.checks.unverified) and (at is None or workflow.now() >= at)
-
     async def _verify_pending(self) -> None:
+        """Check the queued outcomes (`workflows.checks`); a check that could not run is tried again
+        `VERIFY_AGAIN_AFTER` later."""
         if await check_outcomes(self._book, workflow.info().workflow_id):
-            self._verify_at = None
+            self._wakeups.verify_at = None
         else:  # they stay queued
-            self._verify_at = workflow.now() + VERIFY_AGAIN_AFTER
+            self._wakeups.verify_at = workflow.now() + VERIFY_AGAIN_AFTER
 
     async def _continue_as_new(self) -> None:
         # Updates still running would be lost with this run: let them finish first.
