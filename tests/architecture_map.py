@@ -8,17 +8,19 @@ markers); `tests/unit/test_architecture_doc.py` fails when the page and the tree
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 PACKAGES = ("torchpass", "job_agent", "activities", "workflows", "workers")
 
 
-def _contracts() -> list[dict[str, object]]:
+def _contracts() -> list[dict[str, Any]]:
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     return list(tool["contracts"])
 
@@ -35,11 +37,11 @@ def layers_diagram() -> str:
     for c in _contracts():
         if c["type"] != "layers":
             continue
-        containers = list(c.get("containers", [])) or [""]  # type: ignore[call-overload]
+        containers = list(c.get("containers", [])) or [""]
         prefix = f"{containers[0]}." if containers[0] else ""
         out += [f"**{c['name']}**", "", "```mermaid", "flowchart TD"]
         rows = []
-        for i, layer in enumerate(c["layers"]):  # type: ignore[attr-defined]
+        for i, layer in enumerate(c["layers"]):
             sep = "|" if "|" in layer else ":"
             names = [n.strip() for n in layer.split(sep)]
             row = _node(f"{prefix}L{i}")
@@ -49,14 +51,14 @@ def layers_diagram() -> str:
             out += [f'    {_node(prefix + n)}["{prefix}{n}"]' for n in names]
             out.append("  end")
             rows.append(row)
-        out += [f"  {a} --> {b}" for a, b in zip(rows, rows[1:], strict=False)]
+        out += [f"  {a} --> {b}" for a, b in itertools.pairwise(rows)]
         out += ["```", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
 def _first_sentence(doc: str) -> str:
     """Its docstring's first sentence (of its first paragraph), as a table cell."""
-    text = " ".join(doc.split("\n\n")[0].split())
+    text = " ".join(doc.split("\n\n", 1)[0].split())
     m = re.match(r"(.+?[.!?])(\s|$)", text)
     sentence = m.group(1) if m else text
     return sentence.replace("|", "\\|")
@@ -89,7 +91,8 @@ def render(page: str) -> str:
         pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
         if not pattern.search(page):
             raise ValueError(f"{DOC.name} has no '{begin}' ... '{end}' section")
-        page = pattern.sub(lambda _m, b=begin, e=end, s=make(): f"{b}\n{s}{e}", page)
+        section = f"{begin}\n{make()}{end}"
+        page = pattern.sub(section.replace("\\", "\\\\"), page)
     return page
 
 
