@@ -100,11 +100,20 @@ async def bounded(call: Awaitable[T]) -> T:
     return await asyncio.wait_for(call, WAIT)
 
 
-async def until(pred: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
+async def until(pred: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Until `pred()` holds; fails after `timeout` seconds naming `what` it waited for."""
+    deadline = time.monotonic() + timeout
     while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        await asyncio.sleep(0.01)  # the poll's interval
+
+
+def poll_until(pred: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """`until` for code that is not async: blocks the calling thread."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.01)  # the poll's interval
 
 
 async def quiet() -> Counts:

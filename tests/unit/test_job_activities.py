@@ -10,7 +10,8 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
-from activities.job import BEAT_EVERY, JobActivities, _BytesSent, _guard
+from activities.job import BEAT_EVERY, JobActivities, _beat, _BytesSent, _guard
+from tests.unit.job_driver import until
 from torchpass.ids import JobActivity, JobActivityV0
 from torchpass.policies import ACTIVITY_TIMEOUTS
 from workers.job import _activity_methods
@@ -22,17 +23,22 @@ async def test_a_slow_step_heartbeats_each_second_with_its_details_and_stops_whe
     sent = _BytesSent()
 
     async def slow_transfer() -> int:
+        # A step that takes three beats' time, its progress moving half-way: the scenario, not a wait.
         sent(10)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5 * BEAT_EVERY)
         sent(2048)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5 * BEAT_EVERY)
         return 7
+
+    def beating() -> list[asyncio.Task[object]]:
+        name = _beat.__qualname__
+        return [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == name]
 
     assert await env.run(_guard, slow_transfer(), sent.details) == 7
     assert len(beats) >= 3 and beats[-1] == ({"bytes_sent": 2048},), beats
     n = len(beats)
-    await asyncio.sleep(2 * BEAT_EVERY)
-    assert len(beats) == n  # the step is over: no more beats
+    await until(lambda: not beating(), "the step's heartbeat task to end")
+    assert len(beats) == n  # the step is over: no more beats, and none can come
 
 
 def test_every_job_step_has_a_heartbeat_timeout_well_above_its_beat() -> None:
