@@ -9,12 +9,12 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from job_agent.launch.forkserver import ForkServer
+from tests.unit.job_driver import poll_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux-only")
 
@@ -76,9 +76,7 @@ def test_a_signal_that_ends_it_is_reported_negative_and_ids_may_repeat(
     marked, started = tmp_path / "marked.py", tmp_path / "started"
     marked.write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\n")
     ctrl_c = server.start("rank0-1", [str(marked)], {})
-    deadline = time.monotonic() + 30
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    poll_until(started.exists, "the forked script to start", timeout=30)
     ctrl_c.send_signal(signal.SIGINT)  # the server ignores a Ctrl-C; what it forks acts on it as python does
     assert ctrl_c.wait(30) == -signal.SIGINT
 
@@ -110,9 +108,7 @@ def test_a_server_of_another_environment_is_stopped_once_idle(tmp_path: Path) ->
     assert not first.gone and second is not first  # its process still runs: kept
     busy.kill()
     assert busy.wait(30) == -signal.SIGKILL
-    deadline = time.monotonic() + 30
-    while first._procs and time.monotonic() < deadline:  # the server says it ended
-        time.sleep(0.01)
+    poll_until(lambda: not first._procs, "the first server to say its process ended", timeout=30)
     third = ForkServer.shared((), {**base, "JOB": "3"})
     assert first.gone and second.gone and not third.gone
     assert first._proc.wait(30) == 0 and second._proc.wait(30) == 0  # they exited, having nothing to wait for

@@ -12,7 +12,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 from job_agent.coordinator.jobs import JobIdInUse, register_job, unregister_job
 from job_agent.launch.launcher import LocalLauncher, die_with_parent, inherited_env
 from job_agent.rank.state import TrackedState
+from tests.unit.job_driver import poll_until
 
 
 def _mode(path: Path) -> int:
@@ -76,9 +76,7 @@ def test_ranks_inherit_the_users_environment_but_none_of_torchpass_settings(tmp_
     script.write_text(f"import json, os\nopen({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))\n")
     launcher = LocalLauncher(str(script), (), base_env=parent)
     launcher.spawn("rank0-1", {"TORCHPASS_JOB_ID": "j"})
-    deadline = time.monotonic() + 30
-    while launcher.poll("rank0-1") is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll_until(lambda: launcher.poll("rank0-1") is not None, "the rank to write its environment and exit", 30)
     launcher.shutdown(timedelta(seconds=5))
     seen = json.loads(out.read_text())
     assert seen["MY_DATASET"] == "/data/x" and seen["TORCHPASS_JOB_ID"] == "j"
@@ -134,17 +132,11 @@ def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_p
     child = int(parent.stdout.readline())
     try:
         # Until the rank runs its script: its death signal is armed by then.
-        deadline = time.monotonic() + 60
-        while not started.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        poll_until(started.exists, "the rank to run its script", timeout=60)
         os.kill(child, signal.SIGSTOP)  # hung
         parent.kill()
         parent.wait(10)
-        deadline = time.monotonic() + 10
-        while _running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(child), "the rank outlived its coordinator"
+        poll_until(lambda: not _running(child), "the rank to die with its coordinator (it outlived it)")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)

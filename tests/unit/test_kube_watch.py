@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client, config
 
 from tests.kube.stub_apiserver import StubApiServer
+from tests.unit.job_driver import poll_until
 from torchpass.models import FailureKind
 from workers.detectors.kube import KubeDetector, KubeSettings
 from workers.detectors.reports import Seen, Told
@@ -36,6 +37,10 @@ class Recorder:
     def tell(self, seen: Seen) -> list[Told]:
         self.seen.append(seen)
         return []
+
+
+def _heard(jobs: Recorder, pod: str) -> bool:
+    return any(pod in s.reason for s in jobs.seen)
 
 
 def _pod(name: str, job: str, node: str) -> dict[str, Any]:
@@ -63,9 +68,7 @@ def test_a_jobs_pod_deleted_while_watched_is_heard_and_the_watch_lives_on(
     thread = threading.Thread(target=detector.follow, args=("pods",), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while not any(c.verb == "watch" for c in server.requests) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        poll_until(lambda: any(c.verb == "watch" for c in server.requests), "the detector's watch", 20)
         kubectl = shutil.which("kubectl")
         for name in ("train-0", "train-1"):  # one after the other: the first must not end the watch
             if name == "train-0" and kubectl:
@@ -77,8 +80,7 @@ def test_a_jobs_pod_deleted_while_watched_is_heard_and_the_watch_lives_on(
                 )
             else:
                 api.delete_namespaced_pod(name, NS)
-            while not any(name in s.reason for s in jobs.seen) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            poll_until(partial(_heard, jobs, name), f"the deletion of {name} heard", 20)
         assert thread.is_alive()
     finally:
         detector.close()

@@ -68,7 +68,7 @@ class _Servers:
                 authenticate_server(conn, SECRET)
                 send_frame(conn, wire.StateHeader(header=snap.header, manifest=snap.manifest()))
                 if fault == "stall":
-                    time.sleep(3)
+                    time.sleep(3)  # the fault itself: silent after the header, then gone
                     return
                 want = recv_frame(conn)
                 assert isinstance(want, wire.StateWant)

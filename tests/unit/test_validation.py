@@ -353,9 +353,11 @@ def test_no_slurm_client_is_not_detected(bare_env: Path) -> None:
 def test_a_hanging_slurm_command_is_bounded(bare_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake(bare_env, "scontrol", "exec /bin/sleep 30")
     monkeypatch.setenv("TORCHPASS_VALIDATION_COMMAND_TIMEOUT", "0.5")
-    t0 = time.monotonic()
-    p = probe_slurm(ValidationSettings())
-    assert time.monotonic() - t0 < 5
+    settings = ValidationSettings()
+    assert settings.command_timeout == 0.5
+    p = probe_slurm(settings)
+    # Stopped at its timeout (0.5 s, the one it was given): one left to end on its own (30 s) would
+    # have answered, with nothing on stdout ("controller not up").
     assert not p.found and "did not answer" in p.detail
 
 
@@ -450,9 +452,12 @@ def test_an_api_server_that_does_not_answer_is_not_detected(
     server.server_close()  # nothing listens there any more
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", dead)))
     monkeypatch.setenv("TORCHPASS_VALIDATION_API_TIMEOUT", "2")
+    settings = ValidationSettings()
     t0 = time.monotonic()
-    p = probe_kubernetes(ValidationSettings())
-    assert time.monotonic() - t0 < 10
+    p = probe_kubernetes(settings)
+    # Liveness, not speed: the probe of a dead server is bounded by its API timeout (two attempts at
+    # most, each bounded by it); refused at once here, it must not wait any longer than that.
+    assert time.monotonic() - t0 < 5 * settings.api_timeout
     assert not p.found and "kubeconfig" in p.detail
 
 
