@@ -96,7 +96,10 @@ async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_b
         at = max(r.step for r in before.ranks)
         if away:
             kill(next(r for r in before.ranks if r.slot == 1))
-            await asyncio.sleep(3)  # the others find their collective broken and freeze
+            # Part of the scenario: the coordinator stays away while the others find their collective
+            # broken and freeze. Nothing outside can see them freeze with their coordinator dead (they
+            # tell it alone): a fixed time.
+            await asyncio.sleep(3)
         else:
             # Training goes on without it: rank 0 writes checkpoints past the step it was at.
             deadline = time.monotonic() + 60

@@ -65,7 +65,7 @@ async def test_a_hot_gpu_moves_its_rank_off_before_it_fails_and_a_gpu_off_the_bu
     for celsius in (75, 80, 84, 88):  # a ramp: the move starts at the threshold (85), once
         with states[hot_node].open("a") as f:
             f.write(f"temp {hot_gpu} {celsius}\n")
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the scenario: the GPU warms over time, its node reads whichever it reads
     after = await status(job)
     while after.incidents < 1 or after.state != "training" or len(after.ranks) < 4:
         assert not task.done(), (await task).error

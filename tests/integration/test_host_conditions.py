@@ -31,6 +31,7 @@ from tests.integration.test_multinode import (  # noqa: F401 (fixtures)
     node_argv,
     status,
 )
+from tests.unit.job_driver import until
 from tests.unit.test_host_health import fake_proc, tmpfs  # noqa: F401 (a fixture)
 from torchpass.dev.hosts import Fabric
 from torchpass.job import JobResult, JobSpec
@@ -66,7 +67,8 @@ async def test_a_rank_lost_while_its_filesystem_is_full_or_its_host_out_of_memor
         while True:
             os.write(fd, b"\0" * 65536)
     os.close(fd)
-    await asyncio.sleep(1.0)  # the node's next reading (every 0.2 s) says so
+    # The node's next reading (every 0.2 s) says so: it logs what it tells the coordinator as it tells it.
+    await until(lambda: "bytes free of" in log_of(tmp_path, disk_node), "the node to find its disk full", 30)
     on_disk_node = next(r.slot for r in before.ranks if r.node == disk_node)
     inject = wire.Inject(action=wire.InjectAction.KILL, slot=on_disk_node)
     assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, inject), wire.Ok)

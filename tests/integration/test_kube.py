@@ -28,6 +28,7 @@ from job_agent import wire
 from tests.integration.conftest import LONG_ARGS, ROOT, spec, start_job
 from tests.integration.test_multinode import coordinator_of, log_of, node_argv, status
 from tests.kube.stub_apiserver import Call, StubApiServer
+from tests.unit.job_driver import until
 from torchpass.dev.hosts import Fabric, fabric
 from torchpass.ids import IncidentMessage
 from torchpass.job import JobResult, JobSpec
@@ -96,13 +97,6 @@ async def _settled(job: JobSpec, task: asyncio.Task[JobResult], incidents: int, 
     raise AssertionError(f"the job did not settle after {incidents} incident(s): {s}")
 
 
-async def _until(what: str, check: Any, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_a_cordon_moves_a_nodes_ranks_live_and_a_power_loss_is_one_incident(
     client: Client,
     tmp_path: Path,
@@ -148,9 +142,10 @@ async def test_a_cordon_moves_a_nodes_ranks_live_and_a_power_loss_is_one_inciden
         thread.join(10)
         again = Heard(job.state_dir, "kubernetes")
         detector, thread = _detector(kubeconfig, again)
-        await _until(
-            "the new detector to re-list the cordoned node",
+        await until(
             lambda: any(s.node == cordoned for s, _ in again.told),
+            "the new detector to re-list the cordoned node",
+            timeout=30,
         )
         assert not [t for _, t in again.told if t.acted], again.told
         assert any(t.acted for _, t in jobs.told), jobs.told  # the first detector's cordon was acted on
@@ -160,9 +155,10 @@ async def test_a_cordon_moves_a_nodes_ranks_live_and_a_power_loss_is_one_inciden
         server.set_node_condition(
             powered, "Ready", "Unknown", "NodeStatusUnknown"
         )  # then, late, the kubelet's silence
-        await _until(
-            "the NotReady to reach the job",
+        await until(
             lambda: any(s.kind is FailureKind.NODE_NOT_READY for s, _ in again.told),
+            "the NotReady to reach the job",
+            timeout=30,
         )
         result = await asyncio.wait_for(task, 180)
     finally:
@@ -244,7 +240,14 @@ async def test_a_spare_node_is_reserved_by_creating_its_agent_pod_there(
     api_client = k8s.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
     settings = KubeSettings(namespace="torchpass", resync_seconds=3, watch_seconds=2, spare_seconds=0.5)
     keeper = KubeSpares(api_client, job.state_dir, settings, "torchpass.io/spare-node=true")
-    detector = KubeDetector(api_client, Jobs(job.state_dir, "kubernetes"), settings, keeper.keep)
+    passes: list[list[str]] = []  # what each pass of the keeper created
+
+    def keep() -> list[str]:
+        created = keeper.keep()
+        passes.append(created)
+        return created
+
+    detector = KubeDetector(api_client, Jobs(job.state_dir, "kubernetes"), settings, keep)
     thread = threading.Thread(target=detector.run, daemon=True)
     thread.start()
     try:
@@ -259,7 +262,9 @@ async def test_a_spare_node_is_reserved_by_creating_its_agent_pod_there(
         after = await _settled(job, task, incidents=1, spares=2)
         assert {r.node for r in after.ranks if r.slot in (2, 3)} == {spare.name}, after
         assert not after.idle_nodes, after  # the spare node took ranks, the cordoned one is no spare
-        await asyncio.sleep(2)  # four more passes of the keeper: no free labelled Node, nothing created
+        seen = len(passes) + 1  # from the pass after the one that may be under way
+        await until(lambda: len(passes) >= seen + 4, "four more passes of the spare keeper", timeout=30)
+        assert not any(passes[seen:]), passes  # no free labelled Node: nothing created
         assert len(server.objects("pods", "torchpass")) == 1
         result = await asyncio.wait_for(task, 180)
     finally:

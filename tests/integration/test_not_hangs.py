@@ -43,7 +43,7 @@ def step(k):
     model(torch.randn(4, 8)).sum().backward()
     agent.all_reduce_gradients()
     opt.step()
-    time.sleep(0.05)
+    time.sleep(0.05)  # a step's own work: the job trains long enough to be watched
     if args.eval_every and agent.rank == 0 and k % args.eval_every == args.eval_every - 1:
         if args.undeclared:
             time.sleep(args.eval_seconds)

@@ -16,7 +16,6 @@ packages cannot be installed).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -26,12 +25,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from temporalio.client import Client
 
 from job_agent import wire
 from job_agent.coordinator.jobs import registered_pid, request
 from tests.integration.conftest import LONG_ARGS, ROOT, SCRIPT
 from tests.slurm.cluster import SlurmCluster, available
+from tests.unit.job_driver import until
 from torchpass.incident.steps import ConfirmResult
 from torchpass.job import JobResult, JobState
 from torchpass.models import Category, Disposition, EventSource, FailureKind, FailureReport
@@ -135,7 +136,14 @@ async def test_spare_nodes_come_from_the_spare_partition_and_one_that_took_ranks
         partition="spares", node_command=f"{sys.executable} -m torchpass.cli", host_command="echo 127.0.0.1"
     )
     keeper = SlurmSpares(state, settings)
-    detector = SlurmDetector(Jobs(state, "slurm"), SlurmSettings(poll_seconds=0.3), keeper.keep)
+    passes: list[list[str]] = []  # what each pass of the keeper submitted
+
+    def keep() -> list[str]:
+        submitted = keeper.keep()
+        passes.append(submitted)
+        return submitted
+
+    detector = SlurmDetector(Jobs(state, "slurm"), SlurmSettings(poll_seconds=0.3), keep)
     watching = threading.Thread(target=detector.run, daemon=True)
     watching.start()
     name = f"{PREFIX}{job_id}"
@@ -151,7 +159,9 @@ async def test_spare_nodes_come_from_the_spare_partition_and_one_that_took_ranks
             while sorted(q.state for q in read_queue() if q.name == name) != ["PENDING", "RUNNING"]:
                 assert time.monotonic() < deadline, read_queue()
                 await asyncio.sleep(0.3)
-        await asyncio.sleep(2)  # several more polls: nothing more is asked for
+        seen = len(passes) + 1  # from the pass after the one that may be under way
+        await until(lambda: len(passes) >= seen + 5, "five more passes of the spare keeper", timeout=30)
+        assert not any(passes[seen:]), passes  # nothing more is asked for
         assert len([q for q in read_queue() if q.name == name]) <= 2, read_queue()
         pid = registered_pid(state / "jobs" / job_id)
         assert pid is not None
@@ -230,13 +240,16 @@ async def _training(state: Path, job_id: str, out: Path, incidents: int = 0) -> 
 
 
 async def _result(state: Path, job_id: str, out: Path) -> JobResult:
+    """The job's result once its `result.json` is there and whole (written with write_text: it may be
+    read half-written)."""
     path = state / "jobs" / job_id / "result.json"
     deadline = time.monotonic() + 180
-    while not path.exists():
-        assert time.monotonic() < deadline, f"the job never ended:\n{_tail(out)}"
-        await asyncio.sleep(0.2)
-    await asyncio.sleep(0.2)  # written whole before it is read (write_text, then nothing)
-    return JobResult.model_validate(json.loads(path.read_text()))
+    while True:
+        try:
+            return JobResult.model_validate_json(path.read_text())
+        except (OSError, ValidationError):
+            assert time.monotonic() < deadline, f"the job never ended:\n{_tail(out)}"
+            await asyncio.sleep(0.2)
 
 
 def _tail(out: Path) -> str:
