@@ -29,8 +29,13 @@ from torchpass.ids import SA_JOB_ID, IncidentMessage, JobActivity
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.job import JobResult
 from torchpass.models import Disposition
+from torchpass.policies import HEARTBEAT, STICKY_PICKUP
 from workers.control import control_worker
 from workers.server import dev_server_command
+
+# What a control worker's sticky queue waits before the server hands its task to another worker, unless
+# the worker sets it (Temporal's default; the control worker sets STICKY_PICKUP).
+TEMPORAL_STICKY_DEFAULT = timedelta(seconds=10)
 
 
 class _Server:
@@ -107,7 +112,9 @@ async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once
             assert outcome.handled_locally and outcome.disposition is Disposition.MIGRATED and outcome.success
             assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
             assert outcome.classification.qualifying and not outcome.incident_id.endswith("/local")
-            assert outcome.recovery_seconds is not None and outcome.recovery_seconds < 3.0 + 20
+            # Recovered by the job itself, not frozen until the server came back: a new world was training
+            # while the server was still down (above), and the outcome says it was handled locally.
+            assert outcome.recovery_seconds is not None
             assert result.incidents_unfiled == 0 and not list((job.job_dir / "local").glob("*"))
             # One workflow for the job, and its result is the outcome the job holds: recorded once.
             runs = [w async for w in client.list_workflows(f"{SA_JOB_ID} = '{job.job_id}'")]
@@ -115,7 +122,7 @@ async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once
             handle = client.get_workflow_handle(runs[0].id)
             filed = None
             while filed is None:  # recorded; the run stays open a while for late evidence
-                assert time.monotonic() < deadline + 30
+                assert time.monotonic() < deadline + 30, "the workflow never filed the job's record"
                 filed = await handle.query(IncidentMessage.OUTCOME, result_type=MigrationOutcome | None)  # type: ignore[arg-type]
                 await asyncio.sleep(0.1)
             assert filed.incident_id == outcome.incident_id == f"{runs[0].id}/{runs[0].run_id}"
@@ -175,8 +182,10 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
         assert outcome.disposition is Disposition.MIGRATED and outcome.success and not outcome.handled_locally
         assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
         assert outcome.recovery_seconds is not None
-        # The kill cost the sticky queue's pickup bound (STICKY_PICKUP, 2 s), not Temporal's 10 s default.
-        assert outcome.recovered_at is not None and (outcome.recovered_at - killed_at).total_seconds() < 8
+        # Liveness, not speed: the kill cost the sticky queue's pickup bound (STICKY_PICKUP, 2 s); Temporal's
+        # default pickup alone would not fit under this bound.
+        assert outcome.recovered_at is not None
+        assert outcome.recovered_at - killed_at < TEMPORAL_STICKY_DEFAULT - STICKY_PICKUP
 
 
 async def test_the_server_restarted_mid_transfer_costs_seconds_and_the_migration_stays_live(
@@ -206,5 +215,8 @@ async def test_the_server_restarted_mid_transfer_costs_seconds_and_the_migration
         (outcome,) = result.incidents
         assert outcome.disposition is Disposition.MIGRATED and outcome.success and not outcome.handled_locally
         assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
-        # Seconds once the server is back (0.1 s measured), not the steps' timeouts (21-22 s once).
-        assert outcome.recovered_at is not None and (outcome.recovered_at - back_at).total_seconds() < 8
+        # Liveness, not speed: the step's result reached the workflow once the server was back, or the step
+        # was retried after its heartbeat timeout (HEARTBEAT) at worst; not waited out to its start-to-close
+        # (a step's whole timeout: 21-22 s once).
+        assert outcome.recovered_at is not None
+        assert (outcome.recovered_at - back_at).total_seconds() < 2 * HEARTBEAT

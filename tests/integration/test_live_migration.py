@@ -65,14 +65,17 @@ async def test_kill_of_rank_0_is_migrated_live(client: Client, reference: JobRes
 async def test_a_hung_rank_is_fenced_and_migrated_live(
     client: Client, reference: JobResult, tmp_path: Path
 ) -> None:
-    result = await run_with(client, spec(tmp_path, "hang-rank-1"), [("hang", 1, 30)])
+    job = spec(tmp_path, "hang-rank-1")
+    result = await run_with(client, job, [("hang", 1, 30)])
     assert_migrated_live(result, reference, 1)
     (o,) = result.incidents
     assert o.kind == FailureKind.HANG
-    # Timed from detection and from the hung rank's last progress: the hang timeout (1.5 s) is not hidden.
+    # Timed from detection and from the hung rank's last progress: the hang timeout is not hidden. The two
+    # figures differ by the time the rank went without progress before it was found hung: a hang timeout
+    # (two thirds of it: slack for the clocks the two instants are read from).
     assert o.last_progress_at is not None and o.last_progress_at < o.detected_at
     assert o.recovery_seconds is not None and o.recovery_from_last_progress_seconds is not None
-    assert o.recovery_from_last_progress_seconds >= o.recovery_seconds + 1.0
+    assert o.recovery_from_last_progress_seconds - o.recovery_seconds >= 2 / 3 * job.hang_timeout
 
 
 async def test_two_failures_in_one_run_are_both_migrated_live(

@@ -9,17 +9,24 @@ restart after 30-44 s with 5 steps recomputed, and the second failure was record
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
 from job_agent import wire
+from job_agent.coordinator.incident.executor import IncidentSteps
 from tests.integration.conftest import run_with, spec
 from tests.integration.test_live_migration import assert_migrated_live
 from torchpass.job import JobResult
 
 pytestmark = pytest.mark.integration
+# How long the job's incident steps give a transfer (IncidentSteps' default, as `torchpass run` makes them):
+# what a silent donor or receiver cost before a stopped process was a loss of the recovery.
+TRANSFER_TIMEOUT: float = (
+    inspect.signature(IncidentSteps).parameters["transfer_timeout"].default.total_seconds()
+)
 
 
 def during_transfer(action: str, target: str, slot: int = 0) -> wire.Inject:
@@ -87,7 +94,8 @@ async def test_a_process_stopped_mid_transfer_is_a_loss_of_the_recovery_not_a_ti
     result = await run_with(client, job, [during_transfer("hang", target), ("kill", 1, 20)])
     await _one_incident_two_losses(result, reference)
     (o,) = result.incidents
-    assert o.recovery_seconds is not None and o.recovery_seconds < 30, o.recovery_seconds
+    # Liveness, not speed: re-planned past the hang timeout, not after waiting out the transfer's own.
+    assert o.recovery_seconds is not None and o.recovery_seconds < TRANSFER_TIMEOUT / 4, o.recovery_seconds
 
 
 async def test_a_rank_killed_as_the_group_re_forms_is_supplied_and_the_group_formed_again(
@@ -105,7 +113,9 @@ async def test_a_rank_killed_as_the_group_re_forms_is_supplied_and_the_group_for
     (o,) = result.incidents
     assert o.proof is not None and set(o.proof.receiver_slots) == {1, 3}, o.proof
     assert o.lost_slots == (1, 3) and o.proof.lost_during == (3,)
-    assert o.recovery_seconds is not None and o.recovery_seconds < 30, o  # not the store's 60 s
+    # Liveness, not speed: the others gave up on the abandoned generation, not at the store's timeout
+    # (the group's, the job's collective timeout), which killed them all before.
+    assert o.recovery_seconds is not None and o.recovery_seconds < job.collective_timeout / 2, o
 
 
 async def test_a_rank_killed_as_the_first_group_forms_is_migrated_live(
@@ -119,4 +129,6 @@ async def test_a_rank_killed_as_the_first_group_forms_is_migrated_live(
     result = await run_with(client, job, [at_start])
     assert_migrated_live(result, reference, 1)
     (o,) = result.incidents
-    assert o.lost_slots == (2,) and o.recovery_seconds is not None and o.recovery_seconds < 30, o
+    # Liveness, not speed: the others gave up on the abandoned generation, not at the store's timeout.
+    assert o.lost_slots == (2,) and o.recovery_seconds is not None, o
+    assert o.recovery_seconds < job.collective_timeout / 2, o

@@ -68,8 +68,6 @@ def test_every_node_starts_idle(cluster: SlurmCluster) -> None:
         ["node3", "train*", "idle"],
         ["spare1", "spares", "idle"],
     ]
-    assert cluster.start_seconds is not None
-    assert cluster.start_seconds < 20
 
 
 def test_drain_shows_flag_and_reason(cluster: SlurmCluster) -> None:

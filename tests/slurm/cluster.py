@@ -139,7 +139,6 @@ class SlurmCluster:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._link: Path | None = None
         self.base = self.root  # the path written into slurm.conf: `root` or a short link to it
-        self.start_seconds: float | None = None
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -192,7 +191,6 @@ class SlurmCluster:
         reason = available()
         if reason:
             raise SlurmStartError(reason)
-        began = time.monotonic()
         for attempt in (1, 2):
             try:
                 self._start_daemons(time.monotonic() + START_TIMEOUT)
@@ -205,7 +203,6 @@ class SlurmCluster:
                 if attempt == 1 and "Address already in use" in logs:
                     continue
                 raise SlurmStartError(f"{e}\n{logs}") from e
-        self.start_seconds = time.monotonic() - began
 
     def _start_daemons(self, deadline: float) -> None:
         self._layout()
