@@ -1,9 +1,11 @@
-"""deliver_credit: one credit notice to billing, by signed webhook and/or a signal to billing's workflow.
+"""deliver_credit: one credit notice to billing, by signed webhook and/or a signal to billing's
+workflow.
 
-Idempotent by construction: every attempt carries the notice's idempotency key (contract + period), so a
-retry after a partial success (webhook accepted, then the worker died) is answered as a duplicate by
-billing, never counted twice. A billing workflow that receives the signal twice must deduplicate on the
-same key. The retry policy and timeouts the contract workflow uses live in `torchpass.policies`.
+Idempotent by construction: every attempt carries the notice's idempotency key (contract + period),
+so a retry after a partial success (webhook accepted, then the worker died) is answered as a
+duplicate by billing, never counted twice. A billing workflow that receives the signal twice must
+deduplicate on the same key. The retry policy and timeouts the contract workflow uses live in
+`torchpass.policies`.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from torchpass.ids import ControlActivity
 
 
 class BillingActivities:
-    """Built by the control worker with its billing settings and, to signal billing's workflow, a client.
+    """Built by the control worker with its billing settings and, to signal billing's workflow, a
+    client.
 
-    The client must use the pydantic data converter (as `workers.temporal.connect` does) and be connected
-    to the namespace of billing's workflow.
+    The client must use the pydantic data converter (as `workers.temporal.connect` does) and be
+    connected to the namespace of billing's workflow.
     """
 
     def __init__(self, settings: BillingSettings, client: Client | None = None) -> None:
@@ -50,8 +53,11 @@ class BillingActivities:
         try:
             return await self._deliver(notice)
         except BillingError as e:
-            # Transient -> retried by BILLING_RETRY_POLICY until acknowledged; permanent -> stops at once.
-            raise ApplicationError(str(e), type=e.error_type.value, non_retryable=not e.retryable) from e
+            # Transient -> retried by BILLING_RETRY_POLICY until acknowledged; permanent -> stops at
+            # once.
+            raise ApplicationError(
+                str(e), type=e.error_type.value, non_retryable=not e.retryable
+            ) from e
 
     async def _deliver(self, notice: CreditNotice) -> CreditDelivery:
         if not self._s.configured:
@@ -84,11 +90,16 @@ class BillingActivities:
         assert self._client is not None  # guaranteed by __init__
         handle = self._client.get_workflow_handle(workflow_id)
         try:
-            await handle.signal(self._s.signal_name, notice, rpc_timeout=timedelta(seconds=self._s.timeout))
+            await handle.signal(
+                self._s.signal_name, notice, rpc_timeout=timedelta(seconds=self._s.timeout)
+            )
         except RPCError as e:
             if e.status == RPCStatusCode.NOT_FOUND:
                 raise PermanentBillingError(
                     f"billing workflow {workflow_id!r} is not running; not retried: check "
-                    "TORCHPASS_BILLING_WORKFLOW_ID and the Temporal namespace of the worker's client"
+                    "TORCHPASS_BILLING_WORKFLOW_ID and the Temporal namespace of the worker's "
+                    "client"
                 ) from e
-            raise TransientBillingError(f"signal to billing workflow {workflow_id!r} failed: {e}") from e
+            raise TransientBillingError(
+                f"signal to billing workflow {workflow_id!r} failed: {e}"
+            ) from e

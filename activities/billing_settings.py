@@ -1,4 +1,5 @@
-"""TORCHPASS_BILLING_*: where credit notices go. A section of the control worker's `workers.settings`."""
+"""TORCHPASS_BILLING_*: where credit notices go. A section of the control worker's
+`workers.settings`."""
 
 from __future__ import annotations
 
@@ -14,10 +15,18 @@ class BillingSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TORCHPASS_BILLING_", extra="ignore")
 
-    webhook_url: AnyHttpUrl | None = Field(default=None, description="where credit notices are POSTed")
-    webhook_secret: SecretStr | None = Field(default=None, description="HMAC key shared with the receiver")
-    timeout: float = Field(default=10.0, gt=0, le=MAX_WEBHOOK_TIMEOUT_S, description="seconds per attempt")
-    workflow_id: str | None = Field(default=None, description="billing's own Temporal workflow to signal")
+    webhook_url: AnyHttpUrl | None = Field(
+        default=None, description="where credit notices are POSTed"
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None, description="HMAC key shared with the receiver"
+    )
+    timeout: float = Field(
+        default=10.0, gt=0, le=MAX_WEBHOOK_TIMEOUT_S, description="seconds per attempt"
+    )
+    workflow_id: str | None = Field(
+        default=None, description="billing's own Temporal workflow to signal"
+    )
     signal_name: str = Field(default=DEFAULT_SIGNAL_NAME, min_length=1)
 
     @model_validator(mode="after")
@@ -25,7 +34,9 @@ class BillingSettings(BaseSettings):
         if self.webhook_url is not None and not (
             self.webhook_secret and self.webhook_secret.get_secret_value()
         ):
-            raise ValueError("TORCHPASS_BILLING_WEBHOOK_SECRET is required when a webhook URL is set")
+            raise ValueError(
+                "TORCHPASS_BILLING_WEBHOOK_SECRET is required when a webhook URL is set"
+            )
         return self
 
     @property

@@ -1,8 +1,8 @@
 """Activities on a job's own task queue, served by the Temporal worker inside its coordinator.
 
-Thin: each turns one model into a call on `job_agent.coordinator.incident.executor.IncidentSteps` and its
-errors into ApplicationErrors that carry the retry decision. The transfer's heartbeats carry the bytes
-streamed.
+Thin: each turns one model into a call on `job_agent.coordinator.incident.executor.IncidentSteps`
+and its errors into ApplicationErrors that carry the retry decision. The transfer's heartbeats carry
+the bytes streamed.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from torchpass.validation.facts import JobDescription, ValidationTarget
 T = TypeVar("T")
 
 
-BEAT_EVERY = 1.0  # seconds; the workflow's heartbeat timeout for a job activity is 5 s (torchpass.policies)
+# seconds; the workflow's heartbeat timeout for a job activity is 5 s (torchpass.policies)
+BEAT_EVERY = 1.0
 
 
 async def _beat(details: Callable[[], Any]) -> None:
@@ -56,7 +57,9 @@ async def _guard(call: Awaitable[T], details: Callable[[], Any] = tuple) -> T:
     try:
         return await call
     except IncidentError as e:
-        raise ApplicationError(str(e), type=e.error_type.value, non_retryable=not e.retryable) from e
+        raise ApplicationError(
+            str(e), type=e.error_type.value, non_retryable=not e.retryable
+        ) from e
     except JobFailed as e:
         raise ApplicationError(str(e), type=ErrorType.JOB_GONE.value, non_retryable=True) from e
     except TimeoutError as e:
@@ -86,8 +89,8 @@ class JobActivities:
         self._a = steps
 
     def _step(self, ref: IncidentRef) -> None:
-        """A workflow step reached the job: refused for an incident the job carried out itself while the
-        control plane was away (the workflow then files the job's record instead)."""
+        """A workflow step reached the job: refused for an incident the job carried out itself while
+        the control plane was away (the workflow then files the job's record instead)."""
         if not self._c.incidents.answered(ref.workflow_id):
             raise ApplicationError(
                 f"job {self._c.job_id} handled incident {ref.workflow_id} itself; file its record",
@@ -107,7 +110,8 @@ class JobActivities:
 
     @activity.defn(name=JobActivityV0.RESERVE_SPARE)
     async def reserve_spare_v0(self, inp: IncidentRef) -> ReserveResult:
-        """`reserve_spares` under its name from before the `activity-names` patch (older runs call it)."""
+        """`reserve_spares` under its name from before the `activity-names` patch (older runs call
+        it)."""
         return await self.reserve_spares(inp)
 
     @activity.defn(name=JobActivity.RELEASE_SPARE)
@@ -138,7 +142,8 @@ class JobActivities:
 
     @activity.defn(name=JobActivity.FETCH_LOCAL_RECORD)
     async def fetch_local_record(self, inp: IncidentRef) -> LocalRecord:
-        """The record of an incident the job handled itself; waits (heart-beating) while it still runs."""
+        """The record of an incident the job handled itself; waits (heart-beating) while it still
+        runs."""
         return await _guard(self._c.incidents.records.record_of(inp.workflow_id))
 
     @activity.defn(name=JobActivityV0.RECORDED_OUTCOME)

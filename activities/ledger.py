@@ -1,9 +1,9 @@
-"""The ledger's checks: read the history of the workflow a claim names and let `torchpass.contract.verify`
-judge it.
+"""The ledger's checks: read the history of the workflow a claim names and let
+`torchpass.contract.verify` judge it.
 
 Served by the control worker, whose client reads the namespace the incidents and validations run in.
-Idempotent: it only reads. A claim naming no workflow (or one of another type, or one that never sent
-it) is an answer, a refused `Verdict`; only a server that does not answer is an error, retried.
+Idempotent: it only reads. A claim naming no workflow (or one of another type, or one that never
+sent it) is an answer, a refused `Verdict`; only a server that does not answer is an error, retried.
 """
 
 from __future__ import annotations
@@ -75,11 +75,15 @@ class LedgerActivities:
                 or a.signal_name != ContractMessage.RECORD_OUTCOME
             ):
                 continue
-            if len(sent) < _MAX_SENT and (o := await self._decode(a.input.payloads, MigrationOutcome)):
+            if len(sent) < _MAX_SENT and (
+                o := await self._decode(a.input.payloads, MigrationOutcome)
+            ):
                 sent.append(o)
         report = await self._decode(start, FailureReport)
         why = "" if report is not None else "undecodable"
-        return IncidentFacts(found=True, workflow_type=kind, report=report, signalled=tuple(sent), detail=why)
+        return IncidentFacts(
+            found=True, workflow_type=kind, report=report, signalled=tuple(sent), detail=why
+        )
 
     async def _validation(self, claim: str) -> ValidationFacts:
         events, detail = await self._history(claim)
@@ -91,12 +95,17 @@ class LedgerActivities:
             if ev.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 continue
             a = ev.activity_task_scheduled_event_attributes
-            if a.activity_type.name != ValidationActivity.RECORD_VALIDATION or len(recorded) >= _MAX_SENT:
+            if (
+                a.activity_type.name != ValidationActivity.RECORD_VALIDATION
+                or len(recorded) >= _MAX_SENT
+            ):
                 continue
             if (rec := await self._decode(a.input.payloads, RecordValidationInput)) is not None:
                 recorded.append(rec.report)
         request = await self._decode(start, ValidateInput)
-        return ValidationFacts(found=True, workflow_type=kind, request=request, recorded=tuple(recorded))
+        return ValidationFacts(
+            found=True, workflow_type=kind, request=request, recorded=tuple(recorded)
+        )
 
     async def _history(self, claim: str) -> tuple[list[HistoryEvent] | None, str]:
         """The named run's history so far (a running workflow's too), or None and why not."""
@@ -106,7 +115,9 @@ class LedgerActivities:
         client = self._client or activity.client()
         events: list[HistoryEvent] = []
         try:
-            async for ev in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
+            async for ev in client.get_workflow_handle(
+                workflow_id, run_id=run_id
+            ).fetch_history_events():
                 events.append(ev)
                 if len(events) > MAX_EVENTS:
                     raise _TooLong
@@ -121,7 +132,8 @@ class LedgerActivities:
         return events, ""
 
     async def _decode(self, payloads: Any, model: type[Any]) -> Any:
-        """One payload as `model`, through the client's converter (its codec included); None if it is not."""
+        """One payload as `model`, through the client's converter (its codec included); None if it
+        is not."""
         if len(payloads) != 1:
             return None
         client = self._client or activity.client()

@@ -1,9 +1,10 @@
-"""Validation activities served by the control worker: the control plane, the cluster scheduler, and the
-recording of a report on its contract.
+"""Validation activities served by the control worker: the control plane, the cluster scheduler, and
+the recording of a report on its contract.
 
 The first two gather facts; `torchpass.validation.checks` judges them. The job's own facts come from
-`describe_job` on the job's task queue (activities/job.py). Every external call is bounded: the Temporal
-RPCs by their timeout, Slurm commands through `run_slurm`, the Kubernetes API by `_request_timeout`.
+`describe_job` on the job's task queue (activities/job.py). Every external call is bounded: the
+Temporal RPCs by their timeout, Slurm commands through `run_slurm`, the Kubernetes API by
+`_request_timeout`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.validation_settings import ValidationSettings
 from torchpass.contract.coverage import JobCoverage
 from torchpass.ids import ContractMessage, ValidationActivity, contract_workflow_id
-from torchpass.validation.facts import ControlPlaneFacts, SchedulerFacts, SchedulerProbe, ValidationTarget
+from torchpass.validation.facts import (
+    ControlPlaneFacts,
+    SchedulerFacts,
+    SchedulerProbe,
+    ValidationTarget,
+)
 from torchpass.validation.report import RecordValidationInput, RecordValidationResult
 
 
@@ -34,12 +40,15 @@ class SlurmUnavailable(Exception):
 
 
 def run_slurm(args: Sequence[str], timeout: float) -> str:
-    """Run one Slurm client command, bounded and without a shell; its stdout, or SlurmUnavailable."""
+    """Run one Slurm client command, bounded and without a shell; its stdout, or
+    SlurmUnavailable."""
     exe = shutil.which(args[0])
     if exe is None:
         raise SlurmUnavailable(f"{args[0]} is not on PATH")
     try:
-        done = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            [exe, *args[1:]], capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired as e:
         raise SlurmUnavailable(f"{' '.join(args)} did not answer within {timeout:.0f} s") from e
     except OSError as e:
@@ -65,16 +74,21 @@ def probe_slurm(s: ValidationSettings) -> SchedulerProbe:
         version = run_slurm(["sinfo", "--version"], s.command_timeout)
     except SlurmUnavailable as e:
         version = f"version unknown ({e})"
-    return SchedulerProbe(scheduler="slurm", found=True, detail=f"{ping[:300]}; {version[:100]}{in_job}")
+    return SchedulerProbe(
+        scheduler="slurm", found=True, detail=f"{ping[:300]}; {version[:100]}{in_job}"
+    )
 
 
 def _kubeconfig(s: ValidationSettings) -> Path | None:
-    candidates = [Path(p) for p in (s.kubeconfig or "").split(":") if p] or [Path.home() / ".kube" / "config"]
+    candidates = [Path(p) for p in (s.kubeconfig or "").split(":") if p] or [
+        Path.home() / ".kube" / "config"
+    ]
     return next((p for p in candidates if p.is_file()), None)
 
 
 def probe_kubernetes(s: ValidationSettings) -> SchedulerProbe:
-    """Kubernetes is there when its API server answers /version, in-cluster or through a kubeconfig."""
+    """Kubernetes is there when its API server answers /version, in-cluster or through a
+    kubeconfig."""
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
@@ -91,11 +105,15 @@ def probe_kubernetes(s: ValidationSettings) -> SchedulerProbe:
                 return SchedulerProbe(
                     scheduler="kubernetes",
                     found=False,
-                    detail="not in a cluster (KUBERNETES_SERVICE_HOST unset) and no kubeconfig found",
+                    detail="not in a cluster (KUBERNETES_SERVICE_HOST unset) and no kubeconfig "
+                    "found",
                 )
             where = f"kubeconfig {path}"
-            config.load_kube_config(config_file=str(path), client_configuration=cfg, persist_config=False)
-        cfg.retries = 1  # one retry: a flaky connection is not a missing cluster, a dead one is quick to see
+            config.load_kube_config(
+                config_file=str(path), client_configuration=cfg, persist_config=False
+            )
+        # one retry: a flaky connection is not a missing cluster, a dead one is quick to see
+        cfg.retries = 1
         with client.ApiClient(cfg) as api:
             info = client.VersionApi(api).get_code(_request_timeout=s.api_timeout)
     except (ConfigException, ApiException, HTTPError, OSError, ValueError) as e:
@@ -129,7 +147,8 @@ def _torch_facts() -> dict[str, Any]:
 
 
 class ValidationActivities:
-    """Built by the control worker; `client` describes the Temporal server (default: the worker's own)."""
+    """Built by the control worker; `client` describes the Temporal server (default: the worker's
+    own)."""
 
     def __init__(self, settings: ValidationSettings, client: Client | None = None) -> None:
         self.settings = settings
@@ -137,8 +156,8 @@ class ValidationActivities:
 
     @activity.defn(name=ValidationActivity.CHECK_CONTROL_PLANE)
     async def check_control_plane(self, inp: ValidationTarget) -> ControlPlaneFacts:
-        # Running at all proves this worker polls Temporal; asking the server for its version proves the
-        # client can still reach it now, and names the server in the report.
+        # Running at all proves this worker polls Temporal; asking the server for its version proves
+        # the client can still reach it now, and names the server in the report.
         info = activity.info()
         client = self._client or activity.client()
         version, error = None, None
@@ -167,10 +186,12 @@ class ValidationActivities:
 
     @activity.defn(name=ValidationActivity.RECORD_VALIDATION)
     async def record_validation(self, inp: RecordValidationInput) -> RecordValidationResult:
-        """Run ContractWorkflow's `record_validation` update; a missing or refusing contract is an answer,
-        not an error (only an unreachable server is retried)."""
+        """Run ContractWorkflow's `record_validation` update; a missing or refusing contract is an
+        answer, not an error (only an unreachable server is retried)."""
         client = self._client or activity.client()
-        handle = client.get_workflow_handle(contract_workflow_id(inp.customer_id, inp.report.contract_id))
+        handle = client.get_workflow_handle(
+            contract_workflow_id(inp.customer_id, inp.report.contract_id)
+        )
         try:
             coverage = await handle.execute_update(
                 ContractMessage.RECORD_VALIDATION,
@@ -181,10 +202,18 @@ class ValidationActivities:
         except RPCError as e:
             if e.status != RPCStatusCode.NOT_FOUND:
                 raise  # the server did not answer: retried
-            return RecordValidationResult(recorded=False, detail=f"no running contract: {e.message}"[:2000])
+            return RecordValidationResult(
+                recorded=False, detail=f"no running contract: {e.message}"[:2000]
+            )
         except WorkflowUpdateFailedError as e:
-            why = f"{e.cause.type}: {e.cause.message}" if isinstance(e.cause, ApplicationError) else str(e)
-            return RecordValidationResult(recorded=False, detail=f"the contract refused it: {why}"[:2000])
+            why = (
+                f"{e.cause.type}: {e.cause.message}"
+                if isinstance(e.cause, ApplicationError)
+                else str(e)
+            )
+            return RecordValidationResult(
+                recorded=False, detail=f"the contract refused it: {why}"[:2000]
+            )
         status = coverage.changes[-1].status.value if coverage.changes else "unknown"
         return RecordValidationResult(recorded=True, detail=f"job {coverage.job_id} now {status}")
 

@@ -9,7 +9,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
 def write_block(name: str, lines: list[str]) -> None:
-    """Put a benchmark's block into docs/benchmarks.md between its markers, replacing the last run's."""
+    """Put a benchmark's block into docs/benchmarks.md between its markers, replacing the last
+    run's."""
     begin, end = f"<!-- {name}: written by bench/{name}.py -->", f"<!-- /{name} -->"
     block = "\n".join([begin, *lines, end])
     text = BENCHMARKS.read_text()
@@ -21,8 +22,8 @@ def write_block(name: str, lines: list[str]) -> None:
 
 
 def read_step_log(log: Path) -> list[tuple[int, int, int, float, str]]:
-    """A step log's rows, (rank, step, pid, unix time, "begin" | "end"), as the examples' `--step-log`
-    writes them."""
+    """A step log's rows, (rank, step, pid, unix time, "begin" | "end"), as the examples'
+    `--step-log` writes them."""
     if not log.exists():
         return []
     out = []

@@ -1,18 +1,19 @@
 """Chaos benchmark: one real job, N failures injected at random (seeded), one at a time.
 
-Kills (SIGKILL), hangs (SIGSTOP), pauses (SIGSTOP past the hang timeout, SIGCONT after), planned drains of
-healthy ranks, two ranks killed at once, spares killed (one still starting up if any), and kills with a
-second loss during their recovery (the donor, the spare receiving the
-state, or another rank killed when the state transfer starts, or as the group re-forms) of random ranks of a 4-rank job with 3 warm
-spares, on the embedded Temporal dev server with the real control worker. Each failure is armed once the
-job trains again with the previous one's incident on its record (`inject_each`), so every incident is one
-planned failure and a record lost or doubled shows. Prints and records in docs/benchmarks.md: failures
-injected, incidents, live migrations, fallbacks, failures, steps recomputed (measured by the ranks),
-whether the final state is bitwise equal to the same run never failed, and the wall time. The CI-sized run
-(30) is `tests/integration/test_chaos.py`, which uses the same plan.
+Kills (SIGKILL), hangs (SIGSTOP), pauses (SIGSTOP past the hang timeout, SIGCONT after), planned
+drains of healthy ranks, two ranks killed at once, spares killed (one still starting up if any), and
+kills with a second loss during their recovery (the donor, the spare receiving the state, or another
+rank killed when the state transfer starts, or as the group re-forms) of random ranks of a 4-rank
+job with 3 warm spares, on the embedded Temporal dev server with the real control worker. Each
+failure is armed once the job trains again with the previous one's incident on its record
+(`inject_each`), so every incident is one planned failure and a record lost or doubled shows. Prints
+and records in docs/benchmarks.md: failures injected, incidents, live migrations, fallbacks,
+failures, steps recomputed (measured by the ranks), whether the final state is bitwise equal to the
+same run never failed, and the wall time. The CI-sized run (30) is
+`tests/integration/test_chaos.py`, which uses the same plan.
 
-Run: `.venv/bin/python -m bench.chaos [N] [SEED]` (N=1000 is the issue's target; about 2 s a failure on
-2 cores).
+Run: `.venv/bin/python -m bench.chaos [N] [SEED]` (N=1000 is the issue's target; about 2 s a failure
+on 2 cores).
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ WORLD = 4
 SPARES = 3  # a failure with a second loss during its recovery takes two
 
 Plan = list[tuple[str, int, int]]
-# One incident each. "kill+donor", "kill+receiver", "kill+rank": a rank killed at the step, then a second
-# process killed when that recovery's state transfer starts (the donor, the spare receiving, or another
-# rank): the recovery must re-plan around it. "kill+regroup": the second process, another rank, is killed
-# as the recovery's group begins to form (the state has moved): the group is abandoned and formed again. "pause": SIGSTOP past the hang timeout, SIGCONT after.
-# "drain": a planned migration of a healthy rank. "double": two ranks killed at the same step (one
-# incident, two slots). "spare": a spare killed (one still starting up if any): no incident, the pool
-# refills, and the next failure must still migrate live.
+# One incident each. "kill+donor", "kill+receiver", "kill+rank": a rank killed at the step, then a
+# second process killed when that recovery's state transfer starts (the donor, the spare receiving,
+# or another rank): the recovery must re-plan around it. "kill+regroup": the second process, another
+# rank, is killed as the recovery's group begins to form (the state has moved): the group is
+# abandoned and formed again. "pause": SIGSTOP past the hang timeout, SIGCONT after. "drain": a
+# planned migration of a healthy rank. "double": two ranks killed at the same step (one incident,
+# two slots). "spare": a spare killed (one still starting up if any): no incident, the pool refills,
+# and the next failure must still migrate live.
 MIX = (
     ("kill", 3),
     ("hang", 1),
@@ -70,11 +72,17 @@ MIX = (
 )
 NO_INCIDENT = {"spare"}
 PAUSE_SECONDS = 4.0  # past the hang timeout (1.5 s): detected, fenced, migrated
-SECOND = {"kill+donor": "donor", "kill+receiver": "receiver", "kill+rank": "rank", "kill+regroup": "regroup"}
+SECOND = {
+    "kill+donor": "donor",
+    "kill+receiver": "receiver",
+    "kill+rank": "rank",
+    "kill+regroup": "regroup",
+}
 
 
 def plan(failures: int, seed: int) -> Plan:
-    """(action, rank, at step) for each failure, drawn from MIX, random ranks, SPACING steps apart."""
+    """(action, rank, at step) for each failure, drawn from MIX, random ranks, SPACING steps
+    apart."""
     rng = random.Random(seed)
     names = [name for name, _ in MIX]
     weights = [w for _, w in MIX]
@@ -88,7 +96,9 @@ def frames(action: str, rank: int, step: int) -> list[wire.Inject]:
         return [wire.Inject(action=wire.InjectAction.KILL, slot=0, target=wire.InjectTarget.SPARE)]
     first = "kill" if action == "double" else action.partition("+")[0]
     seconds = PAUSE_SECONDS if first == "pause" else 5.0
-    out = [wire.Inject(action=wire.InjectAction(first), slot=rank, after_step=step, seconds=seconds)]
+    out = [
+        wire.Inject(action=wire.InjectAction(first), slot=rank, after_step=step, seconds=seconds)
+    ]
     other = (rank + 1 + step % (WORLD - 1)) % WORLD  # never the first rank itself
     if action == "double":
         out.append(wire.Inject(action=wire.InjectAction.KILL, slot=other, after_step=step))
@@ -112,9 +122,9 @@ def incidents_of(injections: Plan) -> int:
 
 
 def steps_for(failures: int) -> int:
-    """The job's length: the plan's steps, and twice as many again for the steps the job trains between a
-    failure and the next one's arming (a drain's world trains while its spare warms; the 1,000-failure run
-    on a busy machine drifted about 8 steps a failure)."""
+    """The job's length: the plan's steps, and twice as many again for the steps the job trains
+    between a failure and the next one's arming (a drain's world trains while its spare warms; the
+    1,000-failure run on a busy machine drifted about 8 steps a failure)."""
     return 10 + 3 * failures * SPACING + 10
 
 
@@ -135,9 +145,11 @@ def spec(
     )
 
 
-async def run(client: Client, job: JobSpec, injections: Plan, armed: list[int] | None = None) -> JobResult:
-    """Run `job` with `injections` carried out one at a time (`inject_each`, which appends to `armed` the
-    index of each one it armed); its result."""
+async def run(
+    client: Client, job: JobSpec, injections: Plan, armed: list[int] | None = None
+) -> JobResult:
+    """Run `job` with `injections` carried out one at a time (`inject_each`, which appends to
+    `armed` the index of each one it armed); its result."""
     task = asyncio.create_task(run_job(job, client))
     while not any(j["job_id"] == job.job_id for j in running_jobs(job.state_dir)):
         if task.done():
@@ -153,17 +165,20 @@ async def run(client: Client, job: JobSpec, injections: Plan, armed: list[int] |
 
 
 async def inject_each(job: JobSpec, injections: Plan, armed: list[int]) -> None:
-    """Each failure is armed once the job trains again with every earlier one's incident recorded, at its
-    planned step or (when the job is past it) two steps on: two failures never share a recovery unless
-    the plan says so (the second losses). One that makes no incident stops the rest, and the run's
-    incident count shows it."""
+    """Each failure is armed once the job trains again with every earlier one's incident recorded,
+    at its planned step or (when the job is past it) two steps on: two failures never share a
+    recovery unless the plan says so (the second losses). One that makes no incident stops the rest,
+    and the run's incident count shows it."""
     for i, (action, rank, step) in enumerate(injections):
         status = await _calm(job, recorded=incidents_of(injections[:i]))
         at = max(step, min(r.step for r in status.ranks) + 2)
-        if action == "drain":  # asked for as an operator would: once the rank is there, nothing in progress
+        # asked for as an operator would: once the rank is there, nothing in progress
+        if action == "drain":
             while True:
                 await _calm(job, recorded=incidents_of(injections[:i]), step=at)
-                reply = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.Drain(slot=rank))
+                reply = await asyncio.to_thread(
+                    request, job.state_dir, job.job_id, wire.Drain(slot=rank)
+                )
                 if isinstance(reply, wire.Ok):
                     break
             armed.append(i)
@@ -175,11 +190,13 @@ async def inject_each(job: JobSpec, injections: Plan, armed: list[int]) -> None:
 
 
 async def _calm(job: JobSpec, recorded: int, step: int = 0) -> wire.Status:
-    """The job's status once it trains with all its ranks, no incident in progress, at least `recorded`
-    incidents on its record and every rank at `step` or past it."""
+    """The job's status once it trains with all its ranks, no incident in progress, at least
+    `recorded` incidents on its record and every rank at `step` or past it."""
     while True:
         try:
-            status = await asyncio.to_thread(request, job.state_dir, job.job_id, wire.StatusRequest())
+            status = await asyncio.to_thread(
+                request, job.state_dir, job.job_id, wire.StatusRequest()
+            )
         except (UnknownJob, OSError, ProtocolError):  # between two accepts; or the job just ended
             await asyncio.sleep(0.05)
             continue
@@ -196,10 +213,12 @@ async def _calm(job: JobSpec, recorded: int, step: int = 0) -> wire.Status:
 
 
 async def open_contract(client: Client, job_id: str) -> ContractRef:
-    """A development contract (a local host has no scheduler to validate) with `job_id` opted in: the run's
-    outcomes reach a real ledger through the workflows' own checks, so that a record lost or doubled on the
-    way shows there too."""
-    ref = ContractRef(customer_id="chaos", contract_id=f"chaos-{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}")
+    """A development contract (a local host has no scheduler to validate) with `job_id` opted in:
+    the run's outcomes reach a real ledger through the workflows' own checks, so that a record lost
+    or doubled on the way shows there too."""
+    ref = ContractRef(
+        customer_id="chaos", contract_id=f"chaos-{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}"
+    )
     await cc.open_development_contract(client, ref, job_id, "1000.00")
     return ref
 
@@ -207,8 +226,8 @@ async def open_contract(client: Client, job_id: str) -> ContractRef:
 async def ledger_rows(
     client: Client, ref: ContractRef, job: JobResult, timeout: float = 120
 ) -> list[LedgerRow]:
-    """The contract ledger's rows for the job once its incidents' outcomes are checked and recorded (their
-    signals and checks are asynchronous), or as they stand at the deadline."""
+    """The contract ledger's rows for the job once its incidents' outcomes are checked and recorded
+    (their signals and checks are asynchronous), or as they stand at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         rows: list[LedgerRow] = []
@@ -218,7 +237,9 @@ async def ledger_rows(
             rows += [r for r in page.rows if r.job_id == job.job_id]
             offset = page.next_offset
         standing = await cc.get_standing(client, ref.customer_id, ref.contract_id)
-        if (len(rows) >= len(job.incidents) and standing.unverified == 0) or time.monotonic() > deadline:
+        if (
+            len(rows) >= len(job.incidents) and standing.unverified == 0
+        ) or time.monotonic() > deadline:
             return rows
         await asyncio.sleep(0.5)
 
@@ -237,7 +258,8 @@ def summary(
         "injected": len(injections),
         "armed": armed,  # fewer than injected: the job reached its last step first
         "kinds": dict(Counter(a for a, _, _ in injections)),
-        "processes_lost": len(injections) + sum(a in SECOND or a == "double" for a, _, _ in injections),
+        "processes_lost": len(injections)
+        + sum(a in SECOND or a == "double" for a, _, _ in injections),
         "expected": incidents_of(injections),  # one a failure; a spare's loss makes none
         "incidents": len(outcomes),
         "handled_locally": sum(o.handled_locally for o in outcomes),
@@ -248,7 +270,8 @@ def summary(
         # Each incident once in the contract's ledger, and nothing else of this job there.
         "ledger": len(recorded),
         "ledger_matches": sorted(recorded) == sorted(o.incident_id for o in outcomes),
-        "bitwise_equal": bool(reference.final_digest) and result.final_digest == reference.final_digest,
+        "bitwise_equal": bool(reference.final_digest)
+        and result.final_digest == reference.final_digest,
         "job_ok": result.ok,
         "seconds": round(seconds, 1),
     }
@@ -258,17 +281,17 @@ def _record(s: dict[str, object], seed: int) -> None:
     live, injected, expected = s["live"], s["injected"], s["expected"]
     assert isinstance(live, int) and isinstance(injected, int) and isinstance(expected, int)
     lines = [
-        f"- **Chaos, {datetime.now(UTC):%Y-%m-%d}** (`python -m bench.chaos {injected} {seed}`): one 4-rank job,"
-        f" {SPARES} warm spares, {injected} failures ({s['kinds']}; {s['processes_lost']} processes"
-        f" lost; {s['armed']} armed before the job's last step), one at a time: {s['incidents']}"
-        f" incidents of {expected} expected (a spare's loss makes none), {s['replanned']} re-planned,"
-        f" {s['handled_locally']} handled by the job itself,"
-        f" {live} live ({100 * live / max(1, expected):.1f}%), dispositions {s['dispositions']},"
-        f" {s['steps_recomputed']} steps recomputed, {s['ledger']} ledger rows"
-        f" ({'each incident once' if s['ledger_matches'] else 'NOT the incidents'}),"
-        " final state bitwise equal to the run never failed:"
-        f" {'yes' if s['bitwise_equal'] else 'NO'}; {s['seconds']} s. Target: >= 99% live, 0 lost or"
-        " doubled records (incidents == expected == ledger rows).",
+        f"- **Chaos, {datetime.now(UTC):%Y-%m-%d}** (`python -m bench.chaos {injected} {seed}`): "
+        f"one 4-rank job, {SPARES} warm spares, {injected} failures ({s['kinds']}; "
+        f"{s['processes_lost']} processes lost; {s['armed']} armed before the job's last step), "
+        f"one at a time: {s['incidents']} incidents of {expected} expected (a spare's loss makes "
+        f"none), {s['replanned']} re-planned, {s['handled_locally']} handled by the job itself, "
+        f"{live} live ({100 * live / max(1, expected):.1f}%), dispositions {s['dispositions']}, "
+        f"{s['steps_recomputed']} steps recomputed, {s['ledger']} ledger rows "
+        f"({'each incident once' if s['ledger_matches'] else 'NOT the incidents'}), final state "
+        f"bitwise equal to the run never failed: {'yes' if s['bitwise_equal'] else 'NO'}; "
+        f"{s['seconds']} s. Target: >= 99% live, 0 lost or doubled records (incidents == expected "
+        "== ledger rows).",
     ]
     write_block("chaos", lines)
 

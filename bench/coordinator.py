@@ -1,15 +1,16 @@
 """Coordinator cost as the job grows: 64, 256 and 1,024 simulated ranks.
 
-The real `Coordinator` (control channel, detector, step tracker, spare pool) runs in this process; the
-ranks are simulated in a second process (a few threads, each multiplexing its share of them), each rank
-with a connection of its own speaking the real control protocol over real
-authenticated sockets: Hello, Ready, Joined after the Regroup, a heartbeat every 0.2 s (the agent's
-default) and a step a second (Step and Collective, as a rank sends them). No torch. For each size, in one
-invocation: this process's CPU time per second of wall time while every rank trains (the coordinator's
-whole cost: reader threads, decoding, MAC checks, the event loop), and the time from a simulated rank's
-loss (its connection closed, its process gone) to the incident's report leaving the coordinator (what
-starts the incident workflow). Target: detection time flat, CPU linear in the ranks or better.
-Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.coordinator` (about two minutes).
+The real `Coordinator` (control channel, detector, step tracker, spare pool) runs in this process;
+the ranks are simulated in a second process (a few threads, each multiplexing its share of them),
+each rank with a connection of its own speaking the real control protocol over real authenticated
+sockets: Hello, Ready, Joined after the Regroup, a heartbeat every 0.2 s (the agent's default) and a
+step a second (Step and Collective, as a rank sends them). No torch. For each size, in one
+invocation: this process's CPU time per second of wall time while every rank trains (the
+coordinator's whole cost: reader threads, decoding, MAC checks, the event loop), and the time from a
+simulated rank's loss (its connection closed, its process gone) to the incident's report leaving the
+coordinator (what starts the incident workflow). Target: detection time flat, CPU linear in the
+ranks or better. Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m
+bench.coordinator` (about two minutes).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ STEP_EVERY = 1.0
 LOSSES = 3  # losses measured per size (one job each), the median reported
 
 
-# --- the simulated ranks (their own process) ------------------------------------------------------------
+# --- the simulated ranks (their own process)
+# ------------------------------------------------------------
 
-SIM_THREADS = 8  # each multiplexes its share of the ranks with select(): 1,024 threads of one process
+# each multiplexes its share of the ranks with select(): 1,024 threads of one process
+SIM_THREADS = 8
 # spend their time fighting over the GIL, not speaking the protocol
 
 
@@ -86,7 +89,9 @@ class _SimRank:
         frame = protocol.recv_frame(self.sock)
         if isinstance(frame, wire.Regroup):
             self.training = True
-            joined = wire.Joined(generation=frame.generation, completed=self.completed, layout=self.layout)
+            joined = wire.Joined(
+                generation=frame.generation, completed=self.completed, layout=self.layout
+            )
             protocol.send_frame(self.sock, joined)
         elif isinstance(frame, wire.Freeze):
             self.training = False
@@ -142,7 +147,8 @@ class _SimThread:
 
 
 def simulate() -> None:
-    """Read commands on stdin: a rank to start (its environment), or one to lose (its socket closed)."""
+    """Read commands on stdin: a rank to start (its environment), or one to lose (its socket
+    closed)."""
     threads = [_SimThread() for _ in range(SIM_THREADS)]
     where: dict[str, _SimThread] = {}
     for n, line in enumerate(sys.stdin):
@@ -158,7 +164,8 @@ def simulate() -> None:
                 t.new.append(cmd["env"])
 
 
-# --- the coordinator's side (this process) --------------------------------------------------------------
+# --- the coordinator's side (this process)
+# --------------------------------------------------------------
 
 
 class SimLauncher(Launcher):
@@ -166,10 +173,13 @@ class SimLauncher(Launcher):
 
     def __init__(self) -> None:
         self.sim = subprocess.Popen(
-            [sys.executable, "-m", "bench.coordinator", "simulate"], stdin=subprocess.PIPE, text=True
+            [sys.executable, "-m", "bench.coordinator", "simulate"],
+            stdin=subprocess.PIPE,
+            text=True,
         )
         self.codes: dict[str, int | None] = {}
-        self.ended = False  # the job is over: its simulated ranks leave when told (Exit), as real ones do
+        # the job is over: its simulated ranks leave when told (Exit), as real ones do
+        self.ended = False
         self._lock = threading.Lock()
 
     def _tell(self, cmd: dict[str, object]) -> None:
@@ -208,7 +218,8 @@ class SimLauncher(Launcher):
 
 
 async def one(n: int, state: Path) -> tuple[float, float, float]:
-    """(CPU seconds per second while training, heartbeats per second, seconds from loss to report)."""
+    """(CPU seconds per second while training, heartbeats per second, seconds from loss to
+    report)."""
     from job_agent.coordinator.coordinator import Coordinator
     from job_agent.wire.rank import Role
     from torchpass.job import JobSpec, JobState
@@ -239,16 +250,21 @@ async def one(n: int, state: Path) -> tuple[float, float, float]:
     try:
 
         def stepping() -> int:
-            return min((m.step or 0 for m in c.roster.members.values() if m.role is Role.RANK), default=0)
+            return min(
+                (m.step or 0 for m in c.roster.members.values() if m.role is Role.RANK), default=0
+            )
 
         started = said = time.monotonic()
         while c.state is JobState.STARTING or stepping() < 2:
             assert not run.done(), run.result().error
-            assert time.monotonic() - started < 120, f"{n} ranks: {len(c.roster.ranks())} in, {c.state}"
+            assert time.monotonic() - started < 120, (
+                f"{n} ranks: {len(c.roster.ranks())} in, {c.state}"
+            )
             if time.monotonic() - said > 10:
                 said = time.monotonic()
                 print(
-                    f"  {n} ranks: {len(c.roster.ranks())} in, {c.state}, step {stepping()}", file=sys.stderr
+                    f"  {n} ranks: {len(c.roster.ranks())} in, {c.state}, step {stepping()}",
+                    file=sys.stderr,
                 )
             await asyncio.sleep(0.1)
         cpu0, t0 = time.process_time(), time.monotonic()
@@ -263,7 +279,8 @@ async def one(n: int, state: Path) -> tuple[float, float, float]:
         launcher.ended = True
         c.fail("the benchmark is over")
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(run, 5)  # past it (filing waits for a workflow there is not): cancelled
+            # past it (filing waits for a workflow there is not): cancelled
+            await asyncio.wait_for(run, 5)
         launcher.shutdown(timedelta(seconds=5))
 
 
@@ -273,22 +290,38 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="torchpass-bench-coord-") as tmp:
         for n in SIZES:
             for k in range(LOSSES):
-                # Each job in a fresh process: nothing one leaves behind (threads, sockets) weighs on the next.
-                cmd = [sys.executable, "-m", "bench.coordinator", "one", str(n), str(Path(tmp) / f"{n}-{k}")]
-                out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=300, check=True).stdout
+                # Each job in a fresh process: nothing one leaves behind (threads, sockets) weighs
+                # on the next.
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.coordinator",
+                    "one",
+                    str(n),
+                    str(Path(tmp) / f"{n}-{k}"),
+                ]
+                out = subprocess.run(
+                    cmd, stdout=subprocess.PIPE, text=True, timeout=300, check=True
+                ).stdout
                 rows.setdefault(n, []).append(tuple(json.loads(out.splitlines()[-1])))
                 print(f"{n} ranks, run {k}: {rows[n][-1]}", flush=True)
     seconds = time.monotonic() - t0
     base_cpu = _median([r[0] for r in rows[SIZES[0]]])
     base_detect = _median([r[2] for r in rows[SIZES[0]]])
     lines = [
-        f"## Coordinator cost as the job grows ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.coordinator`)",
+        f"## Coordinator cost as the job grows ({datetime.now(UTC):%Y-%m-%d}, `python -m "
+        "bench.coordinator`)",
         "",
-        "The real coordinator in one process; the ranks simulated in another (8 threads multiplexing them), on the real",
-        "authenticated control protocol: a heartbeat every 0.2 s, a step (Step + Collective) a second, no",
-        f"torch. CPU: the coordinator's process, per second of wall time over {WINDOW:.0f} s of training.",
-        "Detection: a rank's connection closed and its process gone -> the incident's report leaves the",
-        f"coordinator. Median of {LOSSES} jobs per size; one invocation, {seconds:.0f} s on this 2-core machine",
+        "The real coordinator in one process; the ranks simulated in another (8 threads "
+        "multiplexing them), on the real",
+        "authenticated control protocol: a heartbeat every 0.2 s, a step (Step + Collective) a "
+        "second, no",
+        f"torch. CPU: the coordinator's process, per second of wall time over {WINDOW:.0f} s of "
+        "training.",
+        "Detection: a rank's connection closed and its process gone -> the incident's report "
+        "leaves the",
+        f"coordinator. Median of {LOSSES} jobs per size; one invocation, {seconds:.0f} s on this "
+        "2-core machine",
         "(the simulator shares it).",
         "",
         "| ranks | frames/s in | coordinator CPU (s/s) | CPU / rank vs 64 | detection | vs 64 |",

@@ -1,17 +1,20 @@
 """The CUDA and NCCL paths that the CPU suite cannot reach, checked on a machine with a GPU.
 
-1. Striped transfer of GPU-resident state: a model and its Adam state on the GPU, served by two donors
-   (`StateServer`, each staging its snapshot to host memory) and received by a fresh replica whose
-   tensors are on the GPU (`job_agent.transfer.receiver`: slices into host buffers, copied up at the end).
-   Checked: the digests agree, every tensor is bit-for-bit the donor's and still on the GPU.
-2. The regroup a survivor does on NCCL: a group formed on the job's own store (`job_agent.rank.store`), an
-   all-reduce, the group aborted from another thread (`GroupSockets.abort(nccl=True)`, what the agent does
-   when told to abort), destroyed, and the next generation's group formed in the same process under a new
-   store prefix, with an all-reduce on it. One GPU gives a world of one: NCCL refuses two ranks on one
-   device, so a failure between GPUs stays for a multi-GPU machine.
+1. Striped transfer of GPU-resident state: a model and its Adam state on the GPU, served by two
+   donors (`StateServer`, each staging its snapshot to host memory) and received by a fresh replica
+   whose tensors are on the GPU (`job_agent.transfer.receiver`: slices into host buffers, copied up
+   at the end). Checked: the digests agree, every tensor is bit-for-bit the donor's and still on the
+   GPU.
+2. The regroup a survivor does on NCCL: a group formed on the job's own store
+   (`job_agent.rank.store`), an all-reduce, the group aborted from another thread
+   (`GroupSockets.abort(nccl=True)`, what the agent does when told to abort), destroyed, and the
+   next generation's group formed in the same process under a new store prefix, with an all-reduce
+   on it. One GPU gives a world of one: NCCL refuses two ranks on one device, so a failure between
+   GPUs stays for a multi-GPU machine.
 
 Run: `.venv/bin/python -m bench.gpu_check` (exit 0: every check held; 1: one failed; 2: no GPU).
-`--device cpu` runs both parts on the CPU, part 2 on gloo (a dry run of the script, not a GPU check).
+`--device cpu` runs both parts on the CPU, part 2 on gloo (a dry run of the script, not a GPU
+check).
 """
 
 from __future__ import annotations
@@ -90,7 +93,9 @@ def striped(device: torch.device, width: int = 2048) -> dict[str, object]:
         t.join(30)
     mine, theirs = _tensors(spare), _tensors(donor)
     checks = {
-        "digests agree": stats.digest == donor.snapshot(STEP).digest() == spare.snapshot(STEP).digest(),
+        "digests agree": stats.digest
+        == donor.snapshot(STEP).digest()
+        == spare.snapshot(STEP).digest(),
         "both donors served the same digest": served == [stats.digest] * 2,
         "two slices, one per donor": sorted(s.donor for s in stats.stripes) == [0, 1],
         "every tensor bit-for-bit the donor's": len(mine) == len(theirs)
@@ -105,7 +110,9 @@ def striped(device: torch.device, width: int = 2048) -> dict[str, object]:
     }
 
 
-def _group(store: RendezvousStore, generation: int, device: torch.device, sockets: GroupSockets) -> float:
+def _group(
+    store: RendezvousStore, generation: int, device: torch.device, sockets: GroupSockets
+) -> float:
     sockets.forming()
     cuda = device.type == "cuda"
     dist.init_process_group(
@@ -136,7 +143,8 @@ def regroup(device: torch.device) -> dict[str, object]:
     aborted = not aborter.is_alive()
     try:
         dist.destroy_process_group()
-    except RuntimeError as e:  # an aborted group may refuse a clean shutdown: the agent suppresses this too
+    # an aborted group may refuse a clean shutdown: the agent suppresses this too
+    except RuntimeError as e:
         print(f"destroy after abort: {e}", file=sys.stderr)
         c10d._world.group_count = 0
     second = _group(store, 1, device, sockets)
@@ -159,7 +167,9 @@ def main() -> int:
         print("gpu_check: no CUDA device here; nothing was checked", file=sys.stderr)
         return 2
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
-    results: dict[str, object] = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"}
+    results: dict[str, object] = {
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    }
     results["torch"] = torch.__version__
     results["striped transfer"] = striped(device)
     results["nccl regroup" if device.type == "cuda" else "gloo regroup (dry run)"] = regroup(device)

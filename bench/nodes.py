@@ -1,13 +1,15 @@
-"""Node-loss benchmark: a node lost whole -> all ranks training again, with 2 and 4 nodes, ~100 MB of model +
-Adam state per rank, beside a single rank killed in the same job (the ratio is what to read).
+"""Node-loss benchmark: a node lost whole -> all ranks training again, with 2 and 4 nodes, ~100 MB
+of model + Adam state per rank, beside a single rank killed in the same job (the ratio is what to
+read).
 
-Each configuration is one real job: N nodes of one rank each and a spare node with one warm spare, every
-node a network namespace of its own when this machine can make them (else a loopback address of its own),
-on the embedded Temporal dev server with the real control worker. Rank 1 is killed at step 10 (a warm spare
-on the spare node takes it and the spare node warms another), then node 0 (the node of rank 0) is lost
-whole at step 40: its agent and its rank killed at once. Every figure is the incident's own outcome
-(`recovery_seconds`: failure observed -> training again; the transfer's bytes and seconds from the proof).
-Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.nodes` (about 5 minutes on 2 cores).
+Each configuration is one real job: N nodes of one rank each and a spare node with one warm spare,
+every node a network namespace of its own when this machine can make them (else a loopback address
+of its own), on the embedded Temporal dev server with the real control worker. Rank 1 is killed at
+step 10 (a warm spare on the spare node takes it and the spare node warms another), then node 0 (the
+node of rank 0) is lost whole at step 40: its agent and its rank killed at once. Every figure is the
+incident's own outcome (`recovery_seconds`: failure observed -> training again; the transfer's bytes
+and seconds from the proof). Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m
+bench.nodes` (about 5 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from workers.temporal import exit_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "train_bench.py"
-MODEL = ("--width", "1024", "--depth", "8")  # as bench.recovery: ~100 MB of model + Adam state per rank
+# as bench.recovery: ~100 MB of model + Adam state per rank
+MODEL = ("--width", "1024", "--depth", "8")
 STEPS = 70
 KILL_AT, LOSE_AT = 10, 40
 
@@ -66,7 +69,9 @@ async def one(client: Client, d: Path, n: int) -> JobResult:
                 break
             assert not job.done(), (await job).error
             await asyncio.sleep(0.1)
-        assert isinstance(await asyncio.to_thread(request, spec.state_dir, spec.job_id, kill), wire.Ok)
+        assert isinstance(
+            await asyncio.to_thread(request, spec.state_dir, spec.job_id, kill), wire.Ok
+        )
         await local.lose_at("node0", LOSE_AT)
         print(f"bench.nodes: {n} nodes: {hosts.mode}, node0 lost at step {LOSE_AT}", flush=True)
         return await job
@@ -101,11 +106,15 @@ async def main() -> int:
                 results[n] = await one(env.client, Path(tmp) / str(n), n)
     seconds = time.monotonic() - t0
     lines = [
-        f"## Node lost whole -> all ranks training again ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.nodes`)",
+        f"## Node lost whole -> all ranks training again ({datetime.now(UTC):%Y-%m-%d}, `python -m "
+        "bench.nodes`)",
         "",
-        "N nodes of one rank each and a spare node with one warm spare, ~100 MB of model + Adam state per",
-        f"rank (8 x Linear(1024, 1024)); in each job rank 1 killed at step {KILL_AT}, then node 0 (rank 0's)",
-        f"lost whole at step {LOSE_AT}. Each figure is the incident's own: failure observed -> training again,",
+        "N nodes of one rank each and a spare node with one warm spare, ~100 MB of model + Adam "
+        "state per",
+        f"rank (8 x Linear(1024, 1024)); in each job rank 1 killed at step {KILL_AT}, then node 0 "
+        "(rank 0's)",
+        f"lost whole at step {LOSE_AT}. Each figure is the incident's own: failure observed -> "
+        "training again,",
         f"and the state moved. One invocation, {seconds:.0f} s on this machine.",
         "",
         "| nodes | rank killed | node lost | node / rank | steps recomputed |",
@@ -114,7 +123,10 @@ async def main() -> int:
     ]
     print("\n".join(lines))
     write_block("nodes", lines)
-    ok = all(r.ok and len(r.incidents) == 2 and all(o.success for o in r.incidents) for r in results.values())
+    ok = all(
+        r.ok and len(r.incidents) == 2 and all(o.success for o in r.incidents)
+        for r in results.values()
+    )
     return 0 if ok else 1
 
 

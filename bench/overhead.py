@@ -1,14 +1,16 @@
 """The agent's cost per step: the same DDP training under torchrun and under torchpass, interleaved.
 
-`examples/torchrun_ddp.py` under `torchrun --standalone` (no agent) and `examples/train_ddp.py` under
-torchpass (the agent, stock DDP; one micro-batch a step, DDP's default 25 MB buckets, so both reduce
-the same way) train the same model on the same data, 4 ranks, gloo on loopback. The runs alternate
-(torchrun, torchpass, torchpass, torchrun, ...), so that the machine's noise falls on both alike.
+`examples/torchrun_ddp.py` under `torchrun --standalone` (no agent) and `examples/train_ddp.py`
+under torchpass (the agent, stock DDP; one micro-batch a step, DDP's default 25 MB buckets, so both
+reduce the same way) train the same model on the same data, 4 ranks, gloo on loopback. The runs
+alternate (torchrun, torchpass, torchpass, torchrun, ...), so that the machine's noise falls on both
+alike.
 
-A run's step time is its steady rate: from the last rank beginning step WARMUP to the last rank ending its
-last step, over the steps between (everything the agent does between steps is inside: its step report, the
-per-step seeding, the replica check's digest every `--verify-every` steps). Neither side saves checkpoints.
-Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.overhead` (about 4 minutes).
+A run's step time is its steady rate: from the last rank beginning step WARMUP to the last rank
+ending its last step, over the steps between (everything the agent does between steps is inside: its
+step report, the per-step seeding, the replica check's digest every `--verify-every` steps). Neither
+side saves checkpoints. Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m
+bench.overhead` (about 4 minutes).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from workers.job import run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS, STEPS, WARMUP, ROUNDS = 4, 110, 10, 3
-MODEL = ("--width", "1024", "--depth", "8", "--batch", "32", "--samples", "4096")  # bench.peers' ~100 MB
+# bench.peers' ~100 MB
+MODEL = ("--width", "1024", "--depth", "8", "--batch", "32", "--samples", "4096")
 
 
 def rate(log: Path) -> float:
@@ -48,7 +51,15 @@ def torchrun(d: Path) -> float:
         "--standalone",
         f"--nproc-per-node={RANKS}",
         str(ROOT / "examples" / "torchrun_ddp.py"),
-        *("--steps", str(STEPS), *MODEL, "--ckpt", str(d / "ckpt.pt"), "--ckpt-every", str(10 * STEPS)),
+        *(
+            "--steps",
+            str(STEPS),
+            *MODEL,
+            "--ckpt",
+            str(d / "ckpt.pt"),
+            "--ckpt-every",
+            str(10 * STEPS),
+        ),
         *("--step-log", str(log)),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -63,7 +74,17 @@ async def torchpass(client: object, d: Path, n: int) -> float:
     spec = JobSpec(
         job_id=f"overhead-{n}",
         script=ROOT / "examples" / "train_ddp.py",
-        args=("--steps", str(STEPS), *MODEL, "--accum", "1", "--bucket-mb", "25", "--step-log", str(log)),
+        args=(
+            "--steps",
+            str(STEPS),
+            *MODEL,
+            "--accum",
+            "1",
+            "--bucket-mb",
+            "25",
+            "--step-log",
+            str(log),
+        ),
         nproc=RANKS,
         spares=0,
         state_dir=d,
@@ -97,20 +118,22 @@ async def main() -> int:
     ]
     spread = max(ratios) - min(ratios)
     lines = [
-        f"## The agent's cost per step, interleaved with torchrun ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.overhead`)",
+        f"## The agent's cost per step, interleaved with torchrun ({datetime.now(UTC):%Y-%m-%d}, "
+        "`python -m bench.overhead`)",
         "",
-        f"The same stock-DDP training (`{' '.join(MODEL)}`, AdamW), {RANKS} ranks on this machine"
-        f" ({os.cpu_count()} cores, gloo on loopback), {STEPS} steps a run, the rate from step {WARMUP} on;"
-        " no checkpoints either side; the agent's replica check at its default (every 100 steps: one digest"
-        " of each rank's state, at step 100, falls inside the measured steps).",
+        f"The same stock-DDP training (`{' '.join(MODEL)}`, AdamW), {RANKS} ranks on this machine "
+        f"({os.cpu_count()} cores, gloo on loopback), {STEPS} steps a run, the rate from step "
+        f"{WARMUP} on; no checkpoints either side; the agent's replica check at its default (every "
+        "100 steps: one digest of each rank's state, at step 100, falls inside the measured "
+        "steps).",
         "",
         "| round | torchrun | torchpass (agent) | agent overhead |",
         "|---|---|---|---|",
         *rows,
         "",
-        f"Median overhead {statistics.median(ratios) - 1:+.1%} (target <= 2%); the rounds spread over"
-        f" {spread:.1%}, which is this machine's noise between two runs of the same work: an overhead inside"
-        " it is not resolved by this measurement.",
+        f"Median overhead {statistics.median(ratios) - 1:+.1%} (target <= 2%); the rounds spread "
+        f"over {spread:.1%}, which is this machine's noise between two runs of the same work: an "
+        "overhead inside it is not resolved by this measurement.",
     ]
     write_block("overhead", lines)
     print("\n".join(lines))

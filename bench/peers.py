@@ -1,24 +1,26 @@
 """One rank SIGKILLed, torchpass against torchrun, side by side in one invocation.
 
-The same DDP training (8 x Linear(1024, 1024) + AdamW: about 100 MB of model + optimizer state per rank,
-4 ranks, gloo on loopback) killed once at the same step:
+The same DDP training (8 x Linear(1024, 1024) + AdamW: about 100 MB of model + optimizer state per
+rank, 4 ranks, gloo on loopback) killed once at the same step:
 
-  1. under torchpass with the agent (`examples/train_ddp.py`, stock DDP, one warm spare): live migration;
-  2. under torchrun `--max-restarts 3` (`examples/torchrun_ddp.py`, an ordinary torchrun script saving its
-     checkpoint every 10 steps from rank 0 and resuming from it): every worker restarted;
+  1. under torchpass with the agent (`examples/train_ddp.py`, stock DDP, one warm spare): live
+     migration;
+  2. under torchrun `--max-restarts 3` (`examples/torchrun_ddp.py`, an ordinary torchrun script
+     saving its checkpoint every 10 steps from rank 0 and resuming from it): every worker restarted;
   3. under torchft 0.2.0 (`bench/torchft_ddp.py`, the same training on torchft's Manager, DDP and
-     Optimizer wrappers; 4 replica groups of one rank, 3 needed for a quorum), in a virtualenv of its own
-     (`bench/torchft_peer.py` makes it), with its default timeouts and with tuned ones; the killed
-     replica's replacement is started the instant the kill is sent (a scheduler would take longer).
+     Optimizer wrappers; 4 replica groups of one rank, 3 needed for a quorum), in a virtualenv of
+     its own (`bench/torchft_peer.py` makes it), with its default timeouts and with tuned ones; the
+     killed replica's replacement is started the instant the kill is sent (a scheduler would take
+     longer).
 
-Measured: the time from the kill until every rank trains again (torchpass: the outcome's recovery time,
-failure observed -> every rank in its next step; the kill is observed within milliseconds, as the
-connection closes. torchrun: the kill -> the last rank's first step begun by a restarted worker, from the
-script's own per-step log; torchft: the kill -> the replacement's first step after healing that the
-quorum committed, the survivors having gone on before), the steps recomputed, and the rank-seconds lost
-(each rank's time from the kill to its next training step, summed, plus ranks x steps recomputed x the
-median step time).
-Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.peers` (about 12 minutes).
+Measured: the time from the kill until every rank trains again (torchpass: the outcome's recovery
+time, failure observed -> every rank in its next step; the kill is observed within milliseconds, as
+the connection closes. torchrun: the kill -> the last rank's first step begun by a restarted worker,
+from the script's own per-step log; torchft: the kill -> the replacement's first step after healing
+that the quorum committed, the survivors having gone on before), the steps recomputed, and the
+rank-seconds lost (each rank's time from the kill to its next training step, summed, plus ranks x
+steps recomputed x the median step time). Writes its block of docs/benchmarks.md. Run:
+`.venv/bin/python -m bench.peers` (about 12 minutes).
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ async def torchpass_run(d: Path) -> tuple[float, int, int]:
 
 
 def torchrun_run(d: Path) -> tuple[float, int, float] | str:
-    """(kill -> training again, steps recomputed, median step seconds) under torchrun --max-restarts, or
-    why the job never trained again."""
+    """(kill -> training again, steps recomputed, median step seconds) under torchrun
+    --max-restarts, or why the job never trained again."""
     log = d / "steps.log"
     cmd = [
         str(Path(sys.executable).with_name("torchrun")),
@@ -88,9 +90,9 @@ def torchrun_run(d: Path) -> tuple[float, int, float] | str:
         "--step-log",
         str(log),
     ]
-    # torch 2.13's torchrun hands its restarted workers the rendezvous store of the round before, where
-    # gloo finds the dead workers' addresses ("connectFullMesh failed"); torchrun's own switch to give
-    # each round its store is this variable.
+    # torch 2.13's torchrun hands its restarted workers the rendezvous store of the round before,
+    # where gloo finds the dead workers' addresses ("connectFullMesh failed"); torchrun's own switch
+    # to give each round its store is this variable.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     out = (d / "torchrun.out").open("w")
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -109,9 +111,10 @@ def torchrun_run(d: Path) -> tuple[float, int, float] | str:
     if code != 0 and not any(pid not in before for _, _, pid, _, _ in rows):
         text = (d / "torchrun.out").read_text()
         return (
-            f"never trained again: exit code {code} after {text.count('Sending process') // (RANKS - 1)}"
-            f" worker-group restart(s), the restarted workers failing in init_process_group"
-            f" ({text.count('connectFullMesh failed')} gloo 'connectFullMesh failed' errors)"
+            f"never trained again: exit code {code} after "
+            f"{text.count('Sending process') // (RANKS - 1)} worker-group restart(s), the "
+            "restarted workers failing in init_process_group "
+            f"({text.count('connectFullMesh failed')} gloo 'connectFullMesh failed' errors)"
         )
     first_new: dict[int, tuple[float, int]] = {}
     for rank, step, pid, t, event in rows:
@@ -119,7 +122,9 @@ def torchrun_run(d: Path) -> tuple[float, int, float] | str:
             first_new.setdefault(rank, (t, step))
     assert len(first_new) == RANKS, first_new
     again = max(t for t, _ in first_new.values()) - killed_at
-    done_before = max(s for _, s, pid, t, e in rows if pid in before and e == "end" and t <= killed_at)
+    done_before = max(
+        s for _, s, pid, t, e in rows if pid in before and e == "end" and t <= killed_at
+    )
     recomputed = done_before + 1 - min(s for _, s in first_new.values())
     begins = {(r, s, p): t for r, s, p, t, e in rows if e == "begin"}
     steps = [t - begins[(r, s, p)] for r, s, p, t, e in rows if e == "end" and (r, s, p) in begins]
@@ -182,34 +187,39 @@ async def main() -> int:
     for name, label in CASES:
         row, medians[name] = _row(label, runs[name])
         rows.append(row)
-    rows.append(_row("torchft 0.2.0, tuned timeouts, killed 0.1 s into the step (one run)", [mid])[0])
+    rows.append(
+        _row("torchft 0.2.0, tuned timeouts, killed 0.1 s into the step (one run)", [mid])[0]
+    )
     tp = medians["torchpass"]
     assert tp, runs["torchpass"]
     ratios = ", ".join(
-        f"{label.split(',')[0]}{' (' + name + ')' if name in ('default', 'tuned') else ''} {peer / tp:.1f}x"
+        f"{label.split(',')[0]}{' (' + name + ')' if name in ('default', 'tuned') else ''} "
+        f"{peer / tp:.1f}x"
         for name, label in CASES[1:]
         if (peer := medians[name]) is not None
     )
     lines = [
-        f"## One rank SIGKILLed: torchpass vs torchrun vs torchft ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.peers`)",
+        f"## One rank SIGKILLed: torchpass vs torchrun vs torchft ({datetime.now(UTC):%Y-%m-%d}, "
+        "`python -m bench.peers`)",
         "",
-        f"The same DDP training, about 100 MB of model + AdamW state per rank, {RANKS} ranks on this machine "
-        f"({os.cpu_count()} cores, gloo on loopback), rank {KILL_RANK} SIGKILLed as it began step {KILL_STEP};"
-        f" the torchrun script saves a checkpoint every {CKPT_EVERY} steps. {ROUNDS} rounds, interleaved, in"
-        " one invocation: the median and each run.",
+        f"The same DDP training, about 100 MB of model + AdamW state per rank, {RANKS} ranks on "
+        f"this machine ({os.cpu_count()} cores, gloo on loopback), rank {KILL_RANK} SIGKILLed as "
+        f"it began step {KILL_STEP}; the torchrun script saves a checkpoint every {CKPT_EVERY} "
+        f"steps. {ROUNDS} rounds, interleaved, in one invocation: the median and each run.",
         "",
-        "| | kill -> every rank training again (median) | each run | steps recomputed | rank-seconds lost (median) |",
+        "| | kill -> every rank training again (median) | each run | steps recomputed | "
+        "rank-seconds lost (median) |",
         "|---|---|---|---|---|",
         *rows,
         "",
         f"torchpass back to training faster than: {ratios} (target: >= 10x each).",
         "",
-        f"torchft's tuned timeouts: {TUNED}. Its survivors go on with 3 replicas once the lighthouse drops"
-        " the lost one (5 s by default, about 0.5 s tuned); the time to every rank training again is then the"
-        " replacement's start-up and healing, a cold process (the warm spare is torchpass's). Killed inside"
-        " the step, after the step's quorum had formed with the lost replica, torchft 0.2.0's survivors"
-        " crashed in its DDP communication hook in every run here (`bench/torchft_peer.py` gives the"
-        " details).",
+        f"torchft's tuned timeouts: {TUNED}. Its survivors go on with 3 replicas once the "
+        "lighthouse drops the lost one (5 s by default, about 0.5 s tuned); the time to every rank "
+        "training again is then the replacement's start-up and healing, a cold process (the warm "
+        "spare is torchpass's). Killed inside the step, after the step's quorum had formed with "
+        "the lost replica, torchft 0.2.0's survivors crashed in its DDP communication hook in "
+        "every run here (`bench/torchft_peer.py` gives the details).",
     ]
     write_block("peers", lines)
     print("\n".join(lines))

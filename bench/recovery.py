@@ -2,9 +2,10 @@
 
 In one invocation, side by side on the same machine:
   1. live migration with warm spares (three kills in one job, one warm spare each), phase by phase;
-  2. the checkpoint-restart baseline (no spare: every rank restarted, last checkpoint loaded, steps since
-     it recomputed), through the same workflow's fallback path;
-  3. a raw loopback socket copy of the same bytes into a pre-touched buffer (the practical transfer limit);
+  2. the checkpoint-restart baseline (no spare: every rank restarted, last checkpoint loaded, steps
+     since it recomputed), through the same workflow's fallback path;
+  3. a raw loopback socket copy of the same bytes into a pre-touched buffer (the practical transfer
+     limit);
   4. the agent's cost per training step against the same loop in plain torch.distributed.
 Writes docs/benchmarks.md. Run: `make bench` (about 4 minutes on 2 cores).
 """
@@ -54,8 +55,11 @@ def _spec(state: Path, job_id: str, spares: int, times: Path) -> JobSpec:
     )
 
 
-async def run_with_kills(client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]) -> JobResult:
-    """Run `spec` to its end, each (rank, step) of `kills` armed as a SIGKILL once its coordinator is up."""
+async def run_with_kills(
+    client: Client, spec: JobSpec, kills: tuple[tuple[int, int], ...]
+) -> JobResult:
+    """Run `spec` to its end, each (rank, step) of `kills` armed as a SIGKILL once its coordinator
+    is up."""
     from job_agent import wire
     from job_agent.coordinator.jobs import request, running_jobs
 
@@ -107,7 +111,16 @@ def plain_step_times(times: Path) -> None:
         port = s.getsockname()[1]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--plain", "--steps", str(STEPS), *MODEL, "--times", str(times)],
+            [
+                sys.executable,
+                str(SCRIPT),
+                "--plain",
+                "--steps",
+                str(STEPS),
+                *MODEL,
+                "--times",
+                str(times),
+            ],
             env={
                 **os.environ,
                 "RANK": str(r),
@@ -124,7 +137,9 @@ def plain_step_times(times: Path) -> None:
 
 def _median_step(times: Path) -> float:
     """Median step over every run recorded in `times` (one line per run), warm-up steps skipped."""
-    rows = [[float(x) for x in line.split()] for line in times.read_text().splitlines() if line.strip()]
+    rows = [
+        [float(x) for x in line.split()] for line in times.read_text().splitlines() if line.strip()
+    ]
     return statistics.median(s for row in rows for s in row[5:])
 
 
@@ -153,11 +168,16 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="torchpass-bench-") as tmp:
         d = Path(tmp)
         async with env, control_worker(env.client):
-            # Interleaved (plain, agent, plain, agent) so that drift of a shared machine hits both alike.
+            # Interleaved (plain, agent, plain, agent) so that drift of a shared machine hits both
+            # alike.
             for i in range(OVERHEAD_ROUNDS):
                 await asyncio.to_thread(plain_step_times, d / "plain.txt")
-                clean = await run_with_kills(env.client, _spec(d, f"bench-clean-{i}", 0, d / "agent.txt"), ())
-            live = await run_with_kills(env.client, _spec(d, "bench-live", len(KILLS), d / "live.txt"), KILLS)
+                clean = await run_with_kills(
+                    env.client, _spec(d, f"bench-clean-{i}", 0, d / "agent.txt"), ()
+                )
+            live = await run_with_kills(
+                env.client, _spec(d, "bench-live", len(KILLS), d / "live.txt"), KILLS
+            )
             restart = await run_with_kills(
                 env.client, _spec(d, "bench-restart", 0, d / "restart.txt"), KILLS[:1]
             )
@@ -169,7 +189,9 @@ async def main() -> int:
     recov = [o.recovery_seconds or 0.0 for o in migrated]
     xfer = [o.proof.bytes / o.proof.seconds / 1e6 for o in migrated if o.proof]
     wire = [
-        o.proof.bytes / o.proof.stream_seconds / 1e6 for o in migrated if o.proof and o.proof.stream_seconds
+        o.proof.bytes / o.proof.stream_seconds / 1e6
+        for o in migrated
+        if o.proof and o.proof.stream_seconds
     ]
     fb = restart.incidents[0]
     fb_resume = fb.recovery_seconds or 0.0
@@ -177,19 +199,26 @@ async def main() -> int:
     lines = [
         "# Benchmarks",
         "",
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on this project's machine ({os.cpu_count()} cores, CPU only, gloo on",
-        "loopback) by `make bench` (`.venv/bin/python -m bench.recovery`), all figures from one invocation.",
-        f"Model: 8 x Linear(1024, 1024) + Adam, {proof_bytes / 1e6:.0f} MB of model + optimizer state per rank; 4 ranks.",
+        f"Measured {datetime.now(UTC):%Y-%m-%d} on this project's machine ({os.cpu_count()} cores, "
+        "CPU only, gloo on",
+        "loopback) by `make bench` (`.venv/bin/python -m bench.recovery`), all figures from one "
+        "invocation.",
+        f"Model: 8 x Linear(1024, 1024) + Adam, {proof_bytes / 1e6:.0f} MB of model + optimizer "
+        "state per rank; 4 ranks.",
         "",
         "## Kill -> all ranks training again",
         "",
         "| path | median | runs | steps recomputed |",
         "|---|---|---|---|",
-        f"| live migration, warm spare, workflow included | {statistics.median(recov):.2f} s | {', '.join(f'{r:.2f}' for r in recov)} s | {sum(o.steps_recomputed for o in migrated)} |",
-        f"| checkpoint restart (no spare -> fallback) | {fb_resume:.2f} s to training again, {fb_total:.2f} s until the lost steps are redone | 1 | {fb.steps_recomputed} |",
+        f"| live migration, warm spare, workflow included | {statistics.median(recov):.2f} s | "
+        f"{', '.join(f'{r:.2f}' for r in recov)} s | {sum(o.steps_recomputed for o in migrated)} |",
+        f"| checkpoint restart (no spare -> fallback) | {fb_resume:.2f} s to training again, "
+        f"{fb_total:.2f} s until the lost steps are redone | 1 | {fb.steps_recomputed} |",
         "",
-        f"Live migration is {fb_total / statistics.median(recov):.1f}x faster than the restart baseline here (restart cost",
-        "counted until the job is back where it failed); the gap grows with checkpoint interval and cluster size.",
+        f"Live migration is {fb_total / statistics.median(recov):.1f}x faster than the restart "
+        "baseline here (restart cost",
+        "counted until the job is back where it failed); the gap grows with checkpoint interval "
+        "and cluster size.",
         "",
         "Phases (wall time seen by the workflow, orchestration included):",
         "",
@@ -199,8 +228,10 @@ async def main() -> int:
         "",
         "| method | MB/s |",
         "|---|---|",
-        f"| torchpass stream (donor -> spare, straight into the spare's tensors, hashing alongside) | {statistics.median(wire):.0f} (median of {len(wire)}) |",
-        f"| torchpass end to end (snapshot, stream, both sha256 digests compared, state installed) | {statistics.median(xfer):.0f} (median of {len(xfer)}) |",
+        "| torchpass stream (donor -> spare, straight into the spare's tensors, hashing alongside) "
+        f"| {statistics.median(wire):.0f} (median of {len(wire)}) |",
+        "| torchpass end to end (snapshot, stream, both sha256 digests compared, state installed) "
+        f"| {statistics.median(xfer):.0f} (median of {len(xfer)}) |",
         f"| raw loopback socket into a pre-touched buffer, same bytes | {raw:.0f} (best of 3) |",
         f"| stream / raw | {statistics.median(wire) / raw:.0%} (target >= 80%) |",
         f"| end to end / raw | {statistics.median(xfer) / raw:.0%} |",
@@ -209,12 +240,15 @@ async def main() -> int:
         "",
         "| loop | median step |",
         "|---|---|",
-        f"| plain torch.distributed, same all-reduce ({OVERHEAD_ROUNDS} runs, interleaved) | {plain_s * 1000:.1f} ms |",
+        f"| plain torch.distributed, same all-reduce ({OVERHEAD_ROUNDS} runs, interleaved) | "
+        f"{plain_s * 1000:.1f} ms |",
         f"| under the agent ({OVERHEAD_ROUNDS} runs, interleaved) | {agent_s * 1000:.1f} ms |",
         f"| overhead | {(agent_s / plain_s - 1):+.1%} (target <= 2%) |",
         "",
-        "Targets: median kill -> training again <= 1 s with a warm spare; transfer >= 80% of the raw socket;",
-        "agent <= 2% per step. Numbers on a shared 2-core machine are noisy; compare ratios, not absolutes.",
+        "Targets: median kill -> training again <= 1 s with a warm spare; transfer >= 80% of the "
+        "raw socket;",
+        "agent <= 2% per step. Numbers on a shared 2-core machine are noisy; compare ratios, not "
+        "absolutes.",
         "",
         "| target | measured | met |",
         "|---|---|---|",
@@ -225,10 +259,13 @@ async def main() -> int:
         ),
         _verdict(
             "transfer >= 80% of raw",
-            f"{statistics.median(wire) / raw:.0%} stream, {statistics.median(xfer) / raw:.0%} end to end",
+            f"{statistics.median(wire) / raw:.0%} stream, {statistics.median(xfer) / raw:.0%} end "
+            "to end",
             statistics.median(wire) / raw >= 0.8,
         ),
-        _verdict("agent overhead <= 2%", f"{(agent_s / plain_s - 1):+.1%}", agent_s / plain_s - 1 <= 0.02),
+        _verdict(
+            "agent overhead <= 2%", f"{(agent_s / plain_s - 1):+.1%}", agent_s / plain_s - 1 <= 0.02
+        ),
     ]
     out = ROOT / "docs" / "benchmarks.md"
     out.parent.mkdir(exist_ok=True)

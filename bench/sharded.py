@@ -2,12 +2,13 @@
 
 `examples/train_fsdp.py` on 4 ranks (gloo on loopback), one rank SIGKILLed at the same step:
 
-  1. HSDP 2 x 2 (two replica groups of two shards): the lost shard is rebuilt from its replica, live;
-  2. plain FSDP2 (one group of four shards): no replica of the lost shard exists, so the job restarts
-     from its sharded checkpoint (the brief's "failures exceeding parallelism redundancy").
+  1. HSDP 2 x 2 (two replica groups of two shards): the lost shard is rebuilt from its replica,
+     live;
+  2. plain FSDP2 (one group of four shards): no replica of the lost shard exists, so the job
+     restarts from its sharded checkpoint (the brief's "failures exceeding parallelism redundancy").
 
-Measured, from each incident's outcome: the recovery time (failure observed -> every rank in its next
-step), the steps recomputed, the bytes of state moved. Writes its block of docs/benchmarks.md.
+Measured, from each incident's outcome: the recovery time (failure observed -> every rank in its
+next step), the steps recomputed, the bytes of state moved. Writes its block of docs/benchmarks.md.
 Run: `.venv/bin/python -m bench.sharded` (about 2 minutes).
 """
 
@@ -57,24 +58,29 @@ async def main() -> int:
             hsdp = await one(env.client, Path(tmp) / "hsdp", 2)
             fsdp = await one(env.client, Path(tmp) / "fsdp", 1)
     rows = []
-    for name, o in (("HSDP 2 x 2 (a replica of the shard left)", hsdp), ("FSDP2, 4 shards (none)", fsdp)):
+    for name, o in (
+        ("HSDP 2 x 2 (a replica of the shard left)", hsdp),
+        ("FSDP2, 4 shards (none)", fsdp),
+    ):
         moved = f"{o.proof.bytes / 1e6:.1f} MB" if o.proof else "none (checkpoint)"
         rows.append(
-            f"| {name} | {o.disposition.value} | {o.recovery_seconds:.2f} s | {o.steps_recomputed} | {moved} |"
+            f"| {name} | {o.disposition.value} | {o.recovery_seconds:.2f} s | {o.steps_recomputed} "
+            f"| {moved} |"
         )
     lines = [
         f"## FSDP2 and HSDP recovery ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.sharded`)",
         "",
-        f"`examples/train_fsdp.py {' '.join(MODEL)}`, {RANKS} ranks on this machine ({os.cpu_count()} cores,"
-        f" gloo on loopback), rank {KILL_RANK} SIGKILLed at step {KILL_STEP}, checkpoints every {CKPT_EVERY}"
-        " steps, one warm spare. One run each, in one invocation.",
+        f"`examples/train_fsdp.py {' '.join(MODEL)}`, {RANKS} ranks on this machine "
+        f"({os.cpu_count()} cores, gloo on loopback), rank {KILL_RANK} SIGKILLed at step "
+        f"{KILL_STEP}, checkpoints every {CKPT_EVERY} steps, one warm spare. One run each, in one "
+        "invocation.",
         "",
         "| layout | outcome | recovery (observed -> training) | steps recomputed | state moved |",
         "|---|---|---|---|---|",
         *rows,
         "",
-        "The restart's time covers starting every rank again (interpreter, torch, the model) and loading the"
-        " checkpoint; the live recovery moves one shard from its replica.",
+        "The restart's time covers starting every rank again (interpreter, torch, the model) and "
+        "loading the checkpoint; the live recovery moves one shard from its replica.",
     ]
     write_block("sharded", lines)
     print("\n".join(lines))

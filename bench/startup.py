@@ -1,15 +1,17 @@
-"""Start-up: ranks forked from the fork server (`job_agent.launch.forkserver`) against ranks started cold.
+"""Start-up: ranks forked from the fork server (`job_agent.launch.forkserver`) against ranks started
+cold.
 
 In one invocation on the embedded dev server, interleaved (cold, forked, cold, forked...) so that a
 shared machine's drift hits both alike:
-  1. a 4-rank job of one step with one warm spare, from launch to its result: what every job start pays;
-  2. a checkpoint restart: the unmodified torchrun script `examples/torchrun_ddp.py` under `--no-agent`,
-     rank 2 SIGKILLed, every rank restarted from the script's checkpoint: the fallback's own time, from
-     fencing the old ranks to every new one training again (`FallbackResult.work_seconds`, measured by
-     the job).
-The fork server is warmed by one unmeasured job first: a process's first forked job also pays the server's
-own imports (about 3 s here), once. Target: forked start-up <= 1/3 of cold.
-Writes its block of docs/benchmarks.md. Run: `.venv/bin/python -m bench.startup` (about 3 minutes).
+  1. a 4-rank job of one step with one warm spare, from launch to its result: what every job start
+     pays;
+  2. a checkpoint restart: the unmodified torchrun script `examples/torchrun_ddp.py` under
+     `--no-agent`, rank 2 SIGKILLed, every rank restarted from the script's checkpoint: the
+     fallback's own time, from fencing the old ranks to every new one training again
+     (`FallbackResult.work_seconds`, measured by the job). The fork server is warmed by one
+     unmeasured job first: a process's first forked job also pays the server's own imports (about 3
+     s here), once. Target: forked start-up <= 1/3 of cold. Writes its block of docs/benchmarks.md.
+     Run: `.venv/bin/python -m bench.startup` (about 3 minutes).
 """
 
 from __future__ import annotations
@@ -39,18 +41,35 @@ MODES = {"cold": "0", "forked": "1"}
 def _job(state: Path, job_id: str) -> JobSpec:
     args = ("--steps", "1", "--width", "128", "--depth", "2")
     return JobSpec(
-        job_id=job_id, script=ROOT / "examples" / "train_dp.py", args=args, nproc=4, spares=1, state_dir=state
+        job_id=job_id,
+        script=ROOT / "examples" / "train_dp.py",
+        args=args,
+        nproc=4,
+        spares=1,
+        state_dir=state,
     )
 
 
 def _restart(state: Path, job_id: str) -> JobSpec:
-    args = ("--steps", "40", "--width", "64", "--ckpt", str(state / f"{job_id}.pt"), "--ckpt-every", "5")
+    args = (
+        "--steps",
+        "40",
+        "--width",
+        "64",
+        "--ckpt",
+        str(state / f"{job_id}.pt"),
+        "--ckpt-every",
+        "5",
+    )
     script = ROOT / "examples" / "torchrun_ddp.py"
-    return JobSpec(job_id=job_id, script=script, args=args, nproc=4, spares=0, state_dir=state, agent=False)
+    return JobSpec(
+        job_id=job_id, script=script, args=args, nproc=4, spares=0, state_dir=state, agent=False
+    )
 
 
 async def _measure(client: Client, d: Path, mode: str, i: int) -> tuple[float, float]:
-    """(seconds from launch to the result of the one-step job, seconds of the restart's fallback)."""
+    """(seconds from launch to the result of the one-step job, seconds of the restart's
+    fallback)."""
     os.environ["TORCHPASS_FORK_SERVER"] = MODES[mode]  # read by each job's launcher as it is made
     t0 = time.perf_counter()
     job = await run_with_kills(client, _job(d, f"start-{mode}-{i}"), ())
@@ -82,10 +101,11 @@ async def main() -> int:
     lines = [
         "## Start-up: ranks forked from a warm interpreter, or started cold",
         "",
-        f"Measured {datetime.now(UTC):%Y-%m-%d} by `.venv/bin/python -m bench.startup` ({os.cpu_count()} cores),"
-        f" {ROUNDS} rounds interleaved, medians.",
+        f"Measured {datetime.now(UTC):%Y-%m-%d} by `.venv/bin/python -m bench.startup` "
+        f"({os.cpu_count()} cores), {ROUNDS} rounds interleaved, medians.",
         "",
-        "| | 4 ranks + 1 spare, 1 step: launch to result | checkpoint restart (4 ranks, --no-agent): fence to training again |",
+        "| | 4 ranks + 1 spare, 1 step: launch to result | checkpoint restart (4 ranks, "
+        "--no-agent): fence to training again |",
         "|---|---|---|",
         *(
             f"| {m} | {med[m][0]:.2f} s ({', '.join(f'{s:.2f}' for s, _ in v)}) |"
@@ -93,9 +113,12 @@ async def main() -> int:
             for m, v in seconds.items()
         ),
         "",
-        f"Forked start-up is {ratio:.2f} of cold (target <= 0.33: {'met' if ratio <= 1 / 3 else 'not met'}); the",
-        f"restart {med['forked'][1] / med['cold'][1]:.2f} of cold. A cold rank spends most of its start importing",
-        "torch and torch._dynamo (which a script's first optimizer imports); a forked one has them already.",
+        f"Forked start-up is {ratio:.2f} of cold (target <= 0.33: "
+        f"{'met' if ratio <= 1 / 3 else 'not met'}); the",
+        f"restart {med['forked'][1] / med['cold'][1]:.2f} of cold. A cold rank spends most of its "
+        "start importing",
+        "torch and torch._dynamo (which a script's first optimizer imports); a forked one has them "
+        "already.",
     ]
     write_block("startup", lines)
     print("\n".join(lines))

@@ -1,14 +1,15 @@
 """Striped vs single-donor state transfer, with each node's link limited.
 
-Four hosts, each a network namespace of its own on one bridge: three donors and a receiver. Each donor
-host's egress is limited with `tc` (a token bucket, `RATE`), as a node's NIC shared with training traffic
-is; the receiver's is not. Each donor is a real process holding the same ~50 MB of model + Adam state
-(4 x Linear(1024, 1024), seeded, a few steps trained) and serves it with the real `StateServer`; the
-receiver, a process on its own host, takes it with the real striped receiver (`job_agent.transfer.receiver`) from
-k = 1, 2 and 3 donors in turn, `REPEATS` times each, in one invocation. The figure is the receiver's own
-time from connecting to the state installed and verified; each result's digest must equal the donors'.
-Target: k donors >= 0.8 x k times as fast as one. Needs root (namespaces and tc); writes its block of
-docs/benchmarks.md. Run: `.venv/bin/python -m bench.stripes` (about a minute).
+Four hosts, each a network namespace of its own on one bridge: three donors and a receiver. Each
+donor host's egress is limited with `tc` (a token bucket, `RATE`), as a node's NIC shared with
+training traffic is; the receiver's is not. Each donor is a real process holding the same ~50 MB of
+model + Adam state (4 x Linear(1024, 1024), seeded, a few steps trained) and serves it with the real
+`StateServer`; the receiver, a process on its own host, takes it with the real striped receiver
+(`job_agent.transfer.receiver`) from k = 1, 2 and 3 donors in turn, `REPEATS` times each, in one
+invocation. The figure is the receiver's own time from connecting to the state installed and
+verified; each result's digest must equal the donors'. Target: k donors >= 0.8 x k times as fast as
+one. Needs root (namespaces and tc); writes its block of docs/benchmarks.md. Run: `.venv/bin/python
+-m bench.stripes` (about a minute).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _state(seed: int) -> TrackedState:
 
 
 def donor(host: str) -> None:
-    """On a donor host: for each `serve` line on stdin, serve the state once; print the port, then done."""
+    """On a donor host: for each `serve` line on stdin, serve the state once; print the port, then
+    done."""
     from job_agent.transfer.donor import StateServer
 
     state = _state(0)
@@ -68,7 +70,8 @@ def donor(host: str) -> None:
 
 
 def receiver() -> None:
-    """On the receiver's host: for each line of donors (JSON), take the state; print seconds and digest."""
+    """On the receiver's host: for each line of donors (JSON), take the state; print seconds and
+    digest."""
     from job_agent import wire
     from job_agent.transfer.receiver import receive_state
 
@@ -78,7 +81,8 @@ def receiver() -> None:
         state = _state(1)  # a warm spare's own memory, other values
         stats = receive_state(state, sources, secret, timedelta(seconds=120))
         print(
-            json.dumps({"seconds": stats.seconds, "digest": stats.digest, "bytes": stats.nbytes}), flush=True
+            json.dumps({"seconds": stats.seconds, "digest": stats.digest, "bytes": stats.nbytes}),
+            flush=True,
         )
 
 
@@ -104,9 +108,25 @@ def _limit(h: Host) -> None:
         [*h.prefix, "ip", "-o", "link", "show"], capture_output=True, text=True, check=True
     )
     dev = next(
-        ln.split(":")[1].strip().split("@")[0] for ln in links.stdout.splitlines() if ": lo:" not in ln
+        ln.split(":")[1].strip().split("@")[0]
+        for ln in links.stdout.splitlines()
+        if ": lo:" not in ln
     )
-    tc = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", RATE, "burst", "256kb", "latency", "100ms"]
+    tc = [
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        RATE,
+        "burst",
+        "256kb",
+        "latency",
+        "100ms",
+    ]
     subprocess.run([*h.prefix, *tc], check=True, capture_output=True)
 
 
@@ -115,7 +135,9 @@ def main() -> int:
     t0 = time.monotonic()
     with fabric(4) as hosts:
         if hosts.mode != "netns":
-            print("bench.stripes needs network namespaces and tc (root): links cannot be limited here")
+            print(
+                "bench.stripes needs network namespaces and tc (root): links cannot be limited here"
+            )
             return 2
         *donor_hosts, recv_host = hosts.hosts
         for h in donor_hosts:
@@ -131,7 +153,8 @@ def main() -> int:
                 for k in (1, 2, 3):
                     ports = [_ask(d, "serve")["port"] for d in donors[:k]]
                     sources = [
-                        {"slot": i, "host": donor_hosts[i].address, "port": p} for i, p in enumerate(ports)
+                        {"slot": i, "host": donor_hosts[i].address, "port": p}
+                        for i, p in enumerate(ports)
                     ]
                     got = _ask(recv, json.dumps(sources))
                     for d in donors[:k]:
@@ -145,11 +168,15 @@ def main() -> int:
     seconds = time.monotonic() - t0
     one = statistics.median(times[1])
     lines = [
-        f"## Striped vs single-donor transfer ({datetime.now(UTC):%Y-%m-%d}, `python -m bench.stripes`)",
+        f"## Striped vs single-donor transfer ({datetime.now(UTC):%Y-%m-%d}, `python -m "
+        "bench.stripes`)",
         "",
-        f"{size / 1e6:.0f} MB of model + Adam state, each donor's host egress limited to {RATE}/s with tc, the",
-        "receiver's not; donors and receiver each a network namespace of its own on one bridge, real",
-        f"`StateServer`s and the striped receiver. Median of {REPEATS}, the receiver's own time to the state",
+        f"{size / 1e6:.0f} MB of model + Adam state, each donor's host egress limited to {RATE}/s "
+        "with tc, the",
+        "receiver's not; donors and receiver each a network namespace of its own on one bridge, "
+        "real",
+        f"`StateServer`s and the striped receiver. Median of {REPEATS}, the receiver's own time to "
+        "the state",
         f"installed and verified (digest equal to the donors'). One invocation, {seconds:.0f} s.",
         "",
         "| donors k | seconds | MB/s | speed-up | target (0.8 x k) |",
@@ -161,7 +188,8 @@ def main() -> int:
         met = one / m >= 0.8 * k
         ok = ok and met
         lines.append(
-            f"| {k} | {m:.2f} | {size / m / 1e6:.0f} | {one / m:.2f}x | {'met' if met else 'NOT met'} |"
+            f"| {k} | {m:.2f} | {size / m / 1e6:.0f} | {one / m:.2f}x | "
+            f"{'met' if met else 'NOT met'} |"
         )
     print("\n".join(lines))
     write_block("stripes", lines)

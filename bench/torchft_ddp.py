@@ -1,25 +1,27 @@
-"""The DDP training of `examples/torchrun_ddp.py`, written for torchft 0.2.0 instead of torchrun, so that
-`bench/torchft_peer.py` can measure torchft's recovery from a killed replica on the same work.
+"""The DDP training of `examples/torchrun_ddp.py`, written for torchft 0.2.0 instead of torchrun, so
+that `bench/torchft_peer.py` can measure torchft's recovery from a killed replica on the same work.
 
-It follows the layout of torchft's own `train_ddp.py` example (pytorch/torchft, top of the repository):
-a `Manager` over a reconfigurable `ProcessGroupGloo`, given callbacks that save and load the model and
-optimizer state so that a (re)joining replica group heals from a live peer; the model wrapped in torchft's
-`DistributedDataParallel`, AdamW wrapped in torchft's `Optimizer` (whose `zero_grad` starts the quorum and
-whose `step` applies the update only when the manager says the step commits); and torchft's
-`DistributedSampler` sharding the data by replica group. Training is counted in the manager's committed
-steps rather than in epochs.
+It follows the layout of torchft's own `train_ddp.py` example (pytorch/torchft, top of the
+repository): a `Manager` over a reconfigurable `ProcessGroupGloo`, given callbacks that save and
+load the model and optimizer state so that a (re)joining replica group heals from a live peer; the
+model wrapped in torchft's `DistributedDataParallel`, AdamW wrapped in torchft's `Optimizer` (whose
+`zero_grad` starts the quorum and whose `step` applies the update only when the manager says the
+step commits); and torchft's `DistributedSampler` sharding the data by replica group. Training is
+counted in the manager's committed steps rather than in epochs.
 
-Here each replica group is one process (groups of 1 rank, 4 groups). It is started without torchrun, so it
-hosts its group's TCPStore itself (the store torchrun's agent would otherwise host at MASTER_ADDR:MASTER_PORT).
-Environment, as torchft documents it: REPLICA_GROUP_ID, NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE, MASTER_ADDR,
-MASTER_PORT, RANK=0, WORLD_SIZE=1. Timeouts left unset keep torchft's defaults.
+Here each replica group is one process (groups of 1 rank, 4 groups). It is started without torchrun,
+so it hosts its group's TCPStore itself (the store torchrun's agent would otherwise host at
+MASTER_ADDR:MASTER_PORT). Environment, as torchft documents it: REPLICA_GROUP_ID,
+NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE, MASTER_ADDR, MASTER_PORT, RANK=0, WORLD_SIZE=1. Timeouts
+left unset keep torchft's defaults.
 
-Model and data are those of `examples/torchrun_ddp.py`: `--width` x `--depth` Linear + GELU layers and a
-Linear(width, 1) head built after torch.manual_seed(0), AdamW lr 1e-3, the sin(x.sum()) regression set from
-Generator seed 7, sampler seed 3, drop_last. `--step-log` gets `rank step pid unix-time begin|end` lines as in
-that script, with rank = the replica group and step = manager.current_step() when the step begins; "end" is
-written only for a step the manager committed. A process that has not yet been in a quorum (a fresh or
-replacement one) logs its first step as step 0: its real step is known only after it has healed.
+Model and data are those of `examples/torchrun_ddp.py`: `--width` x `--depth` Linear + GELU layers
+and a Linear(width, 1) head built after torch.manual_seed(0), AdamW lr 1e-3, the sin(x.sum())
+regression set from Generator seed 7, sampler seed 3, drop_last. `--step-log` gets `rank step pid
+unix-time begin|end` lines as in that script, with rank = the replica group and step =
+manager.current_step() when the step begins; "end" is written only for a step the manager committed.
+A process that has not yet been in a quorum (a fresh or replacement one) logs its first step as step
+0: its real step is known only after it has healed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch.distributed import TCPStore
 from torch.utils.data import DataLoader, TensorDataset
-from torchft import DistributedDataParallel, DistributedSampler, Manager, Optimizer, ProcessGroupGloo
+from torchft import (
+    DistributedDataParallel,
+    DistributedSampler,
+    Manager,
+    Optimizer,
+    ProcessGroupGloo,
+)
 
 
 def _args() -> argparse.Namespace:
@@ -46,17 +54,24 @@ def _args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--min-replicas", type=int, default=1, help="Manager min_replica_size")
-    p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
+    p.add_argument(
+        "--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)"
+    )
     p.add_argument(
         "--hold-at-step",
         type=int,
-        help="(benchmarks) after logging 'begin' of this step, wait there before touching torchft, to be killed",
+        help="(benchmarks) after logging 'begin' of this step, wait there before touching torchft, "
+        "to be killed",
     )
     # torchft settings; unset = torchft's default
-    p.add_argument("--timeout-s", type=float, help="Manager timeout (collectives, should_commit, healing)")
+    p.add_argument(
+        "--timeout-s", type=float, help="Manager timeout (collectives, should_commit, healing)"
+    )
     p.add_argument("--quorum-timeout-s", type=float, help="Manager quorum_timeout")
     p.add_argument("--connect-timeout-s", type=float, help="Manager connect_timeout")
-    p.add_argument("--heartbeat-ms", type=int, help="Manager heartbeat_interval (to the lighthouse)")
+    p.add_argument(
+        "--heartbeat-ms", type=int, help="Manager heartbeat_interval (to the lighthouse)"
+    )
     p.add_argument("--pg-timeout-s", type=float, help="ProcessGroupGloo timeout")
     return p.parse_args()
 
@@ -82,8 +97,12 @@ def main() -> None:
 
     group = int(os.environ["REPLICA_GROUP_ID"])
     groups = int(os.environ["NUM_REPLICA_GROUPS"])
-    store = TCPStore(  # noqa: F841 (kept alive: the Manager and the quorum's process group connect to it)
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=True, wait_for_workers=False
+    # Kept alive: the Manager and the quorum's process group connect to it.
+    store = TCPStore(  # noqa: F841
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=True,
+        wait_for_workers=False,
     )
 
     torch.manual_seed(0)
@@ -127,7 +146,8 @@ def main() -> None:
     model = DistributedDataParallel(manager, net)
     opt = Optimizer(manager, adamw)
     committed: list[bool] = []
-    adamw.register_step_post_hook(lambda *_: committed.append(True))  # runs only when the step commits
+    # runs only when the step commits
+    adamw.register_step_post_hook(lambda *_: committed.append(True))
 
     epoch = 0
     while manager.current_step() < args.steps:
@@ -138,9 +158,11 @@ def main() -> None:
                 break
             _log(args.step_log, group, step, "begin")
             if step == args.hold_at_step:
-                time.sleep(60)  # the benchmark SIGKILLs this process here, before the step's quorum request
+                # the benchmark SIGKILLs this process here, before the step's quorum request
+                time.sleep(60)
             committed.clear()
-            opt.zero_grad()  # starts this step's quorum (healing, if behind, happens in the background)
+            # starts this step's quorum (healing, if behind, happens in the background)
+            opt.zero_grad()
             F.mse_loss(model(xb), yb).backward()  # gradients allreduced across the quorum
             opt.step()  # applied only if every replica group in the quorum commits
             if committed:

@@ -1,20 +1,24 @@
-"""torchft 0.2.0 (pytorch/torchft) recovering from one SIGKILLed replica, on the training of `bench/peers.py`.
+"""torchft 0.2.0 (pytorch/torchft) recovering from one SIGKILLed replica, on the training of
+`bench/peers.py`.
 
-`torchft_run` starts torchft's lighthouse and 4 replica groups of 1 rank each running `bench/torchft_ddp.py`
-(the model, data, step count and kill point of `bench.peers`), SIGKILLs replica group 1 as it begins step
-`KILL_STEP` and at once starts a replacement for it, then reads the replicas' step log:
+`torchft_run` starts torchft's lighthouse and 4 replica groups of 1 rank each running
+`bench/torchft_ddp.py` (the model, data, step count and kill point of `bench.peers`), SIGKILLs
+replica group 1 as it begins step `KILL_STEP` and at once starts a replacement for it, then reads
+the replicas' step log:
 
-- kill -> training again: every surviving group has begun a step after the kill, and the replacement has
-  begun a step of its own, after healing, that the quorum committed (a replica that is still healing, whose
-  gradients torchft zeroes, does not count as training); the latest of these minus the kill time;
-- steps recomputed: distinct steps some group had logged "end" for before the kill and that are begun again
-  after it (the replacement's pre-heal placeholder step 0 excluded: see `bench/torchft_ddp.py`);
+- kill -> training again: every surviving group has begun a step after the kill, and the replacement
+  has begun a step of its own, after healing, that the quorum committed (a replica that is still
+  healing, whose gradients torchft zeroes, does not count as training); the latest of these minus
+  the kill time;
+- steps recomputed: distinct steps some group had logged "end" for before the kill and that are
+  begun again after it (the replacement's pre-heal placeholder step 0 excluded: see
+  `bench/torchft_ddp.py`);
 - median step seconds over begin -> end pairs.
 
-torchft lives in its own virtualenv, `.bench-venvs/torchft-0.2.0`, made once on first use: a `.pth` file
-reuses this project's virtualenv (and its torch) and pip adds torchft 0.2.0 and its OpenTelemetry
-dependencies. Run: `.venv/bin/python -m bench.torchft_peer [-v] [--runs N]` (N runs of each setting, about
-2 minutes for one of each; -v prints the step log around each kill).
+torchft lives in its own virtualenv, `.bench-venvs/torchft-0.2.0`, made once on first use: a `.pth`
+file reuses this project's virtualenv (and its torch) and pip adds torchft 0.2.0 and its
+OpenTelemetry dependencies. Run: `.venv/bin/python -m bench.torchft_peer [-v] [--runs N]` (N runs of
+each setting, about 2 minutes for one of each; -v prints the step log around each kill).
 """
 
 from __future__ import annotations
@@ -37,13 +41,16 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".bench-venvs" / "torchft-0.2.0"
 RANKS, STEPS, KILL_RANK, KILL_STEP = 4, 40, 1, 15
 MODEL = ("--width", "1024", "--depth", "8", "--batch", "32", "--samples", "4096")
-MIN_REPLICAS = RANKS - 1  # the lighthouse forms a quorum, and the Manager commits, with 3 of the 4 groups
+# the lighthouse forms a quorum, and the Manager commits, with 3 of the 4 groups
+MIN_REPLICAS = RANKS - 1
 JOB_TIMEOUT = 300.0  # seconds for one whole run; past it every process is killed
-MID_STEP_S = 0.1  # mid_step=True: the kill this long after the victim's "begin" (a step takes about 0.3 s)
+# mid_step=True: the kill this long after the victim's "begin" (a step takes about 0.3 s)
+MID_STEP_S = 0.1
 
 # torchft's defaults, for reference: lighthouse heartbeat_timeout_ms 5000, join_timeout_ms 60000,
-# quorum_tick_ms 100; Manager timeout, quorum_timeout and connect_timeout 60 s, heartbeat_interval 100 ms;
-# ProcessGroupGloo timeout 60 s. tuned=False passes none of these, so torchft's own defaults apply.
+# quorum_tick_ms 100; Manager timeout, quorum_timeout and connect_timeout 60 s, heartbeat_interval
+# 100 ms; ProcessGroupGloo timeout 60 s. tuned=False passes none of these, so torchft's own defaults
+# apply.
 TUNED_LIGHTHOUSE = {"heartbeat_timeout_ms": 200, "join_timeout_ms": 1000, "quorum_tick_ms": 10}
 TUNED_MANAGER = {
     "heartbeat-ms": 20,
@@ -67,7 +74,8 @@ def ensure_venv() -> Path:
         return python
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
     site = Path(_printed(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
-    # this project's site-packages (torch among them) after the venv's own, so nothing downloads torch again
+    # this project's site-packages (torch among them) after the venv's own, so nothing downloads
+    # torch again
     (site / "_torchpass_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "--no-deps", "torchft==0.2.0"], check=True, timeout=600)
@@ -99,18 +107,22 @@ def torch_version() -> str:
 def _printed(python: Path, code: str) -> str:
     """What `code` prints, run by the torchft virtualenv's `python`."""
     cmd = [str(python), "-c", code]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120).stdout.strip()
+    return subprocess.run(
+        cmd, check=True, capture_output=True, text=True, timeout=120
+    ).stdout.strip()
 
 
-def torchft_run(d: Path, tuned: bool, mid_step: bool = False) -> tuple[float, int, float, float] | str:
-    """(kill -> all 4 replica groups training again, steps recomputed, median step seconds, seconds from
-    the kill to each group's next step summed over the groups) under torchft,
-    or why the job never trained again. Leaves its logs in `d`: steps.log, lighthouse.out, replica-*.out.
+def torchft_run(
+    d: Path, tuned: bool, mid_step: bool = False
+) -> tuple[float, int, float, float] | str:
+    """(kill -> all 4 replica groups training again, steps recomputed, median step seconds, seconds
+    from the kill to each group's next step summed over the groups) under torchft, or why the job
+    never trained again. Leaves its logs in `d`: steps.log, lighthouse.out, replica-*.out.
 
-    mid_step=False: the victim is killed as it begins step KILL_STEP, before it has asked for the step's
-    quorum (it holds there after logging "begin"; without the hold the kill races its quorum request, which
-    leaves within a millisecond or two). mid_step=True: killed MID_STEP_S after that "begin", in its forward
-    and backward pass, once the lighthouse holds its quorum request."""
+    mid_step=False: the victim is killed as it begins step KILL_STEP, before it has asked for the
+    step's quorum (it holds there after logging "begin"; without the hold the kill races its quorum
+    request, which leaves within a millisecond or two). mid_step=True: killed MID_STEP_S after that
+    "begin", in its forward and backward pass, once the lighthouse holds its quorum request."""
     python = ensure_venv()
     log = d / "steps.log"
     port = _free_port()
@@ -122,7 +134,9 @@ def torchft_run(d: Path, tuned: bool, mid_step: bool = False) -> tuple[float, in
         replica_args += [a for k, v in TUNED_MANAGER.items() for a in (f"--{k}", str(v))]
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(cmd: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        cmd: list[str], out: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with out.open("w") as f:
             proc = subprocess.Popen(
                 cmd,
@@ -140,7 +154,8 @@ def torchft_run(d: Path, tuned: bool, mid_step: bool = False) -> tuple[float, in
             "NUM_REPLICA_GROUPS": str(RANKS),
             "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}",
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),  # the group's own TCPStore (a fresh one for the replacement)
+            # the group's own TCPStore (a fresh one for the replacement)
+            "MASTER_PORT": str(_free_port()),
             "RANK": "0",
             "WORLD_SIZE": "1",
             "LOCAL_RANK": "0",
@@ -161,15 +176,19 @@ def torchft_run(d: Path, tuned: bool, mid_step: bool = False) -> tuple[float, in
             for r, s, p, _, e in read_step_log(log)
         ):
             if time.monotonic() > deadline or any(p.poll() is not None for p in replicas):
-                return f"the job ended or hung before the kill (exit codes {[p.poll() for p in replicas]})"
+                return (
+                    "the job ended or hung before the kill (exit codes "
+                    f"{[p.poll() for p in replicas]})"
+                )
             time.sleep(0.005)
         if mid_step:
             time.sleep(MID_STEP_S)
         killed_at = time.time()
         os.kill(victim.pid, signal.SIGKILL)
         (d / "killed_at").write_text(f"{killed_at:.6f} {victim.pid}\n")
-        # What a scheduler (torchx, Kubernetes) would do: start a new process for the lost replica group. Here
-        # it starts the instant the kill is sent, with no detection or scheduling delay: that favours torchft.
+        # What a scheduler (torchx, Kubernetes) would do: start a new process for the lost replica
+        # group. Here it starts the instant the kill is sent, with no detection or scheduling delay:
+        # that favours torchft.
         replacement = replica(KILL_RANK, f"{KILL_RANK}-replacement")
         victim.wait(10)
         live = [p for p in replicas if p is not victim] + [replacement]
@@ -195,7 +214,8 @@ def _measure(
     for r, s, p, t, e in rows:
         if e != "begin" or t <= killed_at or p == victim:
             continue
-        if p == new and (s == 0 or (r, s, p) not in ended):  # still healing, or a step that did not commit
+        # still healing, or a step that did not commit
+        if p == new and (s == 0 or (r, s, p) not in ended):
             continue
         first.setdefault(r, t)
     if len(first) < RANKS:
@@ -203,10 +223,11 @@ def _measure(
         outs = [(d / f"replica-{g}.out").read_text() for g in range(RANKS) if g != KILL_RANK]
         if all("assert fut._fut" in out for out in outs):
             return (
-                f"never trained again: the quorum for step {KILL_STEP} already held the killed replica, gloo"
-                " failed the survivors' allreduce (connection reset) and all 3 survivors then crashed on"
-                " torchft/ddp.py's `assert fut._fut` in its DDP comm hook, leaving no replica to heal from"
-                f" (groups {missing} never began a step again; exit codes {codes})"
+                f"never trained again: the quorum for step {KILL_STEP} already held the killed "
+                "replica, gloo failed the survivors' allreduce (connection reset) and all 3 "
+                "survivors then crashed on torchft/ddp.py's `assert fut._fut` in its DDP comm "
+                f"hook, leaving no replica to heal from (groups {missing} never began a step "
+                f"again; exit codes {codes})"
             )
         return f"replica group(s) {missing} never trained again after the kill (exit codes {codes})"
     again = max(first.values()) - killed_at
@@ -216,7 +237,8 @@ def _measure(
     }
     begins = {(r, s, p): t for r, s, p, t, e in rows if e == "begin"}
     steps = [t - begins[(r, s, p)] for r, s, p, t, e in rows if e == "end" and (r, s, p) in begins]
-    lost = sum(t - killed_at for t in first.values())  # each group's own wait: the survivors go on first
+    # each group's own wait: the survivors go on first
+    lost = sum(t - killed_at for t in first.values())
     return again, len(done_before & begun_after), statistics.median(steps), lost
 
 
@@ -255,21 +277,32 @@ def _around_kill(d: Path, before: int = 8, after: int = 40) -> list[str]:
 
 
 def _timeline(d: Path) -> str:
-    """When, after the kill, the survivors committed the step in flight and the replacement came up and healed."""
+    """When, after the kill, the survivors committed the step in flight and the replacement came up
+    and healed."""
     killed_at, victim = (d / "killed_at").read_text().split()
     t0, rows = float(killed_at), read_step_log(d / "steps.log")
     before = {p for _, _, p, t, _ in rows if t <= t0}
     survivors = [
-        t for r, s, p, t, e in rows if e == "end" and s >= KILL_STEP and p in before and r != KILL_RANK
+        t
+        for r, s, p, t, e in rows
+        if e == "end" and s >= KILL_STEP and p in before and r != KILL_RANK
     ]
-    new = [(s, t, e) for r, s, p, t, e in rows if r == KILL_RANK and p not in before and str(p) != victim]
+    new = [
+        (s, t, e)
+        for r, s, p, t, e in rows
+        if r == KILL_RANK and p not in before and str(p) != victim
+    ]
     up = next((t for s, t, e in new if e == "begin"), None)
     healed = next(((s, t) for s, t, e in new if e == "begin" and s > 0), None)
     parts = [
-        f"survivors' first commit +{min(survivors) - t0:.2f} s" if survivors else "no survivor committed"
+        f"survivors' first commit +{min(survivors) - t0:.2f} s"
+        if survivors
+        else "no survivor committed"
     ]
     parts.append(
-        f"replacement's first step begun +{up - t0:.2f} s" if up else "replacement never began a step"
+        f"replacement's first step begun +{up - t0:.2f} s"
+        if up
+        else "replacement never began a step"
     )
     if healed:
         parts.append(f"healed, begins step {healed[0]} at +{healed[1] - t0:.2f} s")
@@ -280,11 +313,14 @@ def main() -> int:
     runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 1
     print(f"torchft 0.2.0 with torch {torch_version()} ({VENV})")
     print(f"tuned: {TUNED}")
-    cases = [(tuned, mid, i) for tuned in (False, True) for mid in (False, True) for i in range(runs)]
+    cases = [
+        (tuned, mid, i) for tuned in (False, True) for mid in (False, True) for i in range(runs)
+    ]
     with tempfile.TemporaryDirectory(prefix="torchpass-torchft-") as tmp:
         for tuned, mid, i in cases:
             name = (
-                f"{'tuned' if tuned else 'default'}, killed {'mid-step' if mid else 'as it begins the step'}"
+                f"{'tuned' if tuned else 'default'}, killed "
+                f"{'mid-step' if mid else 'as it begins the step'}"
             )
             d = Path(tmp) / f"{int(tuned)}{int(mid)}-{i}"
             d.mkdir()
@@ -298,8 +334,9 @@ def main() -> int:
             else:
                 again, recomputed, step_s, _ = result
                 print(
-                    f"{name}: kill -> training again {again:.2f} s, {recomputed} step(s) recomputed,"
-                    f" median step {step_s:.3f} s ({time.monotonic() - t0:.0f} s)\n  {_timeline(d)}"
+                    f"{name}: kill -> training again {again:.2f} s, {recomputed} step(s) "
+                    f"recomputed, median step {step_s:.3f} s ({time.monotonic() - t0:.0f} s)\n  "
+                    f"{_timeline(d)}"
                 )
             if "-v" in sys.argv[1:] and (d / "killed_at").exists():
                 print("\n".join(_around_kill(d)))

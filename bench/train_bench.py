@@ -1,7 +1,8 @@
-"""The benchmark's training loop, runnable under the agent or as plain torch.distributed (for overhead).
+"""The benchmark's training loop, runnable under the agent or as plain torch.distributed (for
+overhead).
 
-Plain mode reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT and does the same fixed-order bucketed
-all-reduce as the agent, so the only difference measured is the agent itself.
+Plain mode reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT and does the same fixed-order
+bucketed all-reduce as the agent, so the only difference measured is the agent itself.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--plain", action="store_true")
-    p.add_argument("--times", type=Path, required=True, help="rank 0 appends its step durations here")
+    p.add_argument(
+        "--times", type=Path, required=True, help="rank 0 appends its step durations here"
+    )
     args = p.parse_args()
     model = build(args.width, args.depth)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    starts: list[float] = []  # per-step cost = time between step starts: the agent's own work included
+    # per-step cost = time between step starts: the agent's own work included
+    starts: list[float] = []
 
     def compute(step: int) -> None:
         x = torch.randn(args.batch, args.width)
@@ -61,7 +65,9 @@ def main() -> None:
                 flat = torch._utils._flatten_dense_tensors(grads)
                 dist.all_reduce(flat)
                 flat.div_(world)
-                for g, r in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+                for g, r in zip(
+                    grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True
+                ):
                     g.copy_(r)  # type: ignore[union-attr]
             opt.step()
         starts.append(time.perf_counter())

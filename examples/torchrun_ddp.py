@@ -1,8 +1,8 @@
 """An unmodified torchrun script: it never imports torchpass. It forms its group from torchrun's
-environment, wraps its model in DDP, saves a checkpoint every few steps (rank 0's `torch.save`, or every
-rank's part with `torch.distributed.checkpoint`: `--save dcp`, or `dcp.async_save` on a group of its
-own: `--save dcp-async`) and, when started again, resumes from it,
-mid-epoch included (the pattern of the PyTorch DDP and elastic tutorials).
+environment, wraps its model in DDP, saves a checkpoint every few steps (rank 0's `torch.save`, or
+every rank's part with `torch.distributed.checkpoint`: `--save dcp`, or `dcp.async_save` on a group
+of its own: `--save dcp-async`) and, when started again, resumes from it, mid-epoch included (the
+pattern of the PyTorch DDP and elastic tutorials).
 
 The same file runs under torchrun and under torchpass without the agent:
 
@@ -43,15 +43,20 @@ def main() -> None:
         "--save",
         choices=["path", "file", "dcp", "dcp-async"],
         default="path",
-        help="torch.save to the path, torch.save to a file opened on it, or torch.distributed.checkpoint"
-        " (dcp-async: its async_save, the next save waiting for the last)",
+        help="torch.save to the path, torch.save to a file opened on it, or "
+        "torch.distributed.checkpoint (dcp-async: its async_save, the next save waiting for the "
+        "last)",
     )
-    p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
+    p.add_argument(
+        "--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)"
+    )
     args = p.parse_args()
 
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank()
-    device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}" if torch.cuda.is_available() else "cpu")
+    device = torch.device(
+        f"cuda:{os.environ['LOCAL_RANK']}" if torch.cuda.is_available() else "cpu"
+    )
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(args.depth):
@@ -94,9 +99,9 @@ def main() -> None:
 
 
 class Saver:
-    """The checkpoint: rank 0's `torch.save` (to the path or a file), or every rank's part (DCP), saved
-    in the background with `dcp-async` (on a gloo group of its own, as torch's docs advise, so that it
-    never interleaves with the training's collectives; a save waits for the one before)."""
+    """The checkpoint: rank 0's `torch.save` (to the path or a file), or every rank's part (DCP),
+    saved in the background with `dcp-async` (on a gloo group of its own, as torch's docs advise, so
+    that it never interleaves with the training's collectives; a save waits for the one before)."""
 
     def __init__(self, how: str, path: str) -> None:
         self.how, self.path = how, path

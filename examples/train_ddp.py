@@ -1,8 +1,8 @@
-"""A stock `DistributedDataParallel` script: the model wrapped as usual, a `DataLoader` over a default
-`DistributedSampler`, a cosine LR schedule, and gradient accumulation with `no_sync()`. Each rank
-seeds its own initial weights differently, as many scripts do, and relies on DDP to start every replica
-from rank 0's. The lines marked `torchpass` are all it takes; the README shows the diff against the same
-script under torchrun.
+"""A stock `DistributedDataParallel` script: the model wrapped as usual, a `DataLoader` over a
+default `DistributedSampler`, a cosine LR schedule, and gradient accumulation with `no_sync()`. Each
+rank seeds its own initial weights differently, as many scripts do, and relies on DDP to start every
+replica from rank 0's. The lines marked `torchpass` are all it takes; the README shows the diff
+against the same script under torchrun.
 
 Run it with `torchpass run --nproc 4 --spares 1 examples/train_ddp.py -- --steps 200`.
 """
@@ -38,24 +38,34 @@ def main() -> None:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--accum", type=int, default=2, help="micro-batches a step (no_sync but the last)")
+    p.add_argument(
+        "--accum", type=int, default=2, help="micro-batches a step (no_sync but the last)"
+    )
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--bucket-mb", type=float, default=0.05)
     p.add_argument("--compile", action="store_true", help="torch.compile the DDP-wrapped model")
     p.add_argument("--comm-hook", choices=["fp16", "powersgd"], help="DDP communication hook")
-    p.add_argument("--noise", type=float, default=0.0, help="input noise from the script's own generator")
-    p.add_argument("--noise-untracked", action="store_true", help="leave that generator untracked (tests)")
-    p.add_argument("--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)")
+    p.add_argument(
+        "--noise", type=float, default=0.0, help="input noise from the script's own generator"
+    )
+    p.add_argument(
+        "--noise-untracked", action="store_true", help="leave that generator untracked (tests)"
+    )
+    p.add_argument(
+        "--step-log", help="append 'rank step pid unix-time begin|end' for each step (benchmarks)"
+    )
     args = p.parse_args()
 
     agent = RankAgent()  # torchpass: in place of dist.init_process_group()
-    torch.manual_seed(100 + agent.rank)  # each rank its own initial weights: DDP starts them from rank 0's
+    # each rank its own initial weights: DDP starts them from rank 0's
+    torch.manual_seed(100 + agent.rank)
     layers: list[torch.nn.Module] = []
     for _ in range(args.depth):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(agent.device)
     model = DDP(model, bucket_cap_mb=args.bucket_mb)  # several buckets even for a small model
-    if args.comm_hook == "fp16":  # stateless (state=None): it reduces over whatever the default group is
+    # stateless (state=None): it reduces over whatever the default group is
+    if args.comm_hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif args.comm_hook == "powersgd":  # stateful: refused by the agent, with the reason
         model.register_comm_hook(powerSGD.PowerSGDState(process_group=None), powerSGD.powerSGD_hook)
@@ -77,7 +87,8 @@ def main() -> None:
         with step:  # torchpass: a peer lost in here -> this step is done again, same batch
             _log(args.step_log, agent.rank, step.k, "begin")
             x, y = (t.to(agent.device) for t in step.batch)
-            if args.noise:  # augmentation: noise from the script's generator, a flip from Python's `random`
+            # augmentation: noise from the script's generator, a flip from Python's `random`
+            if args.noise:
                 x = x + args.noise * torch.randn(x.shape, generator=noise).to(agent.device)
                 x = x.flip(0) if random.random() < 0.5 else x
             opt.zero_grad(set_to_none=True)

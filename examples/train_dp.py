@@ -1,4 +1,5 @@
-"""A data-parallel training script under the torchpass agent: the lines marked `torchpass` are all it takes.
+"""A data-parallel training script under the torchpass agent: the lines marked `torchpass` are all
+it takes.
 
 Run it with `torchpass run --nproc 4 --spares 1 examples/train_dp.py -- --steps 200`.
 """

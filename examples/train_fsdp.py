@@ -1,12 +1,12 @@
-"""FSDP2 (`fully_shard`) or HSDP (a replicate x shard device mesh) under torchpass: each block sharded over
-the mesh, the whole model sharded last, AdamW, a warm-up + linear decay schedule, a `DataLoader` over a
-default `DistributedSampler`. The structure is the one of PyTorch's FSDP2 tutorial and TorchTitan's
-`fully_shard` calls; the code is ours.
+"""FSDP2 (`fully_shard`) or HSDP (a replicate x shard device mesh) under torchpass: each block
+sharded over the mesh, the whole model sharded last, AdamW, a warm-up + linear decay schedule, a
+`DataLoader` over a default `DistributedSampler`. The structure is the one of PyTorch's FSDP2
+tutorial and TorchTitan's `fully_shard` calls; the code is ours.
 
-With `--replicas 1` (plain FSDP2) every rank holds a shard no other rank has: a lost rank cannot be rebuilt
-from a peer, and torchpass falls back to the last checkpoint (the brief's "failures exceeding parallelism
-redundancy"). With `--replicas 2` on 4 ranks (HSDP 2 x 2) each shard has a replica in the other replica
-group, and a lost rank is migrated live from it.
+With `--replicas 1` (plain FSDP2) every rank holds a shard no other rank has: a lost rank cannot be
+rebuilt from a peer, and torchpass falls back to the last checkpoint (the brief's "failures
+exceeding parallelism redundancy"). With `--replicas 2` on 4 ranks (HSDP 2 x 2) each shard has a
+replica in the other replica group, and a lost rank is migrated live from it.
 
 Run it with `torchpass run --nproc 4 --spares 1 examples/train_fsdp.py -- --replicas 2`.
 """
@@ -49,7 +49,9 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--samples", type=int, default=1024)
-    p.add_argument("--replicas", type=int, default=2, help="1: FSDP2; more: HSDP, replicas x shards")
+    p.add_argument(
+        "--replicas", type=int, default=2, help="1: FSDP2; more: HSDP, replicas x shards"
+    )
     p.add_argument("--lr", type=float, default=2e-3)
     args = p.parse_args()
 
@@ -73,7 +75,9 @@ def main() -> None:
         opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / args.steps)
     )
     data = dataset(args.samples, args.width)
-    loader = DataLoader(data, batch_size=args.batch, sampler=DistributedSampler(data), drop_last=True)
+    loader = DataLoader(
+        data, batch_size=args.batch, sampler=DistributedSampler(data), drop_last=True
+    )
     agent.track(model, opt, sched=sched)  # torchpass
 
     for step in agent.steps(args.steps, data=loader):  # torchpass: `for x, y in loader:` before

@@ -1,8 +1,9 @@
 """A small character-level GPT trained the way nanoGPT trains (its structure: token and position
-embeddings, pre-norm causal self-attention blocks, a tied head; random windows of the text per batch;
-AdamW with weight decay on matrices only, a warm-up then cosine learning rate, gradient clipping,
-autocast and a GradScaler), written for torchpass: the model in stock DDP, the loop in the agent's form,
-the scheduler and the scaler tracked. bfloat16 autocast and a scaler on the CPU; float16 on a GPU.
+embeddings, pre-norm causal self-attention blocks, a tied head; random windows of the text per
+batch; AdamW with weight decay on matrices only, a warm-up then cosine learning rate, gradient
+clipping, autocast and a GradScaler), written for torchpass: the model in stock DDP, the loop in the
+agent's form, the scheduler and the scaler tracked. bfloat16 autocast and a scaler on the CPU;
+float16 on a GPU.
 
 Run it with `torchpass run --nproc 4 --spares 1 examples/train_gpt.py -- --steps 300`.
 """
@@ -20,10 +21,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from job_agent import RankAgent  # torchpass
 
 TEXT = (
-    "It is a truth universally acknowledged, that a training job in possession of many GPUs, must be in "
-    "want of a spare. However little known the feelings or views of such a rank may be on its first "
-    "entering a collective, this truth is so well fixed in the minds of the surrounding ranks, that it is "
-    "considered the rightful property of some one or other of their peers. "
+    "It is a truth universally acknowledged, that a training job in possession of many GPUs, must "
+    "be in want of a spare. However little known the feelings or views of such a rank may be on "
+    "its first entering a collective, this truth is so well fixed in the minds of the surrounding "
+    "ranks, that it is considered the rightful property of some one or other of their peers. "
 ) * 8
 
 
@@ -32,7 +33,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
         self.heads, self.drop = heads, nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +48,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, block: int, width: int, layers: int, heads: int, dropout: float) -> None:
+    def __init__(
+        self, vocab: int, block: int, width: int, layers: int, heads: int, dropout: float
+    ) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(block, width)
         self.blocks = nn.Sequential(*(Block(width, heads, dropout) for _ in range(layers)))
@@ -76,7 +81,9 @@ def main() -> None:
     chars = sorted(set(TEXT))
     data = torch.tensor([chars.index(c) for c in TEXT], dtype=torch.long)
     torch.manual_seed(1337)
-    model = GPT(len(chars), args.block, args.width, args.layers, args.heads, args.dropout).to(device)
+    model = GPT(len(chars), args.block, args.width, args.layers, args.heads, args.dropout).to(
+        device
+    )
     model = DDP(model)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -99,7 +106,8 @@ def main() -> None:
 
     for step in agent.steps(args.steps):  # torchpass
         with step:  # torchpass
-            # Random windows, as nanoGPT's get_batch: torch's RNG, seeded by the agent per (step, rank).
+            # Random windows, as nanoGPT's get_batch: torch's RNG, seeded by the agent per (step,
+            # rank).
             ix = torch.randint(len(data) - args.block - 1, (args.batch,))
             x = torch.stack([data[i : i + args.block] for i in ix]).to(device)
             y = torch.stack([data[i + 1 : i + 1 + args.block] for i in ix]).to(device)

@@ -1,5 +1,5 @@
-"""A data-parallel training script in the loop form: a `DataLoader` with a `DistributedSampler`, an LR
-scheduler, and the step loop written as a `for`. The lines marked `torchpass` are all it takes.
+"""A data-parallel training script in the loop form: a `DataLoader` with a `DistributedSampler`, an
+LR scheduler, and the step loop written as a `for`. The lines marked `torchpass` are all it takes.
 
 Run it with `torchpass run --nproc 4 --spares 1 examples/train_loop.py -- --steps 200`.
 """
@@ -40,10 +40,13 @@ def main() -> None:
     model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(agent.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)
-    # A spare has no rank until it is given one (agent.rank is -1): the agent sets the sampler's rank and
-    # epoch before each pass over the data.
+    # A spare has no rank until it is given one (agent.rank is -1): the agent sets the sampler's
+    # rank and epoch before each pass over the data.
     sampler = DistributedSampler(
-        dataset(args.samples, args.width), num_replicas=agent.world_size, rank=max(agent.rank, 0), seed=3
+        dataset(args.samples, args.width),
+        num_replicas=agent.world_size,
+        rank=max(agent.rank, 0),
+        seed=3,
     )
     loader = DataLoader(sampler.dataset, batch_size=args.batch, sampler=sampler, drop_last=True)
     agent.track(model, opt, sched=sched)  # torchpass

@@ -1,10 +1,11 @@
-"""An MNIST-style convolutional classifier under torchpass, shaped like PyTorch's `examples/mnist` trainer
-(two convolutions, max-pooling, two dropouts, log-softmax + NLL loss, Adadelta with a `StepLR` decay per
-epoch) made data-parallel with stock DDP, its `DataLoader` reading with worker processes that augment each
-image at random (a shift and pixel noise drawn in the worker). The code is ours.
+"""An MNIST-style convolutional classifier under torchpass, shaped like PyTorch's `examples/mnist`
+trainer (two convolutions, max-pooling, two dropouts, log-softmax + NLL loss, Adadelta with a
+`StepLR` decay per epoch) made data-parallel with stock DDP, its `DataLoader` reading with worker
+processes that augment each image at random (a shift and pixel noise drawn in the worker). The code
+is ours.
 
-The images are synthetic (28 x 28, ten classes, each a fixed random pattern plus noise), so it runs with no
-download; the structure, not the accuracy, is the point.
+The images are synthetic (28 x 28, ten classes, each a fixed random pattern plus noise), so it runs
+with no download; the structure, not the accuracy, is the point.
 
 Run it with `torchpass run --nproc 4 --spares 1 examples/train_mnist.py -- --steps 100`.
 """
@@ -23,7 +24,8 @@ from job_agent import RankAgent  # torchpass
 
 
 class Digits(Dataset[tuple[torch.Tensor, int]]):
-    """Ten fixed 28 x 28 patterns; item i is pattern i % 10, shifted and noised at random when read."""
+    """Ten fixed 28 x 28 patterns; item i is pattern i % 10, shifted and noised at random when
+    read."""
 
     def __init__(self, n: int) -> None:
         self.n = n

@@ -1,8 +1,9 @@
-"""The job agent: the rank agent inside training processes, the per-job coordinator and the node agent.
+"""The job agent: the rank agent inside training processes, the per-job coordinator and the node
+agent.
 
 `RankAgent` and `CollectiveFailure` are what a training script imports (`from job_agent import
-RankAgent`). They load on first use, so that importing the coordinator or the node agent, which never
-import torch, does not load it through this package.
+RankAgent`). They load on first use, so that importing the coordinator or the node agent, which
+never import torch, does not load it through this package.
 """
 
 from __future__ import annotations

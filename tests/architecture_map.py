@@ -76,7 +76,12 @@ def modules_table() -> str:
                     continue
                 rows.append(f"| `{p.relative_to(ROOT)}` | {_first_sentence(doc) if doc else ''} |")
             if rows:
-                out += [f"**`{folder.relative_to(ROOT)}/`**", "", "| module | what it holds |", "|---|---|"]
+                out += [
+                    f"**`{folder.relative_to(ROOT)}/`**",
+                    "",
+                    "| module | what it holds |",
+                    "|---|---|",
+                ]
                 out += [*rows, ""]
     return "\n".join(out).rstrip() + "\n"
 

@@ -1,9 +1,10 @@
 """The one error vocabulary of torchpass: every typed failure, and whether retrying it can help.
 
-Activities raise `temporalio.exceptions.ApplicationError(type=<ErrorType value>, non_retryable=...)`;
-the retry policies (`torchpass.policies`) list the non-retryable types, built from `RETRYABLE` below, so
-that an error's retry decision is made once, here, and every layer agrees on it. The job agent, the
-contract rules and billing raise subclasses of `TorchpassError`, which carry their type.
+Activities raise `temporalio.exceptions.ApplicationError(type=<ErrorType value>,
+non_retryable=...)`; the retry policies (`torchpass.policies`) list the non-retryable types, built
+from `RETRYABLE` below, so that an error's retry decision is made once, here, and every layer agrees
+on it. The job agent, the contract rules and billing raise subclasses of `TorchpassError`, which
+carry their type.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from enum import StrEnum
 
 
 class ErrorType(StrEnum):
-    """`ApplicationError.type` values. The strings are recorded in workflow histories: never rename one."""
+    """`ApplicationError.type` values. The strings are recorded in workflow histories: never rename
+    one."""
 
     # An incident's job-side steps.
     UNKNOWN_INCIDENT = "UnknownIncident"
@@ -27,8 +29,8 @@ class ErrorType(StrEnum):
     NO_CHECKPOINT = "NoCheckpoint"
     TIMEOUT = "Timeout"
     INVALID_INPUT = "InvalidInput"
-    # The job carried the incident out itself while the control plane was away: the workflow files its
-    # record (`fetch_local_record`) instead of running the steps again.
+    # The job carried the incident out itself while the control plane was away: the workflow files
+    # its record (`fetch_local_record`) instead of running the steps again.
     HANDLED_LOCALLY = "HandledLocally"
     # Credit delivery to billing.
     BILLING_UNAVAILABLE = "BillingUnavailable"
@@ -46,7 +48,8 @@ class ErrorType(StrEnum):
     CONTRACT_UNVERIFIED = "ContractUnverified"
     # A frame on the job's control channel refused (`job_agent.wire.Error`).
     BAD_FRAME = "BadFrame"  # not JSON, not an object, a field missing or of the wrong type
-    UNKNOWN_FRAME = "UnknownFrame"  # a kind the receiver does not know, or does not accept from the sender
+    # a kind the receiver does not know, or does not accept from the sender
+    UNKNOWN_FRAME = "UnknownFrame"
     REFUSED = "Refused"  # well-formed, but the request cannot be carried out
 
 
@@ -76,7 +79,8 @@ RETRYABLE: frozenset[ErrorType] = frozenset(
         ErrorType.BILLING_UNAVAILABLE,
     }
 )
-"""The types another attempt can cure. Every other type is final: retrying it only delays the fallback."""
+"""The types another attempt can cure. Every other type is final: retrying it only delays the
+fallback."""
 
 
 def is_retryable(error_type: ErrorType) -> bool:
@@ -84,12 +88,14 @@ def is_retryable(error_type: ErrorType) -> bool:
 
 
 def non_retryable(types: Iterable[ErrorType] = ErrorType) -> tuple[str, ...]:
-    """The non-retryable type names among `types`, for a retry policy's `non_retryable_error_types`."""
+    """The non-retryable type names among `types`, for a retry policy's
+    `non_retryable_error_types`."""
     return tuple(t.value for t in types if t not in RETRYABLE)
 
 
 class TorchpassError(Exception):
-    """Base of torchpass's typed errors: `error_type` names it, `retryable` is decided by the vocabulary."""
+    """Base of torchpass's typed errors: `error_type` names it, `retryable` is decided by the
+    vocabulary."""
 
     error_type: ErrorType = ErrorType.INVALID_INPUT
 

@@ -1,8 +1,8 @@
 """Names shared by every process: task queues, workflow ids and types, their signals, queries and
 updates, activities, search attributes.
 
-One place, so that a worker, a coordinator and the CLI can never disagree on a name: nothing else types
-a Temporal name (`tests/unit/test_names.py` fails on a literal one anywhere else).
+One place, so that a worker, a coordinator and the CLI can never disagree on a name: nothing else
+types a Temporal name (`tests/unit/test_names.py` fails on a literal one anywhere else).
 """
 
 from __future__ import annotations
@@ -20,25 +20,26 @@ _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 
 
 def _part(text: str) -> str:
-    """One part of an id, percent-encoded (RFC 3986, as `urllib.parse.quote(text, safe="")`, which the
-    workflows may not import): ':' and '/' never survive, so joined parts stay unambiguous ('acme-labs' +
-    'c1' and 'acme' + 'labs-c1' are different ids; an incident id's '/' before the run id is always the
-    last one)."""
+    """One part of an id, percent-encoded (RFC 3986, as `urllib.parse.quote(text, safe="")`, which
+    the workflows may not import): ':' and '/' never survive, so joined parts stay unambiguous
+    ('acme-labs' + 'c1' and 'acme' + 'labs-c1' are different ids; an incident id's '/' before the
+    run id is always the last one)."""
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in text.encode("utf-8"))
 
 
 def incident_workflow_id(job_id: str, failure_domain: str, generation: int) -> str:
     """Workflow id of an incident.
 
-    Keyed by job, failure domain and the job's world generation at detection: every report of the same
-    failure (rank exit, dropped connection, a node watch, NVML) folds into one workflow through
+    Keyed by job, failure domain and the job's world generation at detection: every report of the
+    same failure (rank exit, dropped connection, a node watch, NVML) folds into one workflow through
     signal-with-start, while a later failure on the same node, after the world re-formed, is a new
     incident.
     """
     return f"torchpass-incident:{_part(job_id)}:{_part(failure_domain)}:g{generation}"
 
 
-# An incident moved off an id a squatter held goes on at that id + ":x" + this many random hex digits.
+# An incident moved off an id a squatter held goes on at that id + ":x" + this many random hex
+# digits.
 REKEY_HEX = 16
 
 
@@ -109,7 +110,8 @@ class JobActivityV0:
     recorded histories, and runs started before it, call them, so the job worker serves them too."""
 
     RESERVE_SPARE = "reserve_spare"  # now RESERVE_SPARES
-    RECORDED_OUTCOME = "recorded_outcome"  # now FETCH_LOCAL_RECORD (it read like the record_outcome signal)
+    # now FETCH_LOCAL_RECORD (it read like the record_outcome signal)
+    RECORDED_OUTCOME = "recorded_outcome"
 
 
 class ControlActivity:
@@ -122,7 +124,8 @@ class ControlActivity:
 
 
 class ValidationActivity:
-    """Names of the validation activities served by the control worker (describe_job is a JobActivity)."""
+    """Names of the validation activities served by the control worker (describe_job is a
+    JobActivity)."""
 
     CHECK_CONTROL_PLANE = "check_control_plane"
     DETECT_SCHEDULER = "detect_scheduler"

@@ -28,32 +28,41 @@ class JobSpec(Model):
     hang_timeout: float = Field(
         default=10.0,
         gt=0,
-        description="seconds a rank may go without a heartbeat, or keep its peers waiting in a collective, "
-        "before it is taken for hung (10: room for uneven steps and interpreter pauses; lower it for faster "
-        "detection where steps are even)",
+        description="seconds a rank may go without a heartbeat, or keep its peers waiting in a "
+        "collective, before it is taken for hung (10: room for uneven steps and interpreter "
+        "pauses; lower it for faster detection where steps are even)",
     )
     collective_timeout: float = Field(
-        default=60.0, gt=0, description="seconds one collective may take before it fails (gloo/NCCL)"
+        default=60.0,
+        gt=0,
+        description="seconds one collective may take before it fails (gloo/NCCL)",
     )
     recovery_timeout: float = Field(
-        default=300.0, gt=0, description="seconds a frozen rank waits for its instructions before it stops"
+        default=300.0,
+        gt=0,
+        description="seconds a frozen rank waits for its instructions before it stops",
     )
     checkpoint_every: int = Field(default=50, ge=0)
     verify_every: int = Field(
-        default=100, ge=0, description="steps between comparisons of the replicas' state digests; 0: never"
+        default=100,
+        ge=0,
+        description="steps between comparisons of the replicas' state digests; 0: never",
     )
     keep_checkpoints: int = Field(
-        default=2, ge=1, le=1000, description="fallback checkpoints kept while the job runs (the latest)"
+        default=2,
+        ge=1,
+        le=1000,
+        description="fallback checkpoints kept while the job runs (the latest)",
     )
     keep_checkpoints_after: bool = Field(
         default=False,
-        description="keep them once the job finished; by default a finished job's are removed (a failed "
-        "job's stay, to restart it from)",
+        description="keep them once the job finished; by default a finished job's are removed (a "
+        "failed job's stay, to restart it from)",
     )
     fresh: bool = Field(
         default=False,
-        description="start at step 0 even if an earlier run of this job id did not finish (by default it "
-        "resumes from that run's latest checkpoint)",
+        description="start at step 0 even if an earlier run of this job id did not finish (by "
+        "default it resumes from that run's latest checkpoint)",
     )
     seed: int = 0
     threads: int = Field(default=1, ge=1)
@@ -62,80 +71,87 @@ class JobSpec(Model):
         default=60.0,
         gt=0,
         le=86400,
-        description="seconds the ranks' code after the training loop (saving the model, evaluation) may "
-        "run once every rank finished; a rank still running then is stopped and the job is not ok",
+        description="seconds the ranks' code after the training loop (saving the model, "
+        "evaluation) may run once every rank finished; a rank still running then is stopped and "
+        "the job is not ok",
     )
     control_plane_wait: float = Field(
         default=5.0,
         gt=0,
         le=3600,
-        description="seconds an incident waits for its workflow's first step; past it (Temporal or the "
-        "control worker away) the job carries the recovery out itself and files the record later",
+        description="seconds an incident waits for its workflow's first step; past it (Temporal or "
+        "the control worker away) the job carries the recovery out itself and files the record "
+        "later",
     )
     late_window: float = Field(
         default=600.0,
         ge=0,
         le=3600,
-        description="seconds an incident's workflow stays open once its outcome is recorded, taking the "
-        "evidence that comes late (a Kubernetes NotReady some 40 s after a node died, a Slurm DOWN after "
-        "SlurmdTimeout) into its history; 0: it closes at once",
+        description="seconds an incident's workflow stays open once its outcome is recorded, "
+        "taking the evidence that comes late (a Kubernetes NotReady some 40 s after a node died, a "
+        "Slurm DOWN after SlurmdTimeout) into its history; 0: it closes at once",
     )
-    contract: ContractRef | None = Field(default=None, description="YOCO contract its outcomes go to")
+    contract: ContractRef | None = Field(
+        default=None, description="YOCO contract its outcomes go to"
+    )
     host: str = Field(
         default="127.0.0.1",
         min_length=1,
         max_length=253,
-        description="the address the coordinator listens on (control channel, rendezvous store) and gives "
-        "its ranks and node agents: one every node can reach, never a wildcard",
+        description="the address the coordinator listens on (control channel, rendezvous store) "
+        "and gives its ranks and node agents: one every node can reach, never a wildcard",
     )
     nodes: int = Field(
         default=0,
         ge=0,
         le=1024,
-        description="node agents (`torchpass node`) the job waits for and runs its ranks and spares on; "
-        "0: they run on this host, started by the coordinator itself",
+        description="node agents (`torchpass node`) the job waits for and runs its ranks and "
+        "spares on; 0: they run on this host, started by the coordinator itself",
     )
 
     node_timeout: float = Field(
         default=5.0,
         gt=0,
         le=600,
-        description="seconds a node agent may go unheard (it heart-beats twice a second) before its node "
-        "counts as lost, every process on it with it (a hung or cut-off host)",
+        description="seconds a node agent may go unheard (it heart-beats twice a second) before "
+        "its node counts as lost, every process on it with it (a hung or cut-off host)",
     )
     agent: bool = Field(
         default=True,
-        description="the script runs the torchpass agent; False (`--no-agent`): an unmodified torchrun "
-        "script, run with torchrun's environment, whose failures restart the whole job",
+        description="the script runs the torchpass agent; False (`--no-agent`): an unmodified "
+        "torchrun script, run with torchrun's environment, whose failures restart the whole job",
     )
     max_restarts: int = Field(
         default=3,
         ge=0,
         le=1000,
-        description="whole-job restarts a job without the agent gets before it fails (torchrun's flag)",
+        description="whole-job restarts a job without the agent gets before it fails (torchrun's "
+        "flag)",
     )
     spare_nodes: int = Field(
         default=0,
         ge=0,
         le=64,
-        description="idle spare nodes the cluster detector keeps for this job, each a node agent it starts "
-        "on a node of the scheduler's spare pool (Slurm: `torchpass detect slurm --spare-partition` or "
-        "`--spare-reservation`) with as many warm spares as a node runs ranks; 0: none",
+        description="idle spare nodes the cluster detector keeps for this job, each a node agent "
+        "it starts on a node of the scheduler's spare pool (Slurm: `torchpass detect slurm "
+        "--spare-partition` or `--spare-reservation`) with as many warm spares as a node runs "
+        "ranks; 0: none",
     )
     batch_host: str | None = Field(
         default=None,
         min_length=1,
         max_length=253,
-        description="under Slurm, the allocation's batch host (`$SLURMD_NODENAME` in the batch script): it "
-        "runs the batch script and this coordinator, so Slurm ends the whole job with it, the brief's "
-        "'node 0 failures with Slurm'; no other node is special (the one running rank 0 included)",
+        description="under Slurm, the allocation's batch host (`$SLURMD_NODENAME` in the batch "
+        "script): it runs the batch script and this coordinator, so Slurm ends the whole job with "
+        "it, the brief's 'node 0 failures with Slurm'; no other node is special (the one running "
+        "rank 0 included)",
     )
     stripe_donors: int = Field(
         default=3,
         ge=1,
         le=8,
-        description="replicas a rank receiving the state takes slices from at once, one per node (a node's "
-        "link is what limits a stream; ranks on one host serve one at a time)",
+        description="replicas a rank receiving the state takes slices from at once, one per node "
+        "(a node's link is what limits a stream; ranks on one host serve one at a time)",
     )
 
     @model_validator(mode="after")
@@ -145,11 +161,14 @@ class JobSpec(Model):
                 "a job without the agent (--no-agent) restarts whole: spares are of no use to it"
             )
         if self.spare_nodes and not self.nodes:
-            raise ValueError("spare nodes (--spare-nodes) join a job that runs on node agents (--nnodes)")
+            raise ValueError(
+                "spare nodes (--spare-nodes) join a job that runs on node agents (--nnodes)"
+            )
         if not self.agent and self.nodes:
             raise ValueError(
-                "a job without the agent (--no-agent) runs its ranks on one host (its rank 0 hosts the"
-                " script's own store there): run it on one node, or adopt the agent to run across nodes"
+                "a job without the agent (--no-agent) runs its ranks on one host (its rank 0 hosts "
+                "the script's own store there): run it on one node, or adopt the agent to run "
+                "across nodes"
             )
         return self
 
@@ -157,7 +176,9 @@ class JobSpec(Model):
     @classmethod
     def _reachable(cls, host: str) -> str:
         if host in ("0.0.0.0", "::", "*", "") or any(c.isspace() or c in "/[]" for c in host):
-            raise ValueError(f"{host!r}: give the one address the ranks and nodes reach the coordinator at")
+            raise ValueError(
+                f"{host!r}: give the one address the ranks and nodes reach the coordinator at"
+            )
         return host
 
     @field_validator("script")
@@ -181,12 +202,17 @@ class JobState(StrEnum):
 
 
 class Resumed(Model):
-    """The earlier run of the same job id that this run resumed: why it ended, how far its ranks got, and
-    the checkpoint this run restarted from (`torchpass run` again after a lost coordinator or a stop)."""
+    """The earlier run of the same job id that this run resumed: why it ended, how far its ranks
+    got, and the checkpoint this run restarted from (`torchpass run` again after a lost coordinator
+    or a stop)."""
 
     previous: str = Field(max_length=600, description="why the earlier run ended")
-    last_completed: int = Field(ge=-1, description="its most advanced completed step, as its ranks reported")
-    checkpoint_step: int = Field(ge=-1, description="the restart's checkpoint step; -1: none, from step 0")
+    last_completed: int = Field(
+        ge=-1, description="its most advanced completed step, as its ranks reported"
+    )
+    checkpoint_step: int = Field(
+        ge=-1, description="the restart's checkpoint step; -1: none, from step 0"
+    )
     checkpoint: str | None = Field(default=None, max_length=4096)
 
 
@@ -200,14 +226,20 @@ class JobResult(Model):
         default=0, description="completed steps run again, counted by the coordinator"
     )
     incidents: tuple[MigrationOutcome, ...] = ()
-    reports_undelivered: int = Field(default=0, description="failure reports Temporal never received")
+    reports_undelivered: int = Field(
+        default=0, description="failure reports Temporal never received"
+    )
     incidents_unfiled: int = Field(
         default=0,
-        description="incidents the job handled itself whose workflow never filed them before it ended "
-        "(their records stay in the job's local/ directory)",
+        description="incidents the job handled itself whose workflow never filed them before it "
+        "ended (their records stay in the job's local/ directory)",
     )
-    resumed: Resumed | None = Field(default=None, description="the unfinished earlier run this one resumed")
-    restarts: int = Field(default=0, ge=0, description="whole-job restarts (checkpoint fallbacks) it took")
+    resumed: Resumed | None = Field(
+        default=None, description="the unfinished earlier run this one resumed"
+    )
+    restarts: int = Field(
+        default=0, ge=0, description="whole-job restarts (checkpoint fallbacks) it took"
+    )
     error: str | None = None
 
     @property

@@ -1,9 +1,9 @@
 """The domain models: what a failure is, how it was observed and classified, how an incident ended.
 
 The job-side steps' inputs and results are in `torchpass.incident.steps`, an incident's record in
-`torchpass.incident.outcome`. Every workflow, activity, signal and update takes one model and returns one.
-They are validated at the edges (a malformed signal is rejected with a typed error, it never kills a worker)
-and serialise to JSON through Temporal's pydantic data converter.
+`torchpass.incident.outcome`. Every workflow, activity, signal and update takes one model and
+returns one. They are validated at the edges (a malformed signal is rejected with a typed error, it
+never kills a worker) and serialise to JSON through Temporal's pydantic data converter.
 """
 
 from __future__ import annotations
@@ -73,16 +73,23 @@ class Evidence(Model):
     kind: FailureKind
     source: EventSource
     job_id: str = Field(min_length=1, max_length=200)
-    failure_domain: str = Field(min_length=1, max_length=200, description="node or host that failed")
-    slots: tuple[NonNegativeInt, ...] = Field(default=(), description="rank slots affected, if known")
+    failure_domain: str = Field(
+        min_length=1, max_length=200, description="node or host that failed"
+    )
+    slots: tuple[NonNegativeInt, ...] = Field(
+        default=(), description="rank slots affected, if known"
+    )
     detail: str = Field(default="", max_length=4000)
     observed_at: AwareDatetime
     last_progress_at: AwareDatetime | None = Field(
-        default=None, description="a hang: when the rank last made progress (a step, a collective, a beat)"
+        default=None,
+        description="a hang: when the rank last made progress (a step, a collective, a beat)",
     )
     exit_code: int | None = None
     xid: int | None = None
-    scheduler: str | None = Field(default=None, description="'slurm' or 'kubernetes' where that matters")
+    scheduler: str | None = Field(
+        default=None, description="'slurm' or 'kubernetes' where that matters"
+    )
     signature: str | None = Field(
         default=None,
         max_length=64,
@@ -99,28 +106,34 @@ class ContractRef(Model):
 
 
 class FailureReport(Model):
-    """Signal-with-start payload: one report folded into the incident of its job and failure domain."""
+    """Signal-with-start payload: one report folded into the incident of its job and failure
+    domain."""
 
     evidence: Evidence
     job_task_queue: str = Field(min_length=1)
-    generation: NonNegativeInt = Field(description="world generation of the job when the report was made")
-    contract: ContractRef | None = Field(default=None, description="the job's contract, if it has one")
+    generation: NonNegativeInt = Field(
+        description="world generation of the job when the report was made"
+    )
+    contract: ContractRef | None = Field(
+        default=None, description="the job's contract, if it has one"
+    )
     linger_seconds: float = Field(
         default=0.0,
         ge=0,
         le=3600,
-        description="how long the incident's workflow stays open once its outcome is recorded, taking late "
-        "reports into its history (the job's --late-window); 0: it closes at once",
+        description="how long the incident's workflow stays open once its outcome is recorded, "
+        "taking late reports into its history (the job's --late-window); 0: it closes at once",
     )
     late: bool = Field(
         default=False,
-        description="evidence that came after the incident's outcome was recorded (a NotReady seen after the "
-        "move): signalled to that run alone, never starting an incident",
+        description="evidence that came after the incident's outcome was recorded (a NotReady seen "
+        "after the move): signalled to that run alone, never starting an incident",
     )
     opens: bool = Field(
         default=False,
-        description="the incident's first report: the run it reaches must not have recorded an outcome "
-        "(one still open for late evidence is another incident's: the job moves to a fresh id)",
+        description="the incident's first report: the run it reaches must not have recorded an "
+        "outcome (one still open for late evidence is another incident's: the job moves to a fresh "
+        "id)",
     )
 
 
@@ -132,12 +145,14 @@ class Category(StrEnum):
     HOST_GPU_FABRIC = "host_gpu_fabric"
     SHARED_INFRASTRUCTURE = "shared_infrastructure"
     UNABLE_TO_RECOVER = "unable_to_recover"
-    # The classification step itself failed: counted as qualifying, since torchpass's own failure must
-    # never disqualify a customer's failure.
+    # The classification step itself failed: counted as qualifying, since torchpass's own failure
+    # must never disqualify a customer's failure.
     UNCLASSIFIED = "unclassified"
 
 
-QUALIFYING_CATEGORIES = frozenset({Category.PLANNED, Category.INTERRUPTION, Category.HOST_GPU_FABRIC})
+QUALIFYING_CATEGORIES = frozenset(
+    {Category.PLANNED, Category.INTERRUPTION, Category.HOST_GPU_FABRIC}
+)
 
 
 class Classification(Model):
@@ -145,7 +160,8 @@ class Classification(Model):
     qualifying: bool
     reason: str = Field(max_length=4100)
     kind: FailureKind | None = Field(
-        default=None, description="the kind of evidence that named the category (None: unclassified)"
+        default=None,
+        description="the kind of evidence that named the category (None: unclassified)",
     )
 
 
@@ -153,19 +169,27 @@ class ClassifyInput(Model):
     evidence: tuple[Evidence, ...] = Field(min_length=1)
     lost_slots: tuple[NonNegativeInt, ...] = ()
     world_size: NonNegativeInt
-    redundancy: NonNegativeInt = Field(description="replicas of the least replicated shard, as measured")
-    shard_of: dict[int, str] = Field(
-        default_factory=dict, description="slot -> the shard its rank reported holding (empty: not known)"
+    redundancy: NonNegativeInt = Field(
+        description="replicas of the least replicated shard, as measured"
     )
-    spare_available: bool = Field(default=True, description="enough spares ready or warming, as measured")
+    shard_of: dict[int, str] = Field(
+        default_factory=dict,
+        description="slot -> the shard its rank reported holding (empty: not known)",
+    )
+    spare_available: bool = Field(
+        default=True, description="enough spares ready or warming, as measured"
+    )
     agent: bool = Field(
         default=True, description="the job runs the torchpass agent (live migration possible)"
     )
     leaving_slots: tuple[NonNegativeInt, ...] = Field(
-        default=(), description="lost slots a planned move takes out while healthy (each its own donor)"
+        default=(),
+        description="lost slots a planned move takes out while healthy (each its own donor)",
     )
     batch_host: str | None = Field(
-        default=None, max_length=253, description="the job's Slurm batch host (None: not under Slurm)"
+        default=None,
+        max_length=253,
+        description="the job's Slurm batch host (None: not under Slurm)",
     )
 
 
@@ -184,7 +208,9 @@ class Phase(StrEnum):
 class PhaseTiming(Model):
     phase: Phase
     seconds: float = Field(ge=0, description="wall time of the phase seen by the workflow")
-    work_seconds: float | None = Field(default=None, ge=0, description="time spent inside the activity")
+    work_seconds: float | None = Field(
+        default=None, ge=0, description="time spent inside the activity"
+    )
 
 
 class Disposition(StrEnum):

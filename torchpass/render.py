@@ -1,7 +1,9 @@
-"""Plain-text renderings for SREs: an incident's outcome, a contract's standing and ledger, a validation.
+"""Plain-text renderings for SREs: an incident's outcome, a contract's standing and ledger, a
+validation.
 
-Pure functions of the core's models; `torchpass incidents show`, `torchpass contract show|ledger|opt-in`
-and the demo print them. A development contract's standing and ledger open with `DEVELOPMENT_BANNER`.
+Pure functions of the core's models; `torchpass incidents show`, `torchpass contract
+show|ledger|opt-in` and the demo print them. A development contract's standing and ledger open with
+`DEVELOPMENT_BANNER`.
 """
 
 from __future__ import annotations
@@ -24,24 +26,31 @@ def _banner(purpose: ContractPurpose) -> list[str]:
 
 
 def format_outcome(o: MigrationOutcome) -> str:
-    """An incident as an SRE reads it; every figure is one the job measured (see `MigrationOutcome`)."""
+    """An incident as an SRE reads it; every figure is one the job measured (see
+    `MigrationOutcome`)."""
     lines = [
         f"incident   {o.incident_id}",
         f"job        {o.job_id}   domain {o.failure_domain}   lost ranks {list(o.lost_slots)}",
         f"kind       {o.kind}   ({o.evidence_count} report(s))",
         f"class      {o.classification.category} - "
-        f"{'qualifying' if o.classification.qualifying else 'disqualifying'}: {o.classification.reason}",
+        f"{'qualifying' if o.classification.qualifying else 'disqualifying'}: "
+        f"{o.classification.reason}",
         f"outcome    {o.disposition}   success={o.success}   steps recomputed {o.steps_recomputed}"
         " (measured from the ranks' step reports)",
     ]
     if o.step_before is not None and o.resumed_steps:
         resumed = sorted(set(o.resumed_steps.values()))
-        lines.append(f"steps      last completed {o.step_before}; ranks resumed at {_steps(resumed)}")
+        lines.append(
+            f"steps      last completed {o.step_before}; ranks resumed at {_steps(resumed)}"
+        )
     if o.recovery_seconds is not None:
-        lines.append(f"recovery   {o.recovery_seconds:.3f} s from detection to all ranks training again")
+        lines.append(
+            f"recovery   {o.recovery_seconds:.3f} s from detection to all ranks training again"
+        )
     if o.recovery_from_last_progress_seconds is not None:
         lines.append(
-            f"           {o.recovery_from_last_progress_seconds:.3f} s from the hung rank's last progress"
+            f"           {o.recovery_from_last_progress_seconds:.3f} s from the hung rank's last "
+            "progress"
         )
     for p in o.phases:
         work = f"  (in activity {p.work_seconds:.3f} s)" if p.work_seconds is not None else ""
@@ -50,7 +59,8 @@ def format_outcome(o: MigrationOutcome) -> str:
         lines += _proof_lines(o)
     if o.fallback is not None:
         lines.append(
-            f"fallback   restored step {o.fallback.restored_step}, {o.fallback.steps_recomputed} recomputed"
+            f"fallback   restored step {o.fallback.restored_step}, {o.fallback.steps_recomputed} "
+            "recomputed"
         )
     if o.error:
         lines.append(f"error      {o.error}")
@@ -65,8 +75,8 @@ def _proof_lines(o: MigrationOutcome) -> list[str]:
     pr = o.proof
     assert pr is not None
     lines = [
-        f"proof      donor rank {pr.donor_slot} -> ranks {list(pr.receiver_slots)}, step {pr.step_before}"
-        f" -> {pr.step_after}, {pr.bytes / 1e6:.1f} MB in {pr.seconds:.3f} s",
+        f"proof      donor rank {pr.donor_slot} -> ranks {list(pr.receiver_slots)}, step "
+        f"{pr.step_before} -> {pr.step_after}, {pr.bytes / 1e6:.1f} MB in {pr.seconds:.3f} s",
         f"           donor served step {pr.donor_step}, digest {pr.donor_digest[:16]}...",
     ]
     for r in pr.receivers:
@@ -84,7 +94,10 @@ def format_standing(st: Standing) -> str:
     rate = f"{st.success_rate:.2%}" if st.success_rate is not None else "n/a"
     credit = str(st.projected_credit) if st.projected_credit else "none"
     rows = [
-        ("contract", f"{st.contract_id} of {st.customer_id}, term {st.term + 1} from {st.term_start}"),
+        (
+            "contract",
+            f"{st.contract_id} of {st.customer_id}, term {st.term + 1} from {st.term_start}",
+        ),
         ("purpose", st.purpose.value),
         ("annual fee", str(st.annual_fee)),
         ("window", f"{st.window_start} .. {st.window_end} (trailing 12 months)"),
@@ -97,7 +110,10 @@ def format_standing(st: Standing) -> str:
         ("covered jobs", ", ".join(st.covered_jobs) or "none"),
         ("excluded", ", ".join(f"{k.value} {v}" for k, v in st.excluded.items() if v) or "none"),
         ("duplicates", str(st.duplicates)),
-        ("unverified", f"{st.unverified} awaiting their check, {st.rejected_claims} claims refused"),
+        (
+            "unverified",
+            f"{st.unverified} awaiting their check, {st.rejected_claims} claims refused",
+        ),
         ("credits delivered", ", ".join(st.delivered_credits) or "none"),
         ("credits pending", str(st.pending_credits)),
     ]
@@ -106,7 +122,9 @@ def format_standing(st: Standing) -> str:
     for ev in st.evaluations:
         got = f"{ev.success_rate:.2%}" if ev.success_rate is not None else "n/a"
         amount = f", credit {ev.credit.amount}" if ev.credit else ""
-        lines.append(f"evaluation         {ev.period_end} {ev.trigger.value}: {got}{amount} ({ev.note})")
+        lines.append(
+            f"evaluation         {ev.period_end} {ev.trigger.value}: {got}{amount} ({ev.note})"
+        )
     return "\n".join(lines)
 
 
@@ -116,7 +134,8 @@ def _renewal(st: Standing) -> str:
     if st.awaiting_renewal:
         return (
             f"AWAITING RENEWAL: the term ended {st.renewal_date} unrenewed; `renew` until "
-            f"{st.renewal_grace_ends} starts the next term from {st.renewal_date}, else it lapses then"
+            f"{st.renewal_grace_ends} starts the next term from {st.renewal_date}, else it lapses "
+            "then"
         )
     return "renewed" if st.renewed else f"due {st.renewal_date}"
 
@@ -136,7 +155,9 @@ def format_ledger(page: LedgerPage) -> str:
         if r.reason:
             lines.append(f"{'':<20} {r.reason}")
     more = f", next page: --offset {page.next_offset}" if page.next_offset is not None else ""
-    lines.append(f"{len(page.rows)} of {page.total} entries ({page.pruned} pruned as too old){more}")
+    lines.append(
+        f"{len(page.rows)} of {page.total} entries ({page.pruned} pruned as too old){more}"
+    )
     if page.rolled_up:
         days = sorted({r.day for r in page.rolled_up})
         n = sum(r.entries for r in page.rolled_up)
@@ -146,5 +167,8 @@ def format_ledger(page: LedgerPage) -> str:
         )
     if page.rejected:
         lines.append(f"refused, never counted (the latest {len(page.rejected)}):")
-        lines += [f"  {r.at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.claim}: {r.reason}" for r in page.rejected]
+        lines += [
+            f"  {r.at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.claim}: {r.reason}"
+            for r in page.rejected
+        ]
     return "\n".join(lines)

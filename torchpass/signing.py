@@ -1,7 +1,7 @@
-"""Signed planned-migration claims: a drain or cordon that reaches a job through Temporal (a cluster watch,
-an operator's tool) rather than over its authenticated control channel must carry an HMAC-SHA256 of the
-evidence under the job's secret. Without it the claim is refused: anyone who can start a workflow could
-otherwise move a healthy rank off its node."""
+"""Signed planned-migration claims: a drain or cordon that reaches a job through Temporal (a cluster
+watch, an operator's tool) rather than over its authenticated control channel must carry an
+HMAC-SHA256 of the evidence under the job's secret. Without it the claim is refused: anyone who can
+start a workflow could otherwise move a healthy rank off its node."""
 
 from __future__ import annotations
 
@@ -24,4 +24,6 @@ def sign(secret: bytes, ev: Evidence) -> Evidence:
 
 
 def is_signed(secret: bytes, ev: Evidence) -> bool:
-    return ev.signature is not None and hmac.compare_digest(ev.signature, planned_signature(secret, ev))
+    return ev.signature is not None and hmac.compare_digest(
+        ev.signature, planned_signature(secret, ev)
+    )

@@ -1,8 +1,9 @@
 """Client helpers for ContractWorkflow: what the CLI and MigrationWorkflow's wiring call.
 
-Each takes a connected `temporalio.client.Client` (built with the pydantic data converter) and a contract's
-customer and contract id. A contract that does not exist raises `UnknownContract`; an input the contract
-refuses raises `ContractRejected` with its `error_type` (a `Contract*` `torchpass.errors.ErrorType` value).
+Each takes a connected `temporalio.client.Client` (built with the pydantic data converter) and a
+contract's customer and contract id. A contract that does not exist raises `UnknownContract`; an
+input the contract refuses raises `ContractRejected` with its `error_type` (a `Contract*`
+`torchpass.errors.ErrorType` value).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from torchpass.contract.evaluation import Evaluation
 from torchpass.contract.queries import LedgerPage, LedgerPageInput, Standing
 from torchpass.contract.rules import add_months
 from torchpass.contract.state import ContractInput
-from torchpass.contract.terms import ContractPurpose, ContractTerms, ExpandInput, OptInInput, RenewInput
+from torchpass.contract.terms import (
+    ContractPurpose,
+    ContractTerms,
+    ExpandInput,
+    OptInInput,
+    RenewInput,
+)
 from torchpass.ids import (
     CONTROL_TASK_QUEUE,
     ContractMessage,
@@ -34,8 +41,8 @@ from torchpass.models import ContractRef
 from torchpass.validation.report import ValidateInput, ValidationReport
 
 T = TypeVar("T")
-# A query waits for the workflow task in progress; a contract that just took a burst of outcomes (or is
-# continuing as new) on a busy worker may need more than the default.
+# A query waits for the workflow task in progress; a contract that just took a burst of outcomes (or
+# is continuing as new) on a busy worker may need more than the default.
 QUERY_TIMEOUT = timedelta(seconds=60)
 VALIDATION_TIMEOUT = timedelta(minutes=5)
 WORKFLOW = WorkflowName.CONTRACT
@@ -54,7 +61,8 @@ class ContractExists(ContractClientError):
 
 
 class ContractRejected(ContractClientError):
-    """The contract refused an input; `error_type` says which rule (a `Contract*` `ErrorType` value)."""
+    """The contract refused an input; `error_type` says which rule (a `Contract*` `ErrorType`
+    value)."""
 
     def __init__(self, error_type: str, message: str) -> None:
         super().__init__(f"{error_type}: {message}")
@@ -83,7 +91,8 @@ async def _call(what: str, call: Awaitable[T]) -> T:
 async def create_contract(
     client: Client, terms: ContractTerms, task_queue: str = CONTROL_TASK_QUEUE
 ) -> WorkflowHandle[Any, Any]:
-    """Start the contract's workflow; a second create for the same contract raises `ContractExists`."""
+    """Start the contract's workflow; a second create for the same contract raises
+    `ContractExists`."""
     try:
         return await client.start_workflow(
             WORKFLOW,
@@ -96,9 +105,12 @@ async def create_contract(
         raise ContractExists(f"contract {terms.contract_id} of {terms.customer_id} exists") from e
 
 
-async def open_development_contract(client: Client, ref: ContractRef, job_id: str, fee: str) -> None:
-    """A development contract (it accepts a waived scheduler check, and never credits billing) starting
-    this month, `fee` USD a year, with `job_id` opted in: what the demo and the chaos benchmark run under."""
+async def open_development_contract(
+    client: Client, ref: ContractRef, job_id: str, fee: str
+) -> None:
+    """A development contract (it accepts a waived scheduler check, and never credits billing)
+    starting this month, `fee` USD a year, with `job_id` opted in: what the demo and the chaos
+    benchmark run under."""
     start = datetime.now(UTC).date().replace(day=1)
     terms = ContractTerms(
         customer_id=ref.customer_id,
@@ -116,7 +128,9 @@ async def opt_in(client: Client, customer_id: str, contract_id: str, job_id: str
     h = _handle(client, customer_id, contract_id)
     return await _call(
         contract_id,
-        h.execute_update(ContractMessage.OPT_IN, OptInInput(job_id=job_id), result_type=JobCoverage),
+        h.execute_update(
+            ContractMessage.OPT_IN, OptInInput(job_id=job_id), result_type=JobCoverage
+        ),
     )
 
 
@@ -124,11 +138,15 @@ async def opt_out(client: Client, customer_id: str, contract_id: str, job_id: st
     h = _handle(client, customer_id, contract_id)
     return await _call(
         contract_id,
-        h.execute_update(ContractMessage.OPT_OUT, OptInInput(job_id=job_id), result_type=JobCoverage),
+        h.execute_update(
+            ContractMessage.OPT_OUT, OptInInput(job_id=job_id), result_type=JobCoverage
+        ),
     )
 
 
-async def record_validation(client: Client, customer_id: str, report: ValidationReport) -> JobCoverage:
+async def record_validation(
+    client: Client, customer_id: str, report: ValidationReport
+) -> JobCoverage:
     h = _handle(client, customer_id, report.contract_id)
     return await _call(
         report.contract_id,
@@ -144,20 +162,27 @@ async def record_outcome(
     await _call(contract_id, h.signal(ContractMessage.RECORD_OUTCOME, outcome))
 
 
-async def expand(client: Client, customer_id: str, contract_id: str, inp: ExpandInput) -> Evaluation:
+async def expand(
+    client: Client, customer_id: str, contract_id: str, inp: ExpandInput
+) -> Evaluation:
     h = _handle(client, customer_id, contract_id)
-    return await _call(contract_id, h.execute_update(ContractMessage.EXPAND, inp, result_type=Evaluation))
+    return await _call(
+        contract_id, h.execute_update(ContractMessage.EXPAND, inp, result_type=Evaluation)
+    )
 
 
 async def renew(client: Client, customer_id: str, contract_id: str, inp: RenewInput) -> Standing:
     h = _handle(client, customer_id, contract_id)
-    return await _call(contract_id, h.execute_update(ContractMessage.RENEW, inp, result_type=Standing))
+    return await _call(
+        contract_id, h.execute_update(ContractMessage.RENEW, inp, result_type=Standing)
+    )
 
 
 async def get_standing(client: Client, customer_id: str, contract_id: str) -> Standing:
     h = _handle(client, customer_id, contract_id)
     return await _call(
-        contract_id, h.query(ContractMessage.STANDING, result_type=Standing, rpc_timeout=QUERY_TIMEOUT)
+        contract_id,
+        h.query(ContractMessage.STANDING, result_type=Standing, rpc_timeout=QUERY_TIMEOUT),
     )
 
 
@@ -167,7 +192,8 @@ async def get_ledger(
     h = _handle(client, customer_id, contract_id)
     page = LedgerPageInput(offset=offset, limit=limit)
     return await _call(
-        contract_id, h.query(ContractMessage.LEDGER, page, result_type=LedgerPage, rpc_timeout=QUERY_TIMEOUT)
+        contract_id,
+        h.query(ContractMessage.LEDGER, page, result_type=LedgerPage, rpc_timeout=QUERY_TIMEOUT),
     )
 
 
@@ -179,7 +205,8 @@ async def validate_job(
     job_task_queue: str = "",
     allow_local: bool = False,
 ) -> ValidationReport:
-    """Run EnvironmentValidationWorkflow for one job and wait for its report (recorded on the contract).
+    """Run EnvironmentValidationWorkflow for one job and wait for its report (recorded on the
+    contract).
 
     Raises temporalio's WorkflowAlreadyStartedError when one is already running for the job.
     """

@@ -1,8 +1,9 @@
 """The control worker: the workflows and the cluster-wide activities, on the control task queue.
 
 Workflows: MigrationWorkflow (one per incident), ContractWorkflow (one per YOCO contract),
-EnvironmentValidationWorkflow (opt-in). Activities: classification, environment checks, the ledger's checks of
-what a contract is told, credit delivery to billing (settings from TORCHPASS_BILLING_*, see deploy/README.md).
+EnvironmentValidationWorkflow (opt-in). Activities: classification, environment checks, the ledger's
+checks of what a contract is told, credit delivery to billing (settings from TORCHPASS_BILLING_*,
+see deploy/README.md).
 """
 
 from __future__ import annotations

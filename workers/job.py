@@ -1,4 +1,5 @@
-"""The job worker: a coordinator plus the Temporal worker that serves its incidents' job-side activities.
+"""The job worker: a coordinator plus the Temporal worker that serves its incidents' job-side
+activities.
 
 `torchpass run` runs this in the foreground; the ranks and spares are its children.
 """
@@ -31,8 +32,8 @@ QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
-    """Signal-with-start: the first report of a failure starts its incident, later ones fold into it; a
-    late one (after the outcome) is only signalled to the run that recorded it."""
+    """Signal-with-start: the first report of a failure starts its incident, later ones fold into
+    it; a late one (after the outcome) is only signalled to the run that recorded it."""
 
     async def report(workflow_id: str, rep: FailureReport) -> None:
         with _span(client, f"ReportIncident:{workflow_id}"):
@@ -42,13 +43,15 @@ def reporter(client: Client) -> Callable[[str, FailureReport], Awaitable[None]]:
 
 
 def _span(client: Client, name: str) -> contextlib.AbstractContextManager[object]:
-    """One span over a report and its check when the client traces, so both sit in the incident's trace."""
+    """One span over a report and its check when the client traces, so both sit in the incident's
+    trace."""
     tracing = [i for i in client.config()["interceptors"] if isinstance(i, TracingInterceptor)]
     return tracing[0].tracer.start_as_current_span(name) if tracing else contextlib.nullcontext()
 
 
 async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
-    if rep.late:  # to the run that recorded the outcome, open for the late window: never a new incident
+    # to the run that recorded the outcome, open for the late window: never a new incident
+    if rep.late:
         wf, _, run = workflow_id.partition("/")
         await client.get_workflow_handle(wf, run_id=run or None).signal(IncidentMessage.REPORT, rep)
         return
@@ -72,13 +75,14 @@ async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
         return
     job_id, queue = rep.evidence.job_id, rep.job_task_queue
     if rep.opens and status.disposition is not None:
-        # A run of the same id that recorded its outcome and waits only for late evidence: an earlier
-        # incident of a job of the same id (run again within the late window), never this new one.
+        # A run of the same id that recorded its outcome and waits only for late evidence: an
+        # earlier incident of a job of the same id (run again within the late window), never this
+        # new one.
         raise Squatted(f"the run at {workflow_id} has recorded its own incident's outcome already")
     if status.job_id and (status.job_id, status.job_task_queue) != (job_id, queue):
         raise Squatted(
-            f"the run at {workflow_id} is an incident of job {status.job_id!r} with its activities on"
-            f" {status.job_task_queue!r}, not of job {job_id!r} on {queue!r}"
+            f"the run at {workflow_id} is an incident of job {status.job_id!r} with its activities "
+            f"on {status.job_task_queue!r}, not of job {job_id!r} on {queue!r}"
         )
 
 
@@ -87,7 +91,9 @@ async def run_job(spec: JobSpec, client: Client) -> JobResult:
     steps = IncidentSteps(coordinator)
     LocalRecovery(steps)  # the job goes on by itself when no workflow step comes
     acts = JobActivities(coordinator, steps)
-    worker = Worker(client, task_queue=job_task_queue(spec.job_id), activities=list(_activity_methods(acts)))
+    worker = Worker(
+        client, task_queue=job_task_queue(spec.job_id), activities=list(_activity_methods(acts))
+    )
     async with worker:
         result = await coordinator.run()
         # Let an incident still recording finish before the worker goes.

@@ -1,10 +1,10 @@
-"""Node agents started on this host for a multi-node job: `torchpass run --nnodes N` (the one-host quick
-start, as torchrun's single command) and the demo.
+"""Node agents started on this host for a multi-node job: `torchpass run --nnodes N` (the one-host
+quick start, as torchrun's single command) and the demo.
 
-Each is a real `torchpass node` process, started once the job's coordinator has registered (its address
-and secret exist), in a session of its own so that losing a node is one signal to that session (the
-agent and, through their parent-death signal, its ranks). A node may run under a command prefix, such as
-`ip netns exec NS` for a network namespace of its own.
+Each is a real `torchpass node` process, started once the job's coordinator has registered (its
+address and secret exist), in a session of its own so that losing a node is one signal to that
+session (the agent and, through their parent-death signal, its ranks). A node may run under a
+command prefix, such as `ip netns exec NS` for a network namespace of its own.
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ class LocalNode:
     prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", NS)
 
 
-def plan(nnodes: int, per_node: int, spares_per_node: int, spare_nodes: int, host: str) -> list[LocalNode]:
-    """`nnodes` nodes of `per_node` ranks and `spares_per_node` warm spares each, and `spare_nodes` spare
-    nodes each keeping enough warm spares to take a whole node's ranks."""
+def plan(
+    nnodes: int, per_node: int, spares_per_node: int, spare_nodes: int, host: str
+) -> list[LocalNode]:
+    """`nnodes` nodes of `per_node` ranks and `spares_per_node` warm spares each, and `spare_nodes`
+    spare nodes each keeping enough warm spares to take a whole node's ranks."""
     nodes = [LocalNode(f"node{i}", per_node, spares_per_node, host) for i in range(nnodes)]
     return nodes + [LocalNode(f"spare{i}", 0, per_node, host) for i in range(spare_nodes)]
 
@@ -61,7 +63,8 @@ async def coordinator_address(spec: JobSpec) -> str:
 
 
 async def print_node_command(spec: JobSpec) -> None:
-    """What to run on each host of a job whose nodes are started elsewhere (`torchpass run --remote`)."""
+    """What to run on each host of a job whose nodes are started elsewhere (`torchpass run
+    --remote`)."""
     print(node_command(spec, await coordinator_address(spec)), flush=True)
 
 
@@ -70,16 +73,17 @@ def node_command(spec: JobSpec, address: str) -> str:
     per_node = spec.nproc // spec.nodes if spec.nproc % spec.nodes == 0 else "P"
     argv = " ".join([str(spec.script), *spec.args])
     return (
-        f"torchpass: job {spec.job_id} waits for {spec.nodes} node(s); on each host run\n"
-        f"  torchpass node --job {spec.job_id} --coordinator {address} --secret-file SECRET --host ADDRESS "
-        f"--slots {per_node} --spares K {argv}\n"
-        f"(SECRET: a copy of {spec.job_dir / 'secret'} readable by that host's user alone; ADDRESS: the "
-        "host's own, reachable from every other; --slots 0: a spare node)"
+        f"torchpass: job {spec.job_id} waits for {spec.nodes} node(s); on each host run\n  "
+        f"torchpass node --job {spec.job_id} --coordinator {address} --secret-file SECRET --host "
+        f"ADDRESS --slots {per_node} --spares K {argv}\n(SECRET: a copy of "
+        f"{spec.job_dir / 'secret'} readable by that host's user alone; ADDRESS: the host's own, "
+        "reachable from every other; --slots 0: a spare node)"
     )
 
 
 class LocalNodes:
-    """The job's node agents on this host: `start` them, `lose` one (SIGKILL to its session), `close`."""
+    """The job's node agents on this host: `start` them, `lose` one (SIGKILL to its session),
+    `close`."""
 
     def __init__(self, spec: JobSpec, nodes: Sequence[LocalNode]) -> None:
         self.spec = spec
@@ -87,8 +91,8 @@ class LocalNodes:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     async def start(self) -> None:
-        """Once the coordinator registered: every node, spare nodes first (they hold no slot), then the
-        others in order, each joined before the next starts (the first holds ranks 0..P-1)."""
+        """Once the coordinator registered: every node, spare nodes first (they hold no slot), then
+        the others in order, each joined before the next starts (the first holds ranks 0..P-1)."""
         address = await coordinator_address(self.spec)
         ordered = sorted(self.nodes.values(), key=lambda n: n.slots > 0)
         for n in ordered:
@@ -99,7 +103,14 @@ class LocalNodes:
     def _start(self, n: LocalNode, coordinator: str) -> subprocess.Popen[bytes]:
         s = self.spec
         argv = [*n.prefix, sys.executable, "-m", "torchpass.cli", "node", "--job", s.job_id]
-        argv += ["--coordinator", coordinator, "--secret-file", str(s.job_dir / "secret"), "--host", n.host]
+        argv += [
+            "--coordinator",
+            coordinator,
+            "--secret-file",
+            str(s.job_dir / "secret"),
+            "--host",
+            n.host,
+        ]
         argv += ["--name", n.name, "--slots", str(n.slots), "--spares", str(n.spares)]
         return subprocess.Popen(
             [*argv, str(s.script), *s.args], stdin=subprocess.DEVNULL, start_new_session=True
@@ -130,7 +141,9 @@ class LocalNodes:
         from job_agent.coordinator.jobs import request
 
         while True:
-            s = await asyncio.to_thread(request, self.spec.state_dir, self.spec.job_id, wire.StatusRequest())
+            s = await asyncio.to_thread(
+                request, self.spec.state_dir, self.spec.job_id, wire.StatusRequest()
+            )
             if (
                 isinstance(s, wire.Status)
                 and s.ranks
@@ -147,7 +160,8 @@ class LocalNodes:
             os.killpg(self.procs[name].pid, signal.SIGKILL)
 
     def close(self) -> None:
-        """Each agent leaves when its job ends; any still here (the job failed to start) is stopped."""
+        """Each agent leaves when its job ends; any still here (the job failed to start) is
+        stopped."""
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(10)
@@ -164,7 +178,8 @@ async def run_on_local_nodes(spec: JobSpec, client: Client, nodes: LocalNodes) -
     try:
         await asyncio.wait({job, starting}, return_when=asyncio.FIRST_EXCEPTION)
         if starting.done() and starting.exception() is not None:
-            # The job fails at its start-up timeout, saying which nodes came; this says why one did not.
+            # The job fails at its start-up timeout, saying which nodes came; this says why one did
+            # not.
             log.error("starting the job's node agents failed: %s", starting.exception())
         return await job
     finally:

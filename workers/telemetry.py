@@ -1,12 +1,14 @@
 """OpenTelemetry tracing of incidents, off unless an SRE turns it on (TORCHPASS_OTEL_* variables).
 
-With tracing on, every Temporal client built by `workers.temporal.connect` carries a `TracingInterceptor`, and
-so do the workers built from that client: a signal-with-start of an incident, its `RunWorkflow` span, the
-activities it schedules and their `RunActivity` spans on the job worker share one trace.
+With tracing on, every Temporal client built by `workers.temporal.connect` carries a
+`TracingInterceptor`, and so do the workers built from that client: a signal-with-start of an
+incident, its `RunWorkflow` span, the activities it schedules and their `RunActivity` spans on the
+job worker share one trace.
 
-The only exporter built in is "console" (spans printed to stdout as JSON), because torchpass installs no
-exporter package. Any OpenTelemetry SDK exporter (OTLP, Jaeger, a vendor's) can be plugged in by building a
-`TracerProvider` with it and passing that provider to `interceptors(settings, provider)`.
+The only exporter built in is "console" (spans printed to stdout as JSON), because torchpass
+installs no exporter package. Any OpenTelemetry SDK exporter (OTLP, Jaeger, a vendor's) can be
+plugged in by building a `TracerProvider` with it and passing that provider to
+`interceptors(settings, provider)`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ class TelemetrySettings(BaseSettings):
     exporter: Literal["none", "console"] = Field(
         default="none", description="where spans go: 'none' (tracing off) or 'console' (stdout)"
     )
-    service_name: str = Field(default="torchpass", description="the service.name resource of every span")
+    service_name: str = Field(
+        default="torchpass", description="the service.name resource of every span"
+    )
 
 
 def tracer_provider(settings: TelemetrySettings) -> TracerProvider | None:
@@ -49,7 +53,8 @@ def interceptors(
 ) -> list[TracingInterceptor]:
     """Client (and worker) interceptors: one `TracingInterceptor` when tracing is on, none when off.
 
-    A given `provider` wins over the one `settings.exporter` would build, so a caller can plug any exporter.
+    A given `provider` wins over the one `settings.exporter` would build, so a caller can plug any
+    exporter.
     """
     provider = provider or tracer_provider(settings)
     if provider is None:

@@ -3,7 +3,8 @@
 The settings refuse, at start-up, what would connect less safely than it looks: a client certificate
 without its key (or a key without its certificate), a TLS file that is not there, and plaintext to a
 server off this host unless it is asked for (`allow_plaintext`). The API key is never a command-line
-flag (every user of the host could read it in `ps`): it comes from TORCHPASS_TEMPORAL_API_KEY or a file.
+flag (every user of the host could read it in `ps`): it comes from TORCHPASS_TEMPORAL_API_KEY or a
+file.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ class TemporalSettings(BaseSettings):
 
     address: str = "127.0.0.1:7233"
     namespace: str = "default"
-    api_key: SecretStr | None = Field(default=None, description="Temporal Cloud API key; implies TLS")
+    api_key: SecretStr | None = Field(
+        default=None, description="Temporal Cloud API key; implies TLS"
+    )
     api_key_file: Path | None = Field(default=None, description="a file holding the API key")
     tls: bool = False
     tls_cert: Path | None = Field(default=None, description="client certificate (PEM) for mTLS")
     tls_key: Path | None = Field(default=None, description="its private key (PEM)")
     tls_ca: Path | None = Field(default=None, description="the server's CA certificate (PEM)")
     allow_plaintext: bool = Field(
-        default=False, description="connect without TLS to a server off this host (never to Temporal Cloud)"
+        default=False,
+        description="connect without TLS to a server off this host (never to Temporal Cloud)",
     )
 
     @model_validator(mode="after")
@@ -51,8 +55,9 @@ class TemporalSettings(BaseSettings):
             raise ValueError("api_key and api_key_file: give one")
         if not self.encrypted and not self.allow_plaintext and not _on_this_host(self.address):
             raise ValueError(
-                f"plaintext connection to {self.address}, off this host: pass --tls (or a certificate, or an "
-                "API key), or --allow-plaintext to accept that anyone on the path can read and forge it"
+                f"plaintext connection to {self.address}, off this host: pass --tls (or a "
+                "certificate, or an API key), or --allow-plaintext to accept that anyone on the "
+                "path can read and forge it"
             )
         return self
 
@@ -78,8 +83,8 @@ def _on_this_host(address: str) -> bool:
 
 
 async def connect(settings: TemporalSettings, interceptors: Sequence[Interceptor] = ()) -> Client:
-    """A client for `settings`; its `interceptors` (e.g. `workers.telemetry.interceptors`) apply to every
-    call it makes and to every worker built from it."""
+    """A client for `settings`; its `interceptors` (e.g. `workers.telemetry.interceptors`) apply to
+    every call it makes and to every worker built from it."""
     key = settings.key()
     tls: TLSConfig | bool = settings.tls or key is not None
     if settings.tls_cert or settings.tls_ca:
@@ -103,12 +108,13 @@ def _read(path: Path | None) -> bytes | None:
 
 
 def exit_process(main: Callable[[], int | None]) -> None:
-    """Run a command's `main` and end the process with its exit code, without finalizing the interpreter.
+    """Run a command's `main` and end the process with its exit code, without finalizing the
+    interpreter.
 
     The Temporal SDK's core threads can call into Python while the interpreter finalizes
     (temporalio/sdk-python#300): a short-lived client then aborts at exit with `Fatal Python error:
-    PyGILState_Release` and exit code 134 after its work is done (2 of 30 `torchpass incidents list` runs
-    here). So the exit handlers run and the output is flushed, and the process ends there.
+    PyGILState_Release` and exit code 134 after its work is done (2 of 30 `torchpass incidents list`
+    runs here). So the exit handlers run and the output is flushed, and the process ends there.
     """
     try:
         code = main()
@@ -118,6 +124,7 @@ def exit_process(main: Callable[[], int | None]) -> None:
         code = 1 if isinstance(e.code, str) else e.code
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) or a closed stream
+        # a closed pipe (`| head`) or a closed stream
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code or 0)

@@ -1,5 +1,5 @@
-"""The contract's checks of what it is told (`torchpass.contract.verify`), as workflow steps: one activity
-each, run on the control worker, which reads the claimed workflow's history."""
+"""The contract's checks of what it is told (`torchpass.contract.verify`), as workflow steps: one
+activity each, run on the control worker, which reads the claimed workflow's history."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from torchpass.contract.book import ContractBook
-    from torchpass.contract.verify import MAX_CLAIMS, OutcomeClaims, ValidationClaim, Verdict, Verdicts
+    from torchpass.contract.verify import (
+        MAX_CLAIMS,
+        OutcomeClaims,
+        ValidationClaim,
+        Verdict,
+        Verdicts,
+    )
     from torchpass.errors import ErrorType
     from torchpass.ids import ControlActivity
     from torchpass.policies import VERIFY_AGAIN_AFTER, VERIFY_RETRY, VERIFY_TIMEOUTS
@@ -17,8 +23,8 @@ with workflow.unsafe.imports_passed_through():
 
 
 async def check_outcomes(book: ContractBook, contract_workflow_id: str) -> bool:
-    """Check the oldest queued outcomes against their incidents: the genuine are counted, the rest kept
-    as rejected with why. False when the check could not run: then they stay queued."""
+    """Check the oldest queued outcomes against their incidents: the genuine are counted, the rest
+    kept as rejected with why. False when the check could not run: then they stay queued."""
     batch = tuple(book.checks.unverified[:MAX_CLAIMS])
     claims = OutcomeClaims(contract_workflow_id=contract_workflow_id, outcomes=batch)
     t = VERIFY_TIMEOUTS[ControlActivity.VERIFY_OUTCOMES]
@@ -46,12 +52,15 @@ async def check_outcomes(book: ContractBook, contract_workflow_id: str) -> bool:
             book.record_outcome(outcome)
         else:
             workflow.logger.warning("outcome %s rejected: %s", outcome.incident_id, verdict.reason)
-            book.checks.reject(outcome.incident_id, outcome.job_id, outcome.detected_at, verdict.reason)
+            book.checks.reject(
+                outcome.incident_id, outcome.job_id, outcome.detected_at, verdict.reason
+            )
     return True
 
 
 async def check_validation(report: ValidationReport, contract_workflow_id: str) -> Verdict:
-    """The verdict on a report; a check that cannot run is a retryable error to the update's caller."""
+    """The verdict on a report; a check that cannot run is a retryable error to the update's
+    caller."""
     t = VERIFY_TIMEOUTS[ControlActivity.VERIFY_VALIDATION]
     claim = ValidationClaim(contract_workflow_id=contract_workflow_id, report=report)
     try:

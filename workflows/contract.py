@@ -1,21 +1,23 @@
-"""ContractWorkflow: one long-lived workflow per customer contract, turning outcomes into the YOCO guarantee.
+"""ContractWorkflow: one long-lived workflow per customer contract, turning outcomes into the YOCO
+guarantee.
 
-Id: `torchpass.ids.contract_workflow_id(customer_id, contract_id)`. Opt-ins, validations, expansions and
-renewals are updates whose validators answer a bad input with a typed `ApplicationError` (its type is a
-`Contract*` `ErrorType`) and leave no trace in history; migration outcomes arrive as a fire-and-forget signal
-from MigrationWorkflow, decoded here so that a malformed one is counted and dropped, never fatal. A durable
-timer wakes the workflow at each renewal date. A term that ends unrenewed is evaluated all the same and the
-contract then awaits a late `renew` for `terms.renewal_grace_days` (still recording outcomes and opt-ins);
-only when that grace passes does it lapse and the workflow end. A credit is delivered to billing by the
-`deliver_credit` activity (`workflows.credit_delivery`). A billing outage holds up the renewal timer, the
-evaluations and continue-as-new for at most `DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up,
-the credit stays pending, and it is offered again `REDELIVER_AFTER` later (that time travels in the state,
-across continue-as-new).
+Id: `torchpass.ids.contract_workflow_id(customer_id, contract_id)`. Opt-ins, validations, expansions
+and renewals are updates whose validators answer a bad input with a typed `ApplicationError` (its
+type is a `Contract*` `ErrorType`) and leave no trace in history; migration outcomes arrive as a
+fire-and-forget signal from MigrationWorkflow, decoded here so that a malformed one is counted and
+dropped, never fatal. A durable timer wakes the workflow at each renewal date. A term that ends
+unrenewed is evaluated all the same and the contract then awaits a late `renew` for
+`terms.renewal_grace_days` (still recording outcomes and opt-ins); only when that grace passes does
+it lapse and the workflow end. A credit is delivered to billing by the `deliver_credit` activity
+(`workflows.credit_delivery`). A billing outage holds up the renewal timer, the evaluations and
+continue-as-new for at most `DELIVER_CREDIT_SCHEDULE_TO_CLOSE`: then the delivery gives up, the
+credit stays pending, and it is offered again `REDELIVER_AFTER` later (that time travels in the
+state, across continue-as-new).
 
-This module holds the workflow's handlers and its main loop. The rules themselves are pure (`ContractBook`,
-`torchpass.contract.rules`); when the loop wakes is `workflows.contract_wakeups`; the activities it calls
-are steps in `workflows.checks` and `workflows.credit_delivery`. Continue-as-new carries everything in one
-`ContractState`.
+This module holds the workflow's handlers and its main loop. The rules themselves are pure
+(`ContractBook`, `torchpass.contract.rules`); when the loop wakes is `workflows.contract_wakeups`;
+the activities it calls are steps in `workflows.checks` and `workflows.credit_delivery`.
+Continue-as-new carries everything in one `ContractState`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.contract.evaluation import Evaluation
     from torchpass.contract.queries import LedgerPage, LedgerPageInput, Standing
     from torchpass.contract.state import ContractInput
-    from torchpass.contract.terms import ContractRuleError, ContractTerms, ExpandInput, OptInInput, RenewInput
+    from torchpass.contract.terms import (
+        ContractRuleError,
+        ContractTerms,
+        ExpandInput,
+        OptInInput,
+        RenewInput,
+    )
     from torchpass.errors import ErrorType
     from torchpass.ids import ContractMessage, WorkflowName
     from torchpass.incident.outcome import MigrationOutcome
@@ -53,7 +61,8 @@ R = TypeVar("R")
 VERIFIED_LEDGER = "verified-ledger"
 
 
-# Stands in for the terms of a contract started with a malformed input, which fails at once: never shown.
+# Stands in for the terms of a contract started with a malformed input, which fails at once: never
+# shown.
 _PLACEHOLDER = ContractInput(
     terms=ContractTerms(
         customer_id="malformed-start",
@@ -76,19 +85,22 @@ class ContractWorkflow:
         self._bad: ApplicationError | None = None
         try:
             inp = decode_start(start, ContractInput)
-        except ApplicationError as e:  # `run` fails the workflow with it; every input is refused meanwhile
+        # `run` fails the workflow with it; every input is refused meanwhile
+        except ApplicationError as e:
             self._bad, inp = e, _PLACEHOLDER
         self._terms = inp.terms
         self._book = ContractBook(inp.terms, inp.state)
         self._handled = 0  # history-growing inputs handled by this run
         self._wakeups = Wakeups(self._book)
 
-    # --- inputs --------------------------------------------------------------------------------------
+    # --- inputs
+    # --------------------------------------------------------------------------------------
 
     @workflow.signal(name=ContractMessage.RECORD_OUTCOME)
     def record_outcome(self, raw: RawValue) -> None:
-        """Fire-and-forget from MigrationWorkflow; a duplicate incident id is counted once. Held until
-        checked against the incident's own workflow (`_verify_pending`): only then is it counted."""
+        """Fire-and-forget from MigrationWorkflow; a duplicate incident id is counted once. Held
+        until checked against the incident's own workflow (`_verify_pending`): only then is it
+        counted."""
         if self._bad is not None:
             return
         self._handled += 1
@@ -97,14 +109,17 @@ class ContractWorkflow:
             if not isinstance(outcome, MigrationOutcome):  # a null payload decodes to None
                 raise TypeError(f"got {type(outcome).__name__}")
         except Exception as e:
-            # The sender cannot hear an error from a signal: count it where an operator looks (standing).
+            # The sender cannot hear an error from a signal: count it where an operator looks
+            # (standing).
             self._book.rejected_signals += 1
             workflow.logger.warning("malformed record_outcome signal dropped: %s", e)
             return
         if workflow.patched(VERIFIED_LEDGER):
             if not self._book.receive(outcome):
                 self._book.rejected_signals += 1
-                workflow.logger.warning("outcome %s refused: too many await a check", outcome.incident_id)
+                workflow.logger.warning(
+                    "outcome %s refused: too many await a check", outcome.incident_id
+                )
             return
         entry, duplicate = self._book.record_outcome(outcome)
         if duplicate:
@@ -134,14 +149,17 @@ class ContractWorkflow:
 
     @workflow.update(name=ContractMessage.RECORD_VALIDATION)
     async def record_validation(self, raw: RawValue) -> JobCoverage:
-        """Recorded once the report's own validation workflow shows it made it (`contract/verify.py`)."""
+        """Recorded once the report's own validation workflow shows it made it
+        (`contract/verify.py`)."""
         report = decode(raw, ValidationReport, "record_validation input")
         self._handled += 1
         if workflow.patched(VERIFIED_LEDGER):
             verdict = await check_validation(report, workflow.info().workflow_id)
             if not verdict.accepted:
                 now = workflow.now()
-                self._book.checks.reject(verdict.claim, report.job_id, now, f"validation: {verdict.reason}")
+                self._book.checks.reject(
+                    verdict.claim, report.job_id, now, f"validation: {verdict.reason}"
+                )
                 raise ApplicationError(
                     f"validation not recorded: {verdict.reason}",
                     type=ErrorType.CONTRACT_UNVERIFIED.value,
@@ -156,7 +174,8 @@ class ContractWorkflow:
 
     @workflow.update(name=ContractMessage.EXPAND)
     def expand(self, raw: RawValue) -> Evaluation:
-        """Evaluate at the expansion (the credit, if any, is delivered by the main loop) and apply its fee."""
+        """Evaluate at the expansion (the credit, if any, is delivered by the main loop) and apply
+        its fee."""
         inp = decode(raw, ExpandInput, "expand input")
         self._handled += 1
         return self._apply(self._book.expand, inp, workflow.now())
@@ -180,7 +199,8 @@ class ContractWorkflow:
 
     def _apply(self, change: Callable[..., R], *args: Any) -> R:
         # The validator already passed; should the rules still refuse (an earlier update in the same
-        # activation changed the state), the caller gets the typed error, the workflow task never fails.
+        # activation changed the state), the caller gets the typed error, the workflow task never
+        # fails.
         try:
             return change(*args)
         except ContractRuleError as e:
@@ -198,7 +218,8 @@ class ContractWorkflow:
         except ContractRuleError as e:
             raise _rejected(e) from e
 
-    # --- queries -------------------------------------------------------------------------------------
+    # --- queries
+    # -------------------------------------------------------------------------------------
 
     @workflow.query(name=ContractMessage.STANDING)
     def standing(self) -> Standing:
@@ -213,7 +234,8 @@ class ContractWorkflow:
             raise self._bad
         return self._book.ledger_page(page)
 
-    # --- the main loop -------------------------------------------------------------------------------
+    # --- the main loop
+    # -------------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, start: RawValue) -> Standing:
@@ -221,7 +243,9 @@ class ContractWorkflow:
             raise self._bad
         due, credits = self._wakeups, self._book.evaluations
         while not self._book.term.lapsed:
-            await due.wait(lambda: due.delivery_due() or self._should_continue() or due.verify_due())
+            await due.wait(
+                lambda: due.delivery_due() or self._should_continue() or due.verify_due()
+            )
             while due.verify_due():  # before a term closes: what arrived in time counts in it
                 await self._verify_pending()
             if due.renewal_due():
@@ -229,11 +253,13 @@ class ContractWorkflow:
             # Unrenewed past the grace (at once when there is none): the contract lapses.
             self._book.term.lapse_if_unrenewed(workflow.now())
             if due.delivery_due():
-                # Bounded: gives up within DELIVER_CREDIT_SCHEDULE_TO_CLOSE, the credit staying pending.
+                # Bounded: gives up within DELIVER_CREDIT_SCHEDULE_TO_CLOSE, the credit staying
+                # pending.
                 await deliver_credits(credits)
             if self._should_continue() and not self._book.term.lapsed:
                 await self._continue_as_new()
-        # Not renewed within the grace: the last credit is still owed, then the contract's workflow ends.
+        # Not renewed within the grace: the last credit is still owed, then the contract's workflow
+        # ends.
         while credits.pending_credits:
             await due.wait(due.delivery_due)
             if due.delivery_due():

@@ -1,7 +1,7 @@
-"""ContractWorkflow's credits delivered to billing, as a workflow step: the `deliver_credit` activity on the
-control worker, once per pending credit, bounded so that a billing outage holds the contract up for an hour
-at most. A credit billing does not take stays pending and is offered again `REDELIVER_AFTER` later (that
-time travels in the contract's state, across continue-as-new)."""
+"""ContractWorkflow's credits delivered to billing, as a workflow step: the `deliver_credit`
+activity on the control worker, once per pending credit, bounded so that a billing outage holds the
+contract up for an hour at most. A credit billing does not take stays pending and is offered again
+`REDELIVER_AFTER` later (that time travels in the contract's state, across continue-as-new)."""
 
 from __future__ import annotations
 
@@ -17,18 +17,19 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
     from workflows.policy import retry_policy
 
-# Billing may be down for days; a credit is owed until it says it has it. One delivery is BILLING_TIMEOUTS'
-# attempt and heartbeat bounds and retry policy (1 s to 5 min apart), given up after an hour, not
-# BILLING_TIMEOUTS' week: an outage must not keep an activity open (and its credit's retry time unknown)
-# for days. The credit then stays pending and is offered again REDELIVER_AFTER later, as after a refusal
-# no retry cures (a non-retryable error). Billing deduplicates on the idempotency key: re-offering is safe.
+# Billing may be down for days; a credit is owed until it says it has it. One delivery is
+# BILLING_TIMEOUTS' attempt and heartbeat bounds and retry policy (1 s to 5 min apart), given up
+# after an hour, not BILLING_TIMEOUTS' week: an outage must not keep an activity open (and its
+# credit's retry time unknown) for days. The credit then stays pending and is offered again
+# REDELIVER_AFTER later, as after a refusal no retry cures (a non-retryable error). Billing
+# deduplicates on the idempotency key: re-offering is safe.
 DELIVER_CREDIT_SCHEDULE_TO_CLOSE = timedelta(hours=1)
 REDELIVER_AFTER = timedelta(hours=6)
 
 
 async def deliver_credits(credits: Evaluations) -> None:
-    """Offer the pending credits to billing in order; the first it does not take sets the next offer's
-    time, and the rest wait for it too."""
+    """Offer the pending credits to billing in order; the first it does not take sets the next
+    offer's time, and the rest wait for it too."""
     for notice in list(credits.pending_credits):
         delivery = await _deliver(notice)
         if delivery is None:

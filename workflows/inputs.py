@@ -1,7 +1,7 @@
-"""A workflow's inputs, decoded by the workflow itself. A malformed start input fails the workflow with a
-typed error naming the field, instead of failing its every workflow task forever (which is what the SDK
-does with an input it cannot decode) and leaving it open, holding its id; a malformed update or query
-argument is refused with the same typed error, naming the field."""
+"""A workflow's inputs, decoded by the workflow itself. A malformed start input fails the workflow
+with a typed error naming the field, instead of failing its every workflow task forever (which is
+what the SDK does with an input it cannot decode) and leaving it open, holding its id; a malformed
+update or query argument is refused with the same typed error, naming the field."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def decode_start(raw: RawValue, model: type[M]) -> M:
 
 
 def decode(raw: RawValue, model: type[M], what: str) -> M:
-    """`raw` as `model`, or a non-retryable `InvalidInput` naming what and which fields are wrong (the
-    SDK's own decoding would say only "Failed decoding arguments")."""
+    """`raw` as `model`, or a non-retryable `InvalidInput` naming what and which fields are wrong
+    (the SDK's own decoding would say only "Failed decoding arguments")."""
     try:
         value = workflow.payload_converter().from_payload(raw.payload, model)
     except Exception as e:  # any payload that is not the model: refused, typed

@@ -15,7 +15,13 @@ from torchpass.incident.classify import (
     unable_to_recover,
 )
 from torchpass.incident.steps import ConfirmResult
-from torchpass.models import QUALIFYING_CATEGORIES, Classification, ClassifyInput, Evidence, FailureKind
+from torchpass.models import (
+    QUALIFYING_CATEGORIES,
+    Classification,
+    ClassifyInput,
+    Evidence,
+    FailureKind,
+)
 
 
 def judged_by_kind(evidence: tuple[Evidence, ...], error: str) -> Classification:

@@ -1,14 +1,16 @@
-"""MigrationWorkflow: one durable workflow per incident, from the first report to the recorded outcome.
+"""MigrationWorkflow: one durable workflow per incident, from the first report to the recorded
+outcome.
 
 Started by signal-with-start under an id made of job, failure domain and world generation
 (`torchpass.ids.incident_workflow_id`), so every report of one failure (the rank's exit, its dropped
-connection, a node watch, NVML) folds into one incident. Reports that arrive while a step runs are folded
-too: nothing waits for more evidence, the next step simply sees all of it.
+connection, a node watch, NVML) folds into one incident. Reports that arrive while a step runs are
+folded too: nothing waits for more evidence, the next step simply sees all of it.
 
-Only orchestration lives here: which path an incident takes, and every `workflow.patched` that decides one.
-The steps live beside it: confirming, classifying, migrating live or falling back in `workflows.recovery`;
-filing an incident the job handled itself and recording every outcome in `workflows.recording`; each
-activity call, with its timeouts and retries, timed into the incident's phases, in `workflows.step_calls`.
+Only orchestration lives here: which path an incident takes, and every `workflow.patched` that
+decides one. The steps live beside it: confirming, classifying, migrating live or falling back in
+`workflows.recovery`; filing an incident the job handled itself and recording every outcome in
+`workflows.recording`; each activity call, with its timeouts and retries, timed into the incident's
+phases, in `workflows.step_calls`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ with workflow.unsafe.imports_passed_through():
 MEASURED = "measured-outcome"
 # Incidents the job handled itself while the control plane was away are filed, not run again.
 LOCAL = "local-recovery"
-# A replica found corrupted is rebuilt from the majority of its shard, live (before: a checkpoint restart).
+# A replica found corrupted is rebuilt from the majority of its shard, live (before: a checkpoint
+# restart).
 RESYNC = "resync-from-majority"
 # After its outcome, the run stays open for the job's late window (`FailureReport.linger_seconds`).
 LATE = "late-evidence"
@@ -46,7 +49,8 @@ LATE = "late-evidence"
 # `recorded_outcome`, which read like the contract's `record_outcome` signal).
 NAMES = "activity-names"
 
-# A flapping detector must not grow the history without bound; a real incident has a handful of reports.
+# A flapping detector must not grow the history without bound; a real incident has a handful of
+# reports.
 MAX_EVIDENCE = 256
 
 
@@ -54,7 +58,8 @@ MAX_EVIDENCE = 256
 class MigrationWorkflow:
     @workflow.init
     def __init__(self, start: RawValue) -> None:
-        # Known before the first signal is handled: signal-with-start delivers its signal with the start.
+        # Known before the first signal is handled: signal-with-start delivers its signal with the
+        # start.
         self._bad: ApplicationError | None = None
         try:
             first = decode_start(start, FailureReport)
@@ -70,8 +75,8 @@ class MigrationWorkflow:
 
     @workflow.signal(name=IncidentMessage.REPORT)
     def report(self, raw: RawValue) -> None:
-        """Fold another report of this incident; duplicates, other jobs' and malformed reports are ignored
-        (a null payload once failed every workflow task of the incident)."""
+        """Fold another report of this incident; duplicates, other jobs' and malformed reports are
+        ignored (a null payload once failed every workflow task of the incident)."""
         if self._bad is not None:
             return
         try:
@@ -86,7 +91,9 @@ class MigrationWorkflow:
         elif ev in self._evidence:
             return
         elif len(self._evidence) >= MAX_EVIDENCE:
-            workflow.logger.warning("report ignored: incident already holds %d reports", MAX_EVIDENCE)
+            workflow.logger.warning(
+                "report ignored: incident already holds %d reports", MAX_EVIDENCE
+            )
         else:
             self._evidence.append(ev)
 
@@ -127,7 +134,8 @@ class MigrationWorkflow:
         if error_type == ErrorType.HANDLED_LOCALLY and workflow.patched(LOCAL):
             # The control plane was away when it struck: the job carried the steps out itself.
             return await self._complete(ref, await file_local_record(recovery, ref, self._evidence))
-        evidence = tuple(self._evidence)  # what the classification (and so the outcome's kind) is based on
+        # what the classification (and so the outcome's kind) is based on
+        evidence = tuple(self._evidence)
         classification = await recovery.classify(evidence, confirm)
         if confirm is None:
             # The job did not answer: live migration needs it, a restart may still work.
@@ -136,7 +144,9 @@ class MigrationWorkflow:
             resync = resyncs(classification) and workflow.patched(RESYNC)
             action = plan_recovery(classification, confirm, resync)
             if action is RecoveryAction.MIGRATE:
-                classification, ending = await recovery.migrate(ref, evidence, confirm, classification)
+                classification, ending = await recovery.migrate(
+                    ref, evidence, confirm, classification
+                )
             elif action is RecoveryAction.FALLBACK:
                 ending = await recovery.fall_back(ref, classification.reason)
             else:
@@ -154,12 +164,13 @@ class MigrationWorkflow:
         return await self._complete(ref, outcome)
 
     async def _complete(self, ref: IncidentRef, outcome: MigrationOutcome) -> MigrationOutcome:
-        """The outcome recorded (`workflows.recording`), answered by `outcome` from then on; the run then
-        stays open for the job's late window."""
+        """The outcome recorded (`workflows.recording`), answered by `outcome` from then on; the run
+        then stays open for the job's late window."""
         self._disposition = outcome.disposition
         self._outcome = await record_outcome(self._steps, self._contract, ref, outcome)
         if self._late_window > 0 and workflow.patched(LATE):
-            # Open a while: evidence that comes after the outcome (a NotReady 40 s after the node died) is
-            # signalled here by the job, into this history; the outcome stands (`outcome` answers it).
+            # Open a while: evidence that comes after the outcome (a NotReady 40 s after the node
+            # died) is signalled here by the job, into this history; the outcome stands (`outcome`
+            # answers it).
             await asyncio.sleep(self._late_window)
         return self._outcome

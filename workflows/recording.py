@@ -1,7 +1,7 @@
-"""The record phase of MigrationWorkflow: an incident the job handled itself, while the control plane was
-away, is filed from the job's own record (classified and its proof checked here, like any other); every
-outcome is then recorded on the job's contract and by the job. The outcome's figures are the job's
-measurements (`torchpass.incident.outcome`).
+"""The record phase of MigrationWorkflow: an incident the job handled itself, while the control
+plane was away, is filed from the job's own record (classified and its proof checked here, like any
+other); every outcome is then recorded on the job's contract and by the job. The outcome's figures
+are the job's measurements (`torchpass.incident.outcome`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,14 @@ async def file_local_record(
     """File what the job did itself: its record, classified here and its proof checked here, then
     recorded once like any outcome. No record to be had is a failure on the record, with why.
 
-    `reported`: the incident's evidence as it grows (reports folded while the record is fetched count)."""
+    `reported`: the incident's evidence as it grows (reports folded while the record is fetched
+    count)."""
     steps = recovery.steps
     why = ""
     try:
-        name = JobActivity.FETCH_LOCAL_RECORD if recovery.renamed else JobActivityV0.RECORDED_OUTCOME
+        name = (
+            JobActivity.FETCH_LOCAL_RECORD if recovery.renamed else JobActivityV0.RECORDED_OUTCOME
+        )
         raw = await steps.call(Phase.RECORD, name, ref, RawValue)
         rec: LocalRecord | None = decode(raw, LocalRecord, f"{name} result")
         if rec is not None and rec.workflow_id != workflow.info().workflow_id:
@@ -57,21 +60,25 @@ async def file_local_record(
     phases = (*(rec.phases if rec else ()), *([classified] if classified else []))
     started = rec.started_at if rec else workflow.info().workflow_start_time
     kind = recovery.kind(evidence, classification)
-    outcome = build_outcome(ref.incident_id, evidence, kind, classification, confirm, ending, started, phases)
+    outcome = build_outcome(
+        ref.incident_id, evidence, kind, classification, confirm, ending, started, phases
+    )
     return outcome.model_copy(update={"handled_locally": True})
 
 
 async def record_outcome(
     steps: StepCalls, contract: ContractRef | None, ref: IncidentRef, outcome: MigrationOutcome
 ) -> MigrationOutcome:
-    """The contract and the job record the outcome; it stands, with the error, if either cannot. Returns
-    it as recorded: the record phase timed into it, and either's error."""
+    """The contract and the job record the outcome; it stands, with the error, if either cannot.
+    Returns it as recorded: the record phase timed into it, and either's error."""
     steps.phase = Phase.RECORD
     t0 = workflow.now()
     errors = [e for e in (outcome.error, await _record_on_contract(contract, outcome)) if e]
     if errors != [e for e in (outcome.error,) if e]:
         outcome = outcome.model_copy(update={"error": bounded_error("; ".join(errors))})
-    stored = await steps.attempt(JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=outcome))
+    stored = await steps.attempt(
+        JobActivity.COMPLETE_INCIDENT, CompleteInput(incident=ref, outcome=outcome)
+    )
     record = PhaseTiming(phase=Phase.RECORD, seconds=(workflow.now() - t0).total_seconds())
     update: dict[str, Any] = {"phases": (*outcome.phases, record)}
     if stored is not None:
@@ -84,7 +91,9 @@ async def _record_on_contract(c: ContractRef | None, outcome: MigrationOutcome) 
     """Signal the job's contract workflow; a contract that is not running is an error kept here."""
     if c is None:
         return None
-    contract = workflow.get_external_workflow_handle(contract_workflow_id(c.customer_id, c.contract_id))
+    contract = workflow.get_external_workflow_handle(
+        contract_workflow_id(c.customer_id, c.contract_id)
+    )
     try:
         await contract.signal(ContractMessage.RECORD_OUTCOME, outcome)
     except FailureError as e:

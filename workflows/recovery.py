@@ -1,11 +1,12 @@
-"""The steps of one incident's recovery, as MigrationWorkflow asks them: confirm the failure with the job,
-classify it, then migrate it live (reserve a spare, freeze, transfer the state, rejoin) or fall back to a
-checkpoint restart, giving the spare back when a migration cannot finish.
+"""The steps of one incident's recovery, as MigrationWorkflow asks them: confirm the failure with
+the job, classify it, then migrate it live (reserve a spare, freeze, transfer the state, rejoin) or
+fall back to a checkpoint restart, giving the spare back when a migration cannot finish.
 
-Job-side steps are activities on the job's own task queue, served by the worker inside its coordinator,
-and referenced by name; classification runs on the control queue, as an activity and its one owner, so
-that a change to the table changes future incidents without breaking the replay of old ones. What the job
-answers is checked again here (`torchpass.incident.proof`) before a migration is recorded as live.
+Job-side steps are activities on the job's own task queue, served by the worker inside its
+coordinator, and referenced by name; classification runs on the control queue, as an activity and
+its one owner, so that a change to the table changes future incidents without breaking the replay of
+old ones. What the job answers is checked again here (`torchpass.incident.proof`) before a migration
+is recorded as live.
 
 Which path a step takes before a patch is the workflow's decision (`workflows.migration` calls every
 `workflow.patched`); a `Recovery` is told the answers.
@@ -40,8 +41,8 @@ with workflow.unsafe.imports_passed_through():
 
 class Recovery:
     """One incident's recovery steps, run through its `StepCalls`. `measured`: the run took the
-    `measured-outcome` patch (the classifier owns the kind, proofs are checked); `renamed`: it took the
-    `activity-names` patch (two job activities under their new names)."""
+    `measured-outcome` patch (the classifier owns the kind, proofs are checked); `renamed`: it took
+    the `activity-names` patch (two job activities under their new names)."""
 
     def __init__(self, steps: StepCalls, measured: bool, renamed: bool) -> None:
         self.steps = steps
@@ -49,7 +50,8 @@ class Recovery:
         self.renamed = renamed
 
     def kind(self, evidence: tuple[Evidence, ...], c: Classification) -> FailureKind:
-        """The kind that named the category, as the classifier said (our clock never reads the table)."""
+        """The kind that named the category, as the classifier said (our clock never reads the
+        table)."""
         if not self.measured:
             return legacy.kind_of(evidence)
         return c.kind or evidence[0].kind
@@ -60,23 +62,32 @@ class Recovery:
         """The job's confirmation, or why there is none and the error's type."""
         inp = ConfirmInput(incident=ref, evidence=evidence)
         try:
-            confirm = await self.steps.call(Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, inp, ConfirmResult)
+            confirm = await self.steps.call(
+                Phase.CONFIRM, JobActivity.CONFIRM_FAILURE, inp, ConfirmResult
+            )
         except StepFailed as e:
             return None, str(e), e.error_type
         return confirm, None, None
 
     async def classify(
-        self, evidence: tuple[Evidence, ...], confirm: ConfirmResult | None, spare_lost: bool = False
+        self,
+        evidence: tuple[Evidence, ...],
+        confirm: ConfirmResult | None,
+        spare_lost: bool = False,
     ) -> Classification:
         if self.measured:
-            # Spare availability is evidence too: measured when the job confirmed, or learnt when the
-            # reservation found none.
+            # Spare availability is evidence too: measured when the job confirmed, or learnt when
+            # the reservation found none.
             inp = classify_input(evidence, confirm, spare_lost)
         else:
             inp = legacy.classify_input(evidence, confirm)
         try:
             c = await self.steps.call(
-                Phase.CLASSIFY, ControlActivity.CLASSIFY_FAILURE, inp, Classification, CONTROL_TASK_QUEUE
+                Phase.CLASSIFY,
+                ControlActivity.CLASSIFY_FAILURE,
+                inp,
+                Classification,
+                CONTROL_TASK_QUEUE,
             )
         except StepFailed as e:
             # Our own step failed: it must never disqualify the customer's failure.
@@ -112,14 +123,23 @@ class Recovery:
                 workflow.upsert_search_attributes([QUALIFYING.value_set("false")])
             return classification, await self.fall_back(ref, classification.reason)
         try:
-            frozen = await self.steps.call(Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult)
-            transfer = await self.steps.call(Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult)
-            self._check(JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step))
+            frozen = await self.steps.call(
+                Phase.FREEZE, JobActivity.FREEZE_RANKS, ref, FreezeResult
+            )
+            transfer = await self.steps.call(
+                Phase.TRANSFER, JobActivity.TRANSFER_STATE, ref, TransferResult
+            )
+            self._check(
+                JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step)
+            )
             rejoin = await self.steps.call(Phase.REJOIN, JobActivity.REJOIN, ref, RejoinResult)
-            # A rank lost after the state moved was supplied before the group re-formed: a new proof.
+            # A rank lost after the state moved was supplied before the group re-formed: a new
+            # proof.
             proof = rejoin.proof or transfer.proof
             self._check(JobActivity.REJOIN, transfer_problems(proof, frozen.target_step))
-            self._check(JobActivity.REJOIN, resume_problems(rejoin.resumed_steps, rejoin.resumed_step))
+            self._check(
+                JobActivity.REJOIN, resume_problems(rejoin.resumed_steps, rejoin.resumed_step)
+            )
         except StepFailed as e:
             # Compensation: the spare goes back to the pool, then the classic restart.
             await self.steps.attempt(JobActivity.RELEASE_SPARE, ref)

@@ -1,6 +1,7 @@
-"""The search attributes a MigrationWorkflow keeps on its incident: the job, the failure's kind, whether it
-qualifies under the contract, and the outcome ("running" until one is recorded). Operators, the web UI and
-`torchpass incidents` find incidents by them; the dev server registers them (`torchpass.ids`)."""
+"""The search attributes a MigrationWorkflow keeps on its incident: the job, the failure's kind,
+whether it qualifies under the contract, and the outcome ("running" until one is recorded).
+Operators, the web UI and `torchpass incidents` find incidents by them; the dev server registers
+them (`torchpass.ids`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How MigrationWorkflow runs one step: an activity by name, with its timeouts and retries
-(`torchpass.policies`), timed into the incident's phases. A step that fails past its retries, or with a
-non-retryable error, raises `StepFailed` carrying the error's type."""
+(`torchpass.policies`), timed into the incident's phases. A step that fails past its retries, or
+with a non-retryable error, raises `StepFailed` carrying the error's type."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ RETRY_POLICY = retry_policy(MIGRATION_RETRY)
 
 
 class StepFailed(Exception):
-    """A step failed past its retries (or with a non-retryable error), or its answer did not hold."""
+    """A step failed past its retries (or with a non-retryable error), or its answer did not
+    hold."""
 
     def __init__(self, name: str, err: ActivityError | None = None, why: str = "") -> None:
         cause = err.cause if err is not None else None
@@ -28,8 +29,8 @@ class StepFailed(Exception):
 
 
 class StepCalls:
-    """The steps of one incident: where the job's run (`queue`), which phase is running, how long each
-    took."""
+    """The steps of one incident: where the job's run (`queue`), which phase is running, how long
+    each took."""
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
@@ -39,8 +40,8 @@ class StepCalls:
     async def call(
         self, phase: Phase, name: str, arg: Any, result_type: type[R], queue: str | None = None
     ) -> R:
-        """One step: the activity by name, its timeouts and retries, and its timing (a phase run twice,
-        as classification after a failed reservation, is timed as one)."""
+        """One step: the activity by name, its timeouts and retries, and its timing (a phase run
+        twice, as classification after a failed reservation, is timed as one)."""
         self.phase = phase
         t = ACTIVITY_TIMEOUTS[name]
         t0 = workflow.now()
@@ -66,11 +67,16 @@ class StepCalls:
             prior = self.phases.get(phase)
             if prior is not None:
                 seconds += prior.seconds
-                work = None if work is None or prior.work_seconds is None else work + prior.work_seconds
+                work = (
+                    None
+                    if work is None or prior.work_seconds is None
+                    else work + prior.work_seconds
+                )
             self.phases[phase] = PhaseTiming(phase=phase, seconds=seconds, work_seconds=work)
 
     async def attempt(self, name: str, arg: Any) -> str | None:
-        """A best-effort job step (compensation, the job's record): returns the error instead of raising."""
+        """A best-effort job step (compensation, the job's record): returns the error instead of
+        raising."""
         t = ACTIVITY_TIMEOUTS[name]
         try:
             await workflow.execute_activity(

@@ -1,15 +1,17 @@
-"""EnvironmentValidationWorkflow: validate a job's environment for YOCO opt-in, record it on the contract.
+"""EnvironmentValidationWorkflow: validate a job's environment for YOCO opt-in, record it on the
+contract.
 
-Three activities gather facts at once: the control plane (Temporal reachable, its torch and backends) and
-the cluster scheduler on this workflow's own task queue, and `describe_job` on the job's task queue, served
-by the worker inside the job's coordinator. A job that does not answer within a short deadline is a failed
-`agent_present` check, not a failed workflow. Pure functions in `torchpass.validation.checks` judge the facts.
+Three activities gather facts at once: the control plane (Temporal reachable, its torch and
+backends) and the cluster scheduler on this workflow's own task queue, and `describe_job` on the
+job's task queue, served by the worker inside the job's coordinator. A job that does not answer
+within a short deadline is a failed `agent_present` check, not a failed workflow. Pure functions in
+`torchpass.validation.checks` judge the facts.
 
-The report is recorded through ContractWorkflow's `record_validation` *update*, run by an activity: a
-workflow cannot send an update, and a signal would be neither acknowledged nor validated (the contract
-refuses a report for a job that never opted in). When the contract is not running or refuses the report,
-the returned report carries a failed `recorded_on_contract` check: nothing was recorded, so the job is not
-covered.
+The report is recorded through ContractWorkflow's `record_validation` *update*, run by an activity:
+a workflow cannot send an update, and a signal would be neither acknowledged nor validated (the
+contract refuses a report for a job that never opted in). When the contract is not running or
+refuses the report, the returned report carries a failed `recorded_on_contract` check: nothing was
+recorded, so the job is not covered.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ with workflow.unsafe.imports_passed_through():
         evaluate_scheduler,
         with_check,
     )
-    from torchpass.validation.facts import ControlPlaneFacts, JobDescription, SchedulerFacts, ValidationTarget
+    from torchpass.validation.facts import (
+        ControlPlaneFacts,
+        JobDescription,
+        SchedulerFacts,
+        ValidationTarget,
+    )
     from torchpass.validation.report import (
         Check,
         CheckResult,
@@ -81,7 +88,9 @@ class EnvironmentValidationWorkflow:
         else:
             checks += evaluate_control_plane(control)
         if sched is None:
-            checks.append(CheckResult(name=Check.SCHEDULER, passed=False, detail=f"not checked: {sched_err}"))
+            checks.append(
+                CheckResult(name=Check.SCHEDULER, passed=False, detail=f"not checked: {sched_err}")
+            )
         else:
             # The override holds when the worker's settings or this request asks for it.
             checks.append(
@@ -103,7 +112,8 @@ async def _facts(
     queue: str | None = None,
     timeouts: tuple[timedelta, timedelta] | None = None,
 ) -> tuple[F | None, str]:
-    """One fact-gathering activity; its failure past retries is a reason, never a failed workflow."""
+    """One fact-gathering activity; its failure past retries is a reason, never a failed
+    workflow."""
     if timeouts is None:
         t = VALIDATION_TIMEOUTS[name]
         timeouts = (t.start_to_close, t.schedule_to_close)
@@ -143,14 +153,16 @@ async def _record(inp: ValidateInput, report: ValidationReport) -> ValidationRep
     if result.recorded:
         return report
     contract = contract_workflow_id(inp.customer_id, inp.contract_id)
-    workflow.logger.warning("validation of %s not recorded on %s: %s", inp.job_id, contract, result.detail)
+    workflow.logger.warning(
+        "validation of %s not recorded on %s: %s", inp.job_id, contract, result.detail
+    )
     return with_check(
         report,
         CheckResult(
             name=Check.RECORDED,
             passed=False,
-            detail=f"not recorded on contract workflow {contract} ({result.detail}): the job is not covered "
-            "until a validation is recorded on its running contract",
+            detail=f"not recorded on contract workflow {contract} ({result.detail}): the job is "
+            "not covered until a validation is recorded on its running contract",
         ),
     )
 

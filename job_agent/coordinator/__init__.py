@@ -1,1 +1,2 @@
-"""The per-job coordinator process: the job's processes, its control channel, its incidents. No torch."""
+"""The per-job coordinator process: the job's processes, its control channel, its incidents. No
+torch."""

@@ -2,8 +2,8 @@
 
 The coordinator numbers every transfer and its commands (`Serve`, `Receive`) carry the number; each
 process commanded gets a fresh `TransferAnswers` for it. A frame that answers (`Serving`, `Served`,
-`Received`, `TransferFailed`) settles that transfer's future, once; a frame numbered for another transfer
-(a late answer to an earlier one) settles nothing.
+`Received`, `TransferFailed`) settles that transfer's future, once; a frame numbered for another
+transfer (a late answer to an earlier one) settles nothing.
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ def _answer(future: asyncio.Future[F]) -> F | None:
 
 
 class TransferAnswers:
-    """One process's answers to transfer number `transfer`: whether it listens (a donor's `Serving`, or
-    its failure) and its account once done (`Served`, `Received`, or its failure)."""
+    """One process's answers to transfer number `transfer`: whether it listens (a donor's `Serving`,
+    or its failure) and its account once done (`Served`, `Received`, or its failure)."""
 
     def __init__(self, transfer: int) -> None:
         loop = asyncio.get_running_loop()
         self.transfer = transfer
         self.listening: asyncio.Future[wire.Serving | wire.TransferFailed] = loop.create_future()
-        self.account: asyncio.Future[wire.Served | wire.Received | wire.TransferFailed] = loop.create_future()
+        self.account: asyncio.Future[wire.Served | wire.Received | wire.TransferFailed] = (
+            loop.create_future()
+        )
 
     def take(self, frame: Answer) -> None:
         """Settle what `frame` answers, if it answers this transfer."""

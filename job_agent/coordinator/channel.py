@@ -1,12 +1,12 @@
 """The coordinator's control channel: authenticated connections, one reader thread each.
 
-Threads only read, decode and forward: every state change happens on the coordinator's event loop, so
-the coordinator has one writer and needs no locks. A frame that does not decode reaches the handler as a
-`wire.BadFrame` (answered with a typed error frame); it never closes the connection.
+Threads only read, decode and forward: every state change happens on the coordinator's event loop,
+so the coordinator has one writer and needs no locks. A frame that does not decode reaches the
+handler as a `wire.BadFrame` (answered with a typed error frame); it never closes the connection.
 
-Frames reach the loop through one `_Inbox`, in arrival order and in batches: one wake-up of the loop per
-batch rather than per frame. (Woken per frame, a coordinator of 1,024 ranks took 7,000 wake-ups a second,
-filled its loop's self-pipe and fell behind for good; `bench/coordinator.py` measures it.)
+Frames reach the loop through one `_Inbox`, in arrival order and in batches: one wake-up of the loop
+per batch rather than per frame. (Woken per frame, a coordinator of 1,024 ranks took 7,000 wake-ups
+a second, filled its loop's self-pipe and fell behind for good; `bench/coordinator.py` measures it.)
 """
 
 from __future__ import annotations
@@ -37,15 +37,16 @@ def send(conn: socket.socket, frame: wire.Frame) -> None:
 
 
 def cut(conn: socket.socket | None) -> None:
-    """End a peer's connection from this side: its reader thread sees it close and reports the loss."""
+    """End a peer's connection from this side: its reader thread sees it close and reports the
+    loss."""
     if conn is not None:
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_RDWR)
 
 
 class _Inbox:
-    """Calls from the reader threads, run on the loop in the order they arrived, `BATCH` at a time (the
-    loop's other work runs between batches)."""
+    """Calls from the reader threads, run on the loop in the order they arrived, `BATCH` at a time
+    (the loop's other work runs between batches)."""
 
     BATCH = 256
 
@@ -71,7 +72,8 @@ class _Inbox:
         for fn, args in batch:
             try:
                 fn(*args)
-            except Exception as e:  # as the loop treats a failing callback: reported, the rest go on
+            # as the loop treats a failing callback: reported, the rest go on
+            except Exception as e:
                 self._loop.call_exception_handler(
                     {"message": f"control channel: {fn!r} failed", "exception": e}
                 )
@@ -80,8 +82,8 @@ class _Inbox:
 
 
 class ControlServer:
-    """Listens on `host` (`port`, or an ephemeral one); hands every frame and every close to the event
-    loop."""
+    """Listens on `host` (`port`, or an ephemeral one); hands every frame and every close to the
+    event loop."""
 
     def __init__(
         self,

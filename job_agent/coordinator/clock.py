@@ -1,9 +1,9 @@
 """The coordinator's time, given to it: monotonic seconds for every timeout and silence it measures,
 wall time for the evidence it writes, and its sleeps and bounded waits.
 
-`SYSTEM` is the real clock. A test gives a `SimulatedClock`, whose time moves only when the test moves it
-(`advance`): the hang, freeze and heartbeat logic then runs in simulated time, a 30 s timeout in a few
-milliseconds, with nothing left to the machine's load.
+`SYSTEM` is the real clock. A test gives a `SimulatedClock`, whose time moves only when the test
+moves it (`advance`): the hang, freeze and heartbeat logic then runs in simulated time, a 30 s
+timeout in a few milliseconds, with nothing left to the machine's load.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ SYSTEM = Clock()
 
 
 class SimulatedClock(Clock):
-    """Time that passes only when the test calls `advance`; every sleeper due by then wakes, in order,
-    each given its turn on the event loop before time moves on."""
+    """Time that passes only when the test calls `advance`; every sleeper due by then wakes, in
+    order, each given its turn on the event loop before time moves on."""
 
     def __init__(self, start: float = 1000.0, wall_at_start: float = 1.7e9) -> None:
         self._now = start
@@ -82,7 +82,8 @@ class SimulatedClock(Clock):
         self._now += seconds
 
     async def advance(self, seconds: float) -> None:
-        """Move time forward by `seconds`, waking every sleeper due on the way at its own instant."""
+        """Move time forward by `seconds`, waking every sleeper due on the way at its own
+        instant."""
         until = self._now + seconds
         await _settle()
         while self._sleepers and self._sleepers[0][0] <= until:

@@ -1,11 +1,13 @@
-"""The per-job coordinator: the job's processes, its control channel, and the job side of its incidents.
+"""The per-job coordinator: the job's processes, its control channel, and the job side of its
+incidents.
 
-It runs off the training ranks (so no training node is special): it hosts the rendezvous store, launches
-the ranks and a pool of warm spares, and reads every frame they send. What it sees goes to its parts:
-membership (`members.Roster`), detection (`detection.Detector` -> evidence), operator requests
-(`injection.Injector`), the spare pool (`spares.SparePool`), the state transport (`transfer`), the steps'
-measurements (`progress.StepTracker`) and the incident in progress (`incident.IncidentTracker`, whose
-reports become incident workflows). The recovery steps (`steps.IncidentSteps`) act through it.
+It runs off the training ranks (so no training node is special): it hosts the rendezvous store,
+launches the ranks and a pool of warm spares, and reads every frame they send. What it sees goes to
+its parts: membership (`members.Roster`), detection (`detection.Detector` -> evidence), operator
+requests (`injection.Injector`), the spare pool (`spares.SparePool`), the state transport
+(`transfer`), the steps' measurements (`progress.StepTracker`) and the incident in progress
+(`incident.IncidentTracker`, whose reports become incident workflows). The recovery steps
+(`steps.IncidentSteps`) act through it.
 """
 
 from __future__ import annotations
@@ -72,26 +74,32 @@ class Coordinator:
         self.hang_timeout = timedelta(seconds=spec.hang_timeout)
         self.stripe_donors = spec.stripe_donors
         self.state = JobState.STARTING
-        self.launching = False  # the ranks were started: one lost before training is the script's failure
+        # the ranks were started: one lost before training is the script's failure
+        self.launching = False
         self.error: str | None = None
         self.checkpoints = Checkpoints()
         self._generation = -1
         self.restarts, self._launch = 0, (0, 0)
-        # A lost coordinator's multi-node job may still train: its secret and ports, to take it back.
+        # A lost coordinator's multi-node job may still train: its secret and ports, to take it
+        # back.
         self._prior = prior_coordinator(spec)
         self._secret = self._prior.secret if self._prior else secrets.token_bytes(32)
         control_port, store_port = (p.control_port, p.store_port) if (p := self._prior) else (0, 0)
         self.roster = Roster(clock)
         self.replicas = ReplicaChecks(self.job_id, self.world_size, self.roster, self.add_evidence)
         self.nodes = (
-            NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare, spec.job_dir) if spec.nodes else None
+            NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare, spec.job_dir)
+            if spec.nodes
+            else None
         )
         self.launcher = launcher or self.nodes or LocalLauncher(*command(spec))
         self._spawned = 0
         self._done = asyncio.get_running_loop().create_future()
         self._watcher: asyncio.Task[None] | None = None
-        self.tasks: set[asyncio.Task[None]] = set()  # each lost connection's check, until it reports
-        # Authenticated: torch's TCPStore serves anyone. Both listen on the job's address, never a wildcard.
+        # each lost connection's check, until it reports
+        self.tasks: set[asyncio.Task[None]] = set()
+        # Authenticated: torch's TCPStore serves anyone. Both listen on the job's address, never a
+        # wildcard.
         self._store = StoreServer(self._secret, spec.host, store_port)
         loop = asyncio.get_running_loop()
         inbound = Inbound(self)
@@ -104,7 +112,8 @@ class Coordinator:
         self._progress_file = ProgressFile(spec.job_dir)
         self.progress = StepTracker(self._progress_file.write)
         self.resumed: Resumed | None = None
-        avoid = self.nodes.avoid if self.nodes is not None else set[str]()  # what the cluster took away
+        # what the cluster took away
+        avoid = self.nodes.avoid if self.nodes is not None else set[str]()
         self.spares: SparePool = LocalSparePool(
             self.roster, lambda: self.spawn(Role.SPARE, -1), self.fence, avoid
         )
@@ -122,7 +131,8 @@ class Coordinator:
     def generation(self) -> int:
         return self._generation
 
-    # --- lifecycle -----------------------------------------------------------------------------------
+    # --- lifecycle
+    # -----------------------------------------------------------------------------------
 
     async def run(self) -> JobResult:
         with stopped_by_signals(self.fail):
@@ -135,7 +145,8 @@ class Coordinator:
         if taken_back is None:
             self.resumed = resume.prepare(self.spec.job_dir, self.spec.fresh)
         register(self.spec, self._secret, self._address, self._store_address)
-        if self.resumed is not None:  # the steps it completed are measured as recomputed when run again
+        # the steps it completed are measured as recomputed when run again
+        if self.resumed is not None:
             self.progress.completed(self.resumed.last_completed)
             if self.resumed.checkpoint is not None:
                 self.checkpoints.append((self.resumed.checkpoint_step, self.resumed.checkpoint))
@@ -161,7 +172,8 @@ class Coordinator:
         return await self._shutdown()
 
     async def _start_processes(self) -> None:
-        """The ranks and the warm spares: on this host, or on the job's nodes once they have joined."""
+        """The ranks and the warm spares: on this host, or on the job's nodes once they have
+        joined."""
         spares = self.spec.spares
         if self.nodes is not None:  # theirs: the warm spares the nodes announced
             spares = await wait_for_nodes(self.nodes, self.changes, self.spec)
@@ -170,7 +182,8 @@ class Coordinator:
             self.spawn(Role.SPARE, -1)
 
     def took_back(self, generation: int, spawned: int) -> None:
-        """The job was taken back (`takeback.py`) in `generation`, its agents numbered to `spawned`."""
+        """The job was taken back (`takeback.py`) in `generation`, its agents numbered to
+        `spawned`."""
         self._generation, self._spawned = generation, spawned
 
     def regroup(self) -> int:
@@ -186,7 +199,8 @@ class Coordinator:
         return self._generation
 
     def abandon(self, generation: int) -> None:
-        """`generation`'s group will never form: the ranks blocked forming it stop waiting (the store)."""
+        """`generation`'s group will never form: the ranks blocked forming it stop waiting (the
+        store)."""
         self._store.abandon(STORE_PREFIX, generation)
 
     async def _shutdown(self) -> JobResult:
@@ -200,7 +214,8 @@ class Coordinator:
                 m.send(wire.Exit(code=0 if finished else 1, reason=reason))
         grace = self.spec.finish_grace if finished else SHUTDOWN_GRACE.total_seconds()
         deadline = time.monotonic() + grace
-        # A spare still starting is told to go as it connects; a migration's last step is still recorded.
+        # A spare still starting is told to go as it connects; a migration's last step is still
+        # recorded.
         while time.monotonic() < deadline and (
             any(self.launcher.poll(a) is None for a in [*self.roster.members, *self.roster.pending])
             or (finished and self.incidents.current is not None)
@@ -231,12 +246,20 @@ class Coordinator:
         self._spawned += 1
         agent_id = f"{role.value}{slot if slot >= 0 else ''}-{self._spawned}"
         env = agent_env(
-            self.spec, agent_id, role.value, slot, self._address, self._store_address, restore, self._launch
+            self.spec,
+            agent_id,
+            role.value,
+            slot,
+            self._address,
+            self._store_address,
+            restore,
+            self._launch,
         )
         self.roster.pending[agent_id] = Pending(self.launcher.spawn(agent_id, env), role)
         return agent_id
 
-    # --- what the incident steps may do (steps.JobControl) ----------------------------------------------
+    # --- what the incident steps may do (steps.JobControl)
+    # ----------------------------------------------
 
     def fence(self, m: Member) -> None:
         """Kill for good: a fenced process is never let back in."""
@@ -245,7 +268,8 @@ class Coordinator:
 
     def restart_ranks(self, restore: str | None) -> None:
         self.restarts += self.state is JobState.TRAINING
-        self._launch = (self.restarts, 0 if self.spec.agent else free_port(self.spec.host))  # torchrun's
+        # torchrun's
+        self._launch = (self.restarts, 0 if self.spec.agent else free_port(self.spec.host))
         for slot in range(self.world_size):
             self.spawn(Role.RANK, slot, restore=restore)
 
@@ -253,7 +277,8 @@ class Coordinator:
         return self.checkpoints[-1] if self.checkpoints else (-1, None)
 
     def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None:
-        """The incident's workflow is done with the job; detection resumes, queued failures go next."""
+        """The incident's workflow is done with the job; detection resumes, queued failures go
+        next."""
 
         if self.incidents.end(outcome, self.roster.repaired, refuted):
             with (self.spec.job_dir / "incidents.jsonl").open("a") as f:

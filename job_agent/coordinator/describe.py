@@ -1,8 +1,9 @@
-"""What a running job says about itself for environment validation: its world, spares, torch and layout.
+"""What a running job says about itself for environment validation: its world, spares, torch and
+layout.
 
-Read on the coordinator's event loop (the `describe_job` activity); it changes nothing. The torch, CUDA and
-backend are what each rank said of its own host in its hello: the coordinator imports no torch, and in a
-multi-node job the ranks' hosts are not its own.
+Read on the coordinator's event loop (the `describe_job` activity); it changes nothing. The torch,
+CUDA and backend are what each rank said of its own host in its hello: the coordinator imports no
+torch, and in a multi-node job the ranks' hosts are not its own.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ if TYPE_CHECKING:
 def describe(c: Coordinator) -> JobDescription:
     """The job as its coordinator sees it now.
 
-    The ranks' environments are grouped by what they said (one entry for a job of one kind of host); a
-    rank that has not said is in none. The replicas per shard are counted from the shard each rank
+    The ranks' environments are grouped by what they said (one entry for a job of one kind of host);
+    a rank that has not said is in none. The replicas per shard are counted from the shard each rank
     reported holding; a rank that has not reported one is a shard of its own (never assumed to be a
     replica).
     """
-    replicas = Counter(c.roster.shards.get(slot, f"unreported-rank-{slot}") for slot in range(c.world_size))
+    replicas = Counter(
+        c.roster.shards.get(slot, f"unreported-rank-{slot}") for slot in range(c.world_size)
+    )
     return JobDescription(
         job_id=c.job_id,
         agent_version=torchpass.__version__,
@@ -49,4 +52,6 @@ def environments(ranks: list[Member]) -> tuple[RankEnvironment, ...]:
     for m in sorted(ranks, key=lambda m: m.slot):
         if m.environment is not None:
             groups.setdefault(m.environment, []).append(m.slot)
-    return tuple(RankEnvironment(slots=tuple(slots), **env.model_dump()) for env, slots in groups.items())
+    return tuple(
+        RankEnvironment(slots=tuple(slots), **env.model_dump()) for env, slots in groups.items()
+    )

@@ -1,4 +1,5 @@
-"""How a job ends: its result, from what its ranks and incidents reported, and its files put away."""
+"""How a job ends: its result, from what its ranks and incidents reported, and its files put
+away."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ class Ended(Protocol):
 
 
 def diverged(ranks: list[Member]) -> str | None:
-    """Why the replicas' final states are not one state: the ranks whose digest differs from the majority
-    of the ranks holding the same shard (a data-parallel job's ranks all hold one), from silent divergence
-    or corruption. None when every shard's replicas agree."""
+    """Why the replicas' final states are not one state: the ranks whose digest differs from the
+    majority of the ranks holding the same shard (a data-parallel job's ranks all hold one), from
+    silent divergence or corruption. None when every shard's replicas agree."""
     shards: dict[str | None, list[Member]] = {}
     for m in ranks:
         if m.digest:
@@ -47,16 +48,16 @@ def diverged(ranks: list[Member]) -> str | None:
     if not odd:
         return None
     return (
-        f"the replicas ended with different states: rank(s) {', '.join(map(str, sorted(odd)))} differ from"
-        " the other replicas of their shard (a step that does not replay the same on every rank, or"
-        " corruption)"
+        f"the replicas ended with different states: rank(s) {', '.join(map(str, sorted(odd)))} "
+        "differ from the other replicas of their shard (a step that does not replay the same on "
+        "every rank, or corruption)"
     )
 
 
 def final_digest(ranks: list[Member]) -> str | None:
-    """The job's final state as one digest: the ranks' own when they all hold one state (data parallel);
-    for a sharded job, one over each shard's digest in the order of the first slot holding it. None when
-    some shard's replicas disagree or some rank reported none."""
+    """The job's final state as one digest: the ranks' own when they all hold one state (data
+    parallel); for a sharded job, one over each shard's digest in the order of the first slot
+    holding it. None when some shard's replicas disagree or some rank reported none."""
     shards: dict[str | None, set[str]] = {}
     for m in sorted(ranks, key=lambda m: m.slot):
         shards.setdefault(m.layout.shard if m.layout else None, set()).add(m.digest or "")
@@ -93,15 +94,15 @@ def user_error(slot: int, step: int | None, tb: str) -> str:
     """The job's error when a rank's script raised (`wire.UserError`)."""
     where = "before training" if step is None or step < 0 else f"at step {step}"
     return (
-        f"rank {slot} failed in the training script {where} (not a migration; its traceback is above):"
-        f"\n{tb.rstrip()}"
+        f"rank {slot} failed in the training script {where} (not a migration; its traceback is "
+        f"above):\n{tb.rstrip()}"
     )
 
 
 def judge_exits(job: Ended, launcher: Launcher, late: set[str]) -> None:
-    """A job whose ranks finished training is ok only if their code after the training loop ended well
-    too: a rank that exited with an error then, or was still running when the grace ran out (`late`, then
-    stopped), makes it the script's failure, named in the result."""
+    """A job whose ranks finished training is ok only if their code after the training loop ended
+    well too: a rank that exited with an error then, or was still running when the grace ran out
+    (`late`, then stopped), makes it the script's failure, named in the result."""
     if job.state is not JobState.FINISHED:
         return
     problems = []
@@ -109,20 +110,22 @@ def judge_exits(job: Ended, launcher: Launcher, late: set[str]) -> None:
         code = launcher.poll(m.agent_id)
         if m.agent_id in late:
             problems.append(
-                f"rank {m.slot} was still running its code after the training loop"
-                f" {job.spec.finish_grace:.0f} s after training finished, and was stopped (--finish-grace)"
+                f"rank {m.slot} was still running its code after the training loop "
+                f"{job.spec.finish_grace:.0f} s after training finished, and was stopped "
+                "(--finish-grace)"
             )
         elif code:  # None: its node did not say; 0: a clean exit
             problems.append(
-                f"rank {m.slot} exited ({signal_name(code)}) after the training loop; see its output"
+                f"rank {m.slot} exited ({signal_name(code)}) after the training loop; see its "
+                "output"
             )
     if problems:
         job.state, job.error = JobState.USER_ERROR, "; ".join(problems)
 
 
 def put_away(spec: JobSpec, result: JobResult, progress_file: ProgressFile) -> None:
-    """`result.json` written, the job unregistered (its secret removed); a finished job's progress and
-    (unless kept) checkpoints removed."""
+    """`result.json` written, the job unregistered (its secret removed); a finished job's progress
+    and (unless kept) checkpoints removed."""
     (spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
     unregister_job(spec.job_dir)
     if result.status is JobState.FINISHED:

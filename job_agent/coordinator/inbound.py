@@ -1,8 +1,8 @@
-"""What each frame that reaches the coordinator does: a member's progress and its answers, a hello, a
-node agent's word, an operator's or a cluster detector's request, and a connection that closed.
+"""What each frame that reaches the coordinator does: a member's progress and its answers, a hello,
+a node agent's word, an operator's or a cluster detector's request, and a connection that closed.
 
-Called on the coordinator's event loop by its control channel (`channel.py`), one frame at a time, so
-the coordinator's state has one writer.
+Called on the coordinator's event loop by its control channel (`channel.py`), one frame at a time,
+so the coordinator's state has one writer.
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ from torchpass.job import JobState
 from torchpass.models import Evidence
 
 ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR)
-_NOT_FROM_MEMBERS = (wire.Hello, wire.NodeHello, wire.Inject, wire.Drain, wire.NodeEvent, wire.StatusRequest)
+_NOT_FROM_MEMBERS = (
+    wire.Hello,
+    wire.NodeHello,
+    wire.Inject,
+    wire.Drain,
+    wire.NodeEvent,
+    wire.StatusRequest,
+)
 
 
 class Job(Protocol):
@@ -76,7 +83,8 @@ class Inbound:
     def on_frame(self, conn: socket.socket, frame: wire.Frame | wire.BadFrame, ts: float) -> None:
         member = self.c.roster.of(conn)
         if isinstance(frame, wire.BadFrame):
-            send(conn, frame.error())  # the sender's problem: it hears why, the coordinator carries on
+            # the sender's problem: it hears why, the coordinator carries on
+            send(conn, frame.error())
         elif self.c.nodes is not None and self.c.nodes.heard(conn, frame):
             pass  # a node agent's: the launcher's business
         elif member is None:
@@ -86,12 +94,16 @@ class Inbound:
         self.c.changes.notify()
 
     def _request(self, conn: socket.socket, frame: wire.Frame) -> wire.Frame:
-        """A frame from a connection that is not (yet) a member: a hello or an operator's request."""
+        """A frame from a connection that is not (yet) a member: a hello or an operator's
+        request."""
         if isinstance(frame, wire.Hello):
             m = self.c.roster.admit(conn, frame)
             if m is None:
-                return wire.Reject(reason=f"{frame.agent_id} is not a process of this job (or fenced)")
-            if self.c.state in ENDED:  # it started (a refilled spare) as the job ended: it leaves at once
+                return wire.Reject(
+                    reason=f"{frame.agent_id} is not a process of this job (or fenced)"
+                )
+            # it started (a refilled spare) as the job ended: it leaves at once
+            if self.c.state in ENDED:
                 send(conn, wire.Welcome())
                 code = 0 if self.c.state is JobState.FINISHED else 1
                 return wire.Exit(code=code, reason="the job has ended")
@@ -136,7 +148,11 @@ class Inbound:
                 self.c.add_evidence(ev)
             return
         m = self.c.roster.closed(conn)
-        if m is None or not m.alive or (m.state is MemberState.DONE and self.c.state is JobState.FINISHED):
+        if (
+            m is None
+            or not m.alive
+            or (m.state is MemberState.DONE and self.c.state is JobState.FINISHED)
+        ):
             return
         task = asyncio.ensure_future(self._lost(m, ts, reason))
         self.c.tasks.add(task)
@@ -152,11 +168,19 @@ class Inbound:
         code = self.c.launcher.poll(m.agent_id)
         warm, m.state = m.state is not MemberState.CONNECTED, MemberState.LOST
         self.c.changes.notify()
-        if self.c.launching and self.c.state is JobState.STARTING and m.role is Role.RANK and not m.fenced:
-            # Nothing to migrate yet, and most likely the script's own failure: say so now, not at the
-            # start-up timeout.
+        if (
+            self.c.launching
+            and self.c.state is JobState.STARTING
+            and m.role is Role.RANK
+            and not m.fenced
+        ):
+            # Nothing to migrate yet, and most likely the script's own failure: say so now, not at
+            # the start-up timeout.
             why = "unknown" if code is None else signal_name(code)
-            self.c.fail(f"rank {m.slot} exited ({why}) before the job started training; see its output above")
+            self.c.fail(
+                f"rank {m.slot} exited ({why}) before the job started training; see its output "
+                "above"
+            )
         if m.fenced or self.c.state not in (JobState.STARTING, JobState.TRAINING):
             return
         if m.role is Role.SPARE:  # a spare died: refill the pool, nothing to migrate
@@ -166,7 +190,8 @@ class Inbound:
 
 
 def operator_request(c: Job, injector: Injector, frame: wire.Frame) -> wire.Frame:
-    """An operator's or a cluster detector's request: inject, drain, a node's event, the job's status."""
+    """An operator's or a cluster detector's request: inject, drain, a node's event, the job's
+    status."""
     if isinstance(frame, wire.Inject):
         return injector.inject(frame)
     if isinstance(frame, wire.StatusRequest):
@@ -204,4 +229,6 @@ def _idle_nodes(c: Job) -> tuple[str, ...]:
     if c.nodes is None:
         return ()
     busy = {m.node for m in c.roster.ranks()}
-    return tuple(n.name for n in c.nodes.joined() if n.name not in busy and n.name not in c.nodes.avoid)
+    return tuple(
+        n.name for n in c.nodes.joined() if n.name not in busy and n.name not in c.nodes.avoid
+    )

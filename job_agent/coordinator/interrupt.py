@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 
 @contextlib.contextmanager
 def stopped_by_signals(stop: Callable[[str], None]) -> Iterator[None]:
-    """Ctrl-C or SIGTERM (a scheduler ending the job) stop the job the orderly way: its ranks are told to
-    exit, its result and incidents are written and its secret removed. A second one is the default (an
-    impatient Ctrl-C still ends the process; the ranks die with it). Off the main thread, nothing."""
+    """Ctrl-C or SIGTERM (a scheduler ending the job) stop the job the orderly way: its ranks are
+    told to exit, its result and incidents are written and its secret removed. A second one is the
+    default (an impatient Ctrl-C still ends the process; the ranks die with it). Off the main
+    thread, nothing."""
     loop = asyncio.get_running_loop()
     caught: list[signal.Signals] = []
 

@@ -1,4 +1,5 @@
-"""Finding running jobs on this host and talking to their coordinators (`torchpass inject`, `jobs`)."""
+"""Finding running jobs on this host and talking to their coordinators (`torchpass inject`,
+`jobs`)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from torchpass.job import JobSpec, JobState
 
 
 def register(spec: JobSpec, secret: bytes, coordinator: str, store: str | None) -> None:
-    """`register_job` for `spec`'s job; a job that asks for spare nodes also says how to start the node
-    agent of one (what the cluster detector keeping them needs: `workers.detectors.spare_nodes`)."""
+    """`register_job` for `spec`'s job; a job that asks for spare nodes also says how to start the
+    node agent of one (what the cluster detector keeping them needs:
+    `workers.detectors.spare_nodes`)."""
     spare_node = None
     if spec.spare_nodes:
         spare_node = {
             "count": spec.spare_nodes,
-            "spares": spec.nproc // max(spec.nodes, 1),  # a spare node can take a whole node's ranks
+            # a spare node can take a whole node's ranks
+            "spares": spec.nproc // max(spec.nodes, 1),
             "script": str(spec.script),
             "args": list(spec.args),
         }
@@ -37,11 +40,12 @@ def register_job(
     store: str | None = None,
     spare_node: Mapping[str, object] | None = None,
 ) -> None:
-    """Where `torchpass inject` and `torchpass jobs` find a job. The job's directory is its owner's alone
-    (0700); the secret is created exclusively (0600, never through a link) and `unregister_job` removes it.
+    """Where `torchpass inject` and `torchpass jobs` find a job. The job's directory is its owner's
+    alone (0700); the secret is created exclusively (0600, never through a link) and
+    `unregister_job` removes it.
 
-    A secret left by a coordinator that died is replaced; one of a coordinator still running is an error:
-    two jobs cannot share an id on one host."""
+    A secret left by a coordinator that died is replaced; one of a coordinator still running is an
+    error: two jobs cannot share an id on one host."""
     job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(job_dir, 0o700)  # made by an older version, or by hand
     path = job_dir / "secret"
@@ -73,7 +77,8 @@ def unregister_job(job_dir: Path) -> None:
 
 
 def registered_pid(job_dir: Path) -> int | None:
-    """The pid of the coordinator registered for this job (running, or dead without unregistering)."""
+    """The pid of the coordinator registered for this job (running, or dead without
+    unregistering)."""
     try:
         return int(json.loads((job_dir / "job.json").read_text())["pid"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -113,8 +118,9 @@ def running_jobs(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def registered_jobs(state_dir: Path) -> list[dict[str, Any]]:
-    """Every registry entry, `alive` saying whether its coordinator still runs: one that is not was lost
-    (killed, or its host went down) with its job unfinished; `torchpass run` with its id resumes it."""
+    """Every registry entry, `alive` saying whether its coordinator still runs: one that is not was
+    lost (killed, or its host went down) with its job unfinished; `torchpass run` with its id
+    resumes it."""
     out = []
     for path in sorted((state_dir / "jobs").glob("*/job.json")):
         try:
@@ -142,9 +148,12 @@ def request(
     return ask(info, frame, timeout)
 
 
-def ask(info: dict[str, Any], frame: wire.Frame, timeout: timedelta = REQUEST_TIMEOUT) -> wire.Frame:
-    """One authenticated request to the coordinator of a registry entry (`registered_jobs`); its reply.
-    Its pid says nothing where the coordinator runs on another host: a job gone answers nothing."""
+def ask(
+    info: dict[str, Any], frame: wire.Frame, timeout: timedelta = REQUEST_TIMEOUT
+) -> wire.Frame:
+    """One authenticated request to the coordinator of a registry entry (`registered_jobs`); its
+    reply. Its pid says nothing where the coordinator runs on another host: a job gone answers
+    nothing."""
     job_id = info["job_id"]
     secret_file = Path(info["dir"]) / "secret"
     try:
@@ -174,7 +183,11 @@ def wait_until_ready(
         except (UnknownJob, OSError, protocol.ProtocolError):
             pass  # not registered yet, or between two accepts
         else:
-            if isinstance(last, wire.Status) and last.state is JobState.TRAINING and last.spares >= 1:
+            if (
+                isinstance(last, wire.Status)
+                and last.state is JobState.TRAINING
+                and last.spares >= 1
+            ):
                 return last
         time.sleep(0.1)
     raise TimeoutError(f"job {job_id} not training with a warm spare after {timeout}: {last}")

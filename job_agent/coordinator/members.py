@@ -1,7 +1,8 @@
-"""The coordinator's view of the job's processes: each member from its hello to its loss, and the roster.
+"""The coordinator's view of the job's processes: each member from its hello to its loss, and the
+roster.
 
-Every field is what a process said of itself over the control channel (or what the coordinator saw of
-its connection); nothing here is assumed.
+Every field is what a process said of itself over the control channel (or what the coordinator saw
+of its connection); nothing here is assumed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class Member:
     environment: wire.Environment | None = None  # what its torch offers, as it said in its hello
     state: MemberState = MemberState.CONNECTED
     last_heartbeat: float = field(default_factory=time.monotonic)
-    last_progress: float = field(default_factory=time.monotonic)  # its last step or collective entry
+    # its last step or collective entry
+    last_progress: float = field(default_factory=time.monotonic)
     step: int = -1
     step_wall: float = 0.0
     busy: str | None = None  # what it said it is busy with (`agent.busy`), until it says it is done
@@ -43,7 +45,8 @@ class Member:
     completed: int = -1
     frozen_at: float | None = None  # when it reported "frozen" while the job was training
     fenced: bool = False
-    # A planned move's rank once frozen: out of the world (its slot is the spare's), alive to give its state.
+    # A planned move's rank once frozen: out of the world (its slot is the spare's), alive to give
+    # its state.
     leaving: bool = False
     reserved_for: str | None = None
     layout: wire.ShardLayout | None = None
@@ -78,7 +81,12 @@ class Member:
         self.last_heartbeat = now
         match frame:
             case wire.Step(k=k):
-                self.step, self.last_progress, self.step_wall, self.state = k, now, wall, MemberState.TRAINING
+                self.step, self.last_progress, self.step_wall, self.state = (
+                    k,
+                    now,
+                    wall,
+                    MemberState.TRAINING,
+                )
                 self.completed, self.frozen_at = k - 1, None
             case wire.Collective(k=k):
                 self.collective_step, self.collective_at, self.last_progress = k, now, now
@@ -93,7 +101,12 @@ class Member:
                 self.state, self.collective_step, self.joined = MemberState.JOINED, -1, frame
             case wire.Done(step=step, digest=digest):
                 # A rank with no step left to run (restored at the job's end) resumes by finishing.
-                self.state, self.completed, self.digest, self.step_wall = MemberState.DONE, step, digest, wall
+                self.state, self.completed, self.digest, self.step_wall = (
+                    MemberState.DONE,
+                    step,
+                    digest,
+                    wall,
+                )
             case wire.TransferProgress(bytes=n):
                 self.bytes_moved = n
             case wire.DeviceError():
@@ -112,7 +125,8 @@ class Pending:
 
 
 class Roster:
-    """Every process of the job: launched and not yet connected (`pending`), and connected (`members`)."""
+    """Every process of the job: launched and not yet connected (`pending`), and connected
+    (`members`)."""
 
     def __init__(self, clock: Clock = SYSTEM) -> None:
         self.clock = clock
@@ -124,7 +138,8 @@ class Roster:
         self.suspects: dict[int, str] = {}
 
     def admit(self, conn: socket.socket, hello: wire.Hello) -> Member | None:
-        """The member a hello announces, or None when no such process was launched (or it was fenced)."""
+        """The member a hello announces, or None when no such process was launched (or it was
+        fenced)."""
         launched = self.pending.pop(hello.agent_id, None)
         if launched is None:
             return None
@@ -160,8 +175,11 @@ class Roster:
         return sorted(out, key=lambda m: m.slot)
 
     def departing(self) -> list[Member]:
-        """Live ranks a planned move took out of the world, kept until their state has moved, by slot."""
-        return sorted((m for m in self.members.values() if m.leaving and m.alive), key=lambda m: m.slot)
+        """Live ranks a planned move took out of the world, kept until their state has moved, by
+        slot."""
+        return sorted(
+            (m for m in self.members.values() if m.leaving and m.alive), key=lambda m: m.slot
+        )
 
     def at(self, slot: int) -> Member | None:
         return next((m for m in self.ranks() if m.slot == slot), None)
@@ -180,7 +198,8 @@ class Roster:
         return len(ranks) == world_size and all(m.state is MemberState.DONE for m in ranks)
 
     def home(self, slot: int) -> str | None:
-        """The node of the last process that held `slot`, alive or lost: where its replacement belongs."""
+        """The node of the last process that held `slot`, alive or lost: where its replacement
+        belongs."""
         return next((m.node for m in reversed(self.members.values()) if m.slot == slot), None)
 
     def record_layout(self, m: Member, layout: wire.ShardLayout | None) -> None:
@@ -190,15 +209,17 @@ class Roster:
                 self.shards[m.slot] = layout.shard
 
     def repaired(self, ev: Evidence) -> bool:
-        """Whether the failure `ev` reports is already repaired (say by a restart) or the planned move it
-        asks for already made: every slot it names is held by a live process, off the drained node for a
-        planned one, and not the one found holding another state than its replicas."""
+        """Whether the failure `ev` reports is already repaired (say by a restart) or the planned
+        move it asks for already made: every slot it names is held by a live process, off the
+        drained node for a planned one, and not the one found holding another state than its
+        replicas."""
         planned = CATEGORY_OF[ev.kind] is Category.PLANNED
         members = [self.at(s) for s in ev.slots]
         return bool(members) and all(
             m is not None
             and not m.fenced
             and not (planned and m.node == ev.failure_domain)
-            and self.suspects.get(m.slot) != m.agent_id  # a corrupted replica is alive, not repaired
+            # a corrupted replica is alive, not repaired
+            and self.suspects.get(m.slot) != m.agent_id
             for m in members
         )

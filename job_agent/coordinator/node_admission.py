@@ -1,6 +1,6 @@
 """A job's node agents joining and leaving, as its coordinator decides: a node's hello admitted or
-refused, the start waiting for the nodes that hold every slot, and a node gone silent cut off as lost.
-(Where each process runs on them is `node_launcher.py`.)"""
+refused, the start waiting for the nodes that hold every slot, and a node gone silent cut off as
+lost. (Where each process runs on them is `node_launcher.py`.)"""
 
 from __future__ import annotations
 
@@ -22,12 +22,15 @@ log = logging.getLogger("torchpass.coordinator")
 
 
 def cut_silent(nodes: NodeLauncher, roster: Roster, timeout: timedelta) -> None:
-    """A node agent unheard past `timeout` (a hung or cut-off host) is lost with every process on it: the
-    connections of its agent and of its processes are shut from this side, and their closing reports the
-    loss as an agent's death would (one node loss; its processes fenced, their own losses part of it).
-    When the host comes back its agent finds its connection gone and stops them: they never rejoin."""
+    """A node agent unheard past `timeout` (a hung or cut-off host) is lost with every process on
+    it: the connections of its agent and of its processes are shut from this side, and their closing
+    reports the loss as an agent's death would (one node loss; its processes fenced, their own
+    losses part of it). When the host comes back its agent finds its connection gone and stops them:
+    they never rejoin."""
     for node in nodes.silent(timeout):
-        node.lost_why = f"its agent unheard for {time.monotonic() - node.last_heard:.1f} s (hung or cut off)"
+        node.lost_why = (
+            f"its agent unheard for {time.monotonic() - node.last_heard:.1f} s (hung or cut off)"
+        )
         log.error("node %s lost: %s", node.name, node.lost_why)
         for agent in node.placed:
             if (m := roster.members.get(agent)) is not None:
@@ -43,9 +46,9 @@ def admit_node(
     hello: wire.NodeHello,
     start_spare: Callable[[], object],
 ) -> wire.Frame:
-    """The answer to a node agent's hello: welcome, or refused with why. A node joining a job already
-    running (a spare node, a replacement) gets the warm spares it announced at once; the processes of a
-    node that rejoined may rejoin in turn."""
+    """The answer to a node agent's hello: welcome, or refused with why. A node joining a job
+    already running (a spare node, a replacement) gets the warm spares it announced at once; the
+    processes of a node that rejoined may rejoin in turn."""
     if nodes is None:
         return wire.Reject(reason=f"job {hello.job_id} runs on one host: it takes no node agents")
     refused = nodes.join(conn, hello)

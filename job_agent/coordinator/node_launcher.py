@@ -1,16 +1,16 @@
 """A job's node agents as its coordinator sees them: a launcher whose processes run on other hosts.
 
-A node agent (`torchpass node`, `job_agent.node.agent`) joins its job over the control channel with a
-`NodeHello`: its name, the address its processes advertise to their peers, how many ranks (slots) and
-warm spares it runs. Nodes that bring slots get the next ones in the order they join (node 0 slots
-0..P-1, and so on); a node with none is a spare node. The coordinator places every process it starts on a
-node and tells that node to start it (`Spawn`); the node answers each exit (`Exited`) and carries out
-fencing and injected stops (`Signal`). A process's failure domain is its node.
+A node agent (`torchpass node`, `job_agent.node.agent`) joins its job over the control channel with
+a `NodeHello`: its name, the address its processes advertise to their peers, how many ranks (slots)
+and warm spares it runs. Nodes that bring slots get the next ones in the order they join (node 0
+slots 0..P-1, and so on); a node with none is a spare node. The coordinator places every process it
+starts on a node and tells that node to start it (`Spawn`); the node answers each exit (`Exited`)
+and carries out fencing and injected stops (`Signal`). A process's failure domain is its node.
 
-Where a process goes: a rank to the node that holds its slot while that node is there, else to a spare
-node, else to the node running the fewest of the job's processes; a spare to the node furthest below the
-warm spares it announced. A node's processes are started under a parent-death signal, so a node agent
-whose connection closed has lost them all: each counts as killed.
+Where a process goes: a rank to the node that holds its slot while that node is there, else to a
+spare node, else to the node running the fewest of the job's processes; a spare to the node furthest
+below the warm spares it announced. A node's processes are started under a parent-death signal, so a
+node agent whose connection closed has lost them all: each counts as killed.
 """
 
 from __future__ import annotations
@@ -51,21 +51,27 @@ class Node:
     last_heard: float = field(default_factory=time.monotonic)
     placed: set[str] = field(default_factory=set)  # the agents started on it
     lost_why: str = "its agent's connection closed"
-    rejoined: tuple[NodeProcess, ...] = ()  # what it ran, as it said rejoining a restarted coordinator
+    # what it ran, as it said rejoining a restarted coordinator
+    rejoined: tuple[NodeProcess, ...] = ()
 
 
 MAX_GPU_REPORTS = 64  # a node's reports waiting: one repeating itself cannot grow the coordinator
 
 
 class NodeLauncher(Launcher):
-    """Processes on the job's node agents. Touched on the coordinator's loop, and by `shutdown` from a
-    thread: a lock keeps the two apart."""
+    """Processes on the job's node agents. Touched on the coordinator's loop, and by `shutdown` from
+    a thread: a lock keeps the two apart."""
 
     def __init__(
-        self, job_id: str, expected: int, is_spare: Callable[[str], bool], job_dir: Path | None = None
+        self,
+        job_id: str,
+        expected: int,
+        is_spare: Callable[[str], bool],
+        job_dir: Path | None = None,
     ) -> None:
         self.job_id = job_id
-        # The names of the nodes that joined, spare nodes included: a restarted coordinator waits for them.
+        # The names of the nodes that joined, spare nodes included: a restarted coordinator waits
+        # for them.
         self._roll = job_dir / "nodes.json" if job_dir is not None else None
         self.expected = expected
         self._is_spare = is_spare  # a spare given a slot is a rank now: its node is a spare short
@@ -79,17 +85,23 @@ class NodeLauncher(Launcher):
         self.on_host: Callable[[str, wire.HostReport], None] = lambda node, report: None
         self._lock = threading.Lock()
         self._closed = False
-        self.started = False  # the job's processes were started: a node joining now brings its spares
+        # the job's processes were started: a node joining now brings its spares
+        self.started = False
         self.rejoining = False  # a restarted coordinator takes the job back: its nodes may rejoin
-        self.avoid: set[str] = set()  # cordoned, drained or lost per the cluster: nothing new starts there
+        # cordoned, drained or lost per the cluster: nothing new starts there
+        self.avoid: set[str] = set()
 
-    # --- nodes joining and leaving --------------------------------------------------------------------
+    # --- nodes joining and leaving
+    # --------------------------------------------------------------------
 
     def join(self, conn: socket.socket, hello: wire.NodeHello) -> str | None:
         """Admit a node agent; the reason it is refused, or None."""
         with self._lock:
             if hello.job_id != self.job_id:
-                return f"node {hello.node} is started for job {hello.job_id}, this is job {self.job_id}"
+                return (
+                    f"node {hello.node} is started for job {hello.job_id}, this is job "
+                    f"{self.job_id}"
+                )
             if hello.node in self.nodes:
                 return f"a node named {hello.node} already joined this job"
             if self._closed:
@@ -97,7 +109,10 @@ class NodeLauncher(Launcher):
             if hello.rejoin:
                 return self._rejoin(conn, hello)
             if hello.slots and sum(1 for n in self.nodes.values() if n.slots) >= self.expected:
-                return f"the job's {self.expected} nodes have joined and hold every slot: join with no slots"
+                return (
+                    f"the job's {self.expected} nodes have joined and hold every slot: join with "
+                    "no slots"
+                )
             first = sum(n.slots for n in self.nodes.values())
             node = Node(hello.node, hello.host, hello.slots, hello.spares, first, conn)
             self.nodes[node.name] = node
@@ -125,11 +140,13 @@ class NodeLauncher(Launcher):
         return {n for n in names[:MAX_ROLL] if isinstance(n, str)}
 
     def _rejoin(self, conn: socket.socket, hello: wire.NodeHello) -> str | None:
-        """A node back to a restarted coordinator, with what it runs (`job_agent.coordinator.takeback`).
-        Refused by a coordinator that is not taking its job back: one that lost the node fenced what it
-        ran."""
+        """A node back to a restarted coordinator, with what it runs
+        (`job_agent.coordinator.takeback`). Refused by a coordinator that is not taking its job
+        back: one that lost the node fenced what it ran."""
         if not self.rejoining:
-            return f"node {hello.node} cannot rejoin: it was lost to the job, and its processes fenced"
+            return (
+                f"node {hello.node} cannot rejoin: it was lost to the job, and its processes fenced"
+            )
         node = Node(hello.node, hello.host, hello.slots, hello.spares, hello.first_slot, conn)
         node.rejoined = hello.processes
         for p in hello.processes:
@@ -142,14 +159,17 @@ class NodeLauncher(Launcher):
         return None
 
     def highest_agent_number(self) -> int:
-        """The largest number ending an agent id the rejoined nodes run: new ids are numbered past it."""
+        """The largest number ending an agent id the rejoined nodes run: new ids are numbered past
+        it."""
         numbers = [a.rpartition("-")[2] for a in self._node_of]
         return max((int(n) for n in numbers if n.isdigit()), default=0)
 
     def ended_in(self, slot: int) -> tuple[str, int | None]:
-        """The node that held `slot`, and the exit status of the process it last started for it (None: it
-        did not say one ended)."""
-        holder = next((n for n in self.joined() if n.first_slot <= slot < n.first_slot + n.slots), None)
+        """The node that held `slot`, and the exit status of the process it last started for it
+        (None: it did not say one ended)."""
+        holder = next(
+            (n for n in self.joined() if n.first_slot <= slot < n.first_slot + n.slots), None
+        )
         for n in self.joined():
             for p in reversed(n.rejoined):
                 if p.slot == slot and p.code is not None:
@@ -168,7 +188,8 @@ class NodeLauncher(Launcher):
         elif isinstance(frame, wire.GpuReport):
             mine = tuple(a for a in frame.agent_ids if self._node_of.get(a) is node)
             queued = sum(1 for name, _ in self.gpu_reports if name == node.name)
-            if mine and queued < MAX_GPU_REPORTS:  # per node: one node's flood never drops another's
+            # per node: one node's flood never drops another's
+            if mine and queued < MAX_GPU_REPORTS:
                 self.gpu_reports.append((node.name, frame.model_copy(update={"agent_ids": mine})))
         elif isinstance(frame, wire.HostReport):
             mine = tuple(a for a in frame.agent_ids if self._node_of.get(a) is node)
@@ -177,13 +198,15 @@ class NodeLauncher(Launcher):
         elif not isinstance(frame, wire.Heartbeat):
             send(
                 conn,
-                wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"a node agent does not send {frame.t!r}"),
+                wire.Error(
+                    code=ErrorType.UNKNOWN_FRAME, reason=f"a node agent does not send {frame.t!r}"
+                ),
             )
         return True
 
     def closed(self, conn: socket.socket, notify: Callable[[], None]) -> Node | None:
-        """The node whose agent's connection `conn` was, if any. Its closing means the node and every
-        process it ran are gone."""
+        """The node whose agent's connection `conn` was, if any. Its closing means the node and
+        every process it ran are gone."""
         with self._lock:
             node = self._by_conn.pop(conn, None)
             if node is None:
@@ -203,8 +226,8 @@ class NodeLauncher(Launcher):
         return [n for n in self.nodes.values() if n.alive]
 
     def ready_for(self, world_size: int) -> bool:
-        """Every expected node (one with slots: spare nodes come as they please) joined, and together they
-        hold every slot."""
+        """Every expected node (one with slots: spare nodes come as they please) joined, and
+        together they hold every slot."""
         live = [n for n in self.joined() if n.slots]
         return len(live) >= self.expected and sum(n.slots for n in live) >= world_size
 
@@ -212,7 +235,8 @@ class NodeLauncher(Launcher):
         """The warm spares the joined nodes run between them."""
         return sum(n.spares for n in self.joined())
 
-    # --- Launcher --------------------------------------------------------------------------------------
+    # --- Launcher
+    # --------------------------------------------------------------------------------------
 
     def spawn(self, agent_id: str, env: Mapping[str, str]) -> str:
         with self._lock:

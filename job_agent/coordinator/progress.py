@@ -1,10 +1,11 @@
-"""What the ranks' own step reports say about the job's progress: the measured side of every outcome.
+"""What the ranks' own step reports say about the job's progress: the measured side of every
+outcome.
 
-A rank reports each step it enters (`Step`); entering step k says it completed k - 1. From those reports
-alone the tracker knows the most advanced step any rank completed (`high_water`), the first step each
-rank entered in the current generation of the world (`resumed`), and every step that was entered again
-after some rank had completed it (`recomputed`, the independent count that an outcome's claim of "0 steps
-recomputed" is checked against).
+A rank reports each step it enters (`Step`); entering step k says it completed k - 1. From those
+reports alone the tracker knows the most advanced step any rank completed (`high_water`), the first
+step each rank entered in the current generation of the world (`resumed`), and every step that was
+entered again after some rank had completed it (`recomputed`, the independent count that an
+outcome's claim of "0 steps recomputed" is checked against).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable
 
 class StepTracker:
     def __init__(self, on_advance: Callable[[int], None] | None = None) -> None:
-        self._on_advance = on_advance  # told each new high water (the job keeps it on disk: `resume`)
+        # told each new high water (the job keeps it on disk: `resume`)
+        self._on_advance = on_advance
         self.high_water = -1  # the most advanced step any rank has completed
         self.settled = -1  # ... as of the start of the current generation
         self.recomputed: set[int] = set()
@@ -28,8 +30,8 @@ class StepTracker:
         """Rank `slot`, which had completed `completed_before`, enters `step`.
 
         A step entered again after any rank completed it is recomputed work. Across ranks only the
-        completions before this generation count: within one, frames of different ranks may be read out
-        of order."""
+        completions before this generation count: within one, frames of different ranks may be read
+        out of order."""
         if step <= self.settled or step <= completed_before:
             self.recomputed.add(step)
         self.resumed.setdefault(slot, step)

@@ -1,12 +1,13 @@
 """A job that did not finish resumes where it stopped: `torchpass run` again with the same job id.
 
-A coordinator SIGKILLed (or OOM-killed, or its host rebooted) takes its ranks with it (they die of its
-death: `launcher.death_signal`) and leaves its registration behind; one stopped by a signal (a scheduler's
-preemption) or failed leaves a result that is not "finished". Either way the job's directory still holds
-its latest fallback checkpoints and the most advanced step its ranks reported completing (`progress.json`,
-rewritten as that step advances). The next run of the same job id restarts every rank from the latest
-checkpoint and counts, from the ranks' own step reports, the completed steps it runs again; its result
-says which run it resumed and why that one ended. `--fresh` discards all of it and starts at step 0.
+A coordinator SIGKILLed (or OOM-killed, or its host rebooted) takes its ranks with it (they die of
+its death: `launcher.death_signal`) and leaves its registration behind; one stopped by a signal (a
+scheduler's preemption) or failed leaves a result that is not "finished". Either way the job's
+directory still holds its latest fallback checkpoints and the most advanced step its ranks reported
+completing (`progress.json`, rewritten as that step advances). The next run of the same job id
+restarts every rank from the latest checkpoint and counts, from the ranks' own step reports, the
+completed steps it runs again; its result says which run it resumed and why that one ended.
+`--fresh` discards all of it and starts at step 0.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ _CHECKPOINT = "step-*.pt"
 
 
 class ProgressFile:
-    """The most advanced step the job's ranks reported completing, on disk: what a later run measures the
-    steps it redoes against. Atomic (a crash mid-write leaves the previous value), owner-only."""
+    """The most advanced step the job's ranks reported completing, on disk: what a later run
+    measures the steps it redoes against. Atomic (a crash mid-write leaves the previous value),
+    owner-only."""
 
     def __init__(self, job_dir: Path) -> None:
         self._path = job_dir / PROGRESS
@@ -55,9 +57,10 @@ MAX_PENDING_SHARDS = 16
 
 
 def latest_checkpoint(job_dir: Path) -> tuple[int, Path] | None:
-    """The job's latest fallback checkpoint and its step (from its name, `step-<step>.pt`). A sharded
-    job's (`step-<step>.rank-<r>.pt` beside it for every other rank) counts only with every rank's shard:
-    a rank lost before it saved leaves that step incomplete, and the one before is taken."""
+    """The job's latest fallback checkpoint and its step (from its name, `step-<step>.pt`). A
+    sharded job's (`step-<step>.rank-<r>.pt` beside it for every other rank) counts only with every
+    rank's shard: a rank lost before it saved leaves that step incomplete, and the one before is
+    taken."""
     found: list[tuple[int, Path]] = []
     shards: dict[int, set[int]] = {}
     for path in (job_dir / "checkpoints").glob(_CHECKPOINT):
@@ -72,9 +75,9 @@ def latest_checkpoint(job_dir: Path) -> tuple[int, Path] | None:
 
 
 def prepare(job_dir: Path, fresh: bool) -> Resumed | None:
-    """Before the job registers: where it resumes, or None, its earlier runs' leftovers discarded so that
-    none is ever mistaken for this run's (a finished run's kept checkpoints included). `JobIdInUse` if
-    the job id is running here now (nothing is touched)."""
+    """Before the job registers: where it resumes, or None, its earlier runs' leftovers discarded so
+    that none is ever mistaken for this run's (a finished run's kept checkpoints included).
+    `JobIdInUse` if the job id is running here now (nothing is touched)."""
     refuse_if_running(job_dir)
     resumed = None if fresh else resume_point(job_dir)
     if resumed is None:
@@ -83,11 +86,12 @@ def prepare(job_dir: Path, fresh: bool) -> Resumed | None:
 
 
 def resume_point(job_dir: Path) -> Resumed | None:
-    """Where this job resumes, if its last run did not finish; None when there is nothing to resume (it
-    never ran, or it finished). Read before the job registers (which replaces a dead coordinator's entry
-    and refuses a live one's)."""
+    """Where this job resumes, if its last run did not finish; None when there is nothing to resume
+    (it never ran, or it finished). Read before the job registers (which replaces a dead
+    coordinator's entry and refuses a live one's)."""
     pid = registered_pid(job_dir)
-    if pid is not None:  # registered, not running (`prepare`), never unregistered: it died without a word
+    # registered, not running (`prepare`), never unregistered: it died without a word
+    if pid is not None:
         why = f"its coordinator (pid {pid}) was lost"
     else:
         try:
@@ -112,7 +116,8 @@ def resume_point(job_dir: Path) -> Resumed | None:
 
 
 def start_fresh(job_dir: Path) -> None:
-    """`--fresh`: forget every earlier run of this job id (its checkpoints, progress, result, record)."""
+    """`--fresh`: forget every earlier run of this job id (its checkpoints, progress, result,
+    record)."""
     shutil.rmtree(job_dir / "checkpoints", ignore_errors=True)
     for name in (PROGRESS, "result.json"):
         with contextlib.suppress(FileNotFoundError):
@@ -120,8 +125,9 @@ def start_fresh(job_dir: Path) -> None:
 
 
 class Checkpoints(list[tuple[int, str]]):
-    """The job's complete fallback checkpoints, oldest first, as (step, rank 0's file). A data-parallel
-    job's is rank 0's file alone; a sharded job's is complete once every rank said it saved its shard."""
+    """The job's complete fallback checkpoints, oldest first, as (step, rank 0's file). A
+    data-parallel job's is rank 0's file alone; a sharded job's is complete once every rank said it
+    saved its shard."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -142,5 +148,6 @@ class Checkpoints(list[tuple[int, str]]):
         if len(slots) >= world_size and first is not None:
             self.append((step, first))
             self._shards = {k: v for k, v in self._shards.items() if k > step}
-        while len(self._shards) > MAX_PENDING_SHARDS:  # ranks that never all save: forget the oldest
+        # ranks that never all save: forget the oldest
+        while len(self._shards) > MAX_PENDING_SHARDS:
             del self._shards[min(self._shards)]

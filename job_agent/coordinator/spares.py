@@ -1,8 +1,9 @@
-"""The spare pool: processes ready to take a lost rank's slot. A plug point: warm local processes today,
-Kubernetes or Slurm spare nodes next.
+"""The spare pool: processes ready to take a lost rank's slot. A plug point: warm local processes
+today, Kubernetes or Slurm spare nodes next.
 
-A reservation is held for one incident (idempotent: asking again returns the same spares), given back by
-`release` when a later step fails, and `refill` starts a new spare for every one that took a slot.
+A reservation is held for one incident (idempotent: asking again returns the same spares), given
+back by `release` when a later step fails, and `refill` starts a new spare for every one that took a
+slot.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from job_agent.wire.rank import Role
 log = logging.getLogger("torchpass.spares")
 MAX_FAILED_STARTS = 3
 SPARE_HINT = (
-    "a spare runs the script before it holds a slot: agent.rank is -1 there and the placeholder group says"
-    " rank 0, so build what needs a rank from dist.get_rank() or leave it to the agent, as a"
-    " DistributedSampler's"
+    "a spare runs the script before it holds a slot: agent.rank is -1 there and the placeholder "
+    "group says rank 0, so build what needs a rank from dist.get_rank() or leave it to the agent, "
+    "as a DistributedSampler's"
 )
 
 
@@ -35,14 +36,15 @@ class SparePool(abc.ABC):
 
     @abc.abstractmethod
     def held(self, incident: str) -> list[Member]:
-        """What `incident` holds: spares reserved for it, including those that already took a slot."""
+        """What `incident` holds: spares reserved for it, including those that already took a
+        slot."""
 
     @abc.abstractmethod
     def reserve(
         self, incident: str, n: int, near: Collection[str] = (), then: Collection[str] = ()
     ) -> list[Member]:
-        """Up to `n` live spares, held for `incident` (those it already holds first, then those on the
-        nodes `near`: a lost rank's own node; then those on the nodes `then`: spare nodes)."""
+        """Up to `n` live spares, held for `incident` (those it already holds first, then those on
+        the nodes `near`: a lost rank's own node; then those on the nodes `then`: spare nodes)."""
 
     @abc.abstractmethod
     def release(self, incident: str) -> None:
@@ -58,8 +60,8 @@ class SparePool(abc.ABC):
 
     @abc.abstractmethod
     def failed_start(self, agent_id: str, code: int | None) -> None:
-        """A spare died before it ever joined (`code`) or became warm: replace it, within a bound (never
-        fatal to the job)."""
+        """A spare died before it ever joined (`code`) or became warm: replace it, within a bound
+        (never fatal to the job)."""
 
     @abc.abstractmethod
     def started(self, m: Member) -> None:
@@ -67,7 +69,8 @@ class SparePool(abc.ABC):
 
 
 class LocalSparePool(SparePool):
-    """Warm spare processes on this host, launched like the ranks (`spawn`) and fenced with `kill`."""
+    """Warm spare processes on this host, launched like the ranks (`spawn`) and fenced with
+    `kill`."""
 
     def __init__(
         self,
@@ -142,7 +145,11 @@ class LocalSparePool(SparePool):
             self._spawn()
 
     def failed_start(self, agent_id: str, code: int | None) -> None:
-        how = f"exited (code {code}) before joining" if code is not None else "exited before it was warm"
+        how = (
+            f"exited (code {code}) before joining"
+            if code is not None
+            else "exited before it was warm"
+        )
         how += f" (its output is above; {SPARE_HINT})"
         self._failed_starts += 1
         if self._failed_starts > MAX_FAILED_STARTS:

@@ -1,12 +1,12 @@
-"""The job's rendezvous store, served by its coordinator: the key-value store each generation's process
-group forms through.
+"""The job's rendezvous store, served by its coordinator: the key-value store each generation's
+process group forms through.
 
-torch's `TCPStore` listens on every interface and serves any client: a peer without the job's secret could
-read, write and delete the keys a group forms from (and so steer a rank to its own address). torchpass
-serves the store itself, over the job's authenticated protocol (`job_agent.wire.protocol`: the mutual HMAC
-challenge, then a tag on every frame), bound to the address it is given; each rank's client is
-`job_agent.rank.store.RendezvousStore`. Only rendezvous goes through it (a few keys of a few hundred bytes
-per rank and generation), so every operation is a plain request and answer.
+torch's `TCPStore` listens on every interface and serves any client: a peer without the job's secret
+could read, write and delete the keys a group forms from (and so steer a rank to its own address).
+torchpass serves the store itself, over the job's authenticated protocol (`job_agent.wire.protocol`:
+the mutual HMAC challenge, then a tag on every frame), bound to the address it is given; each rank's
+client is `job_agent.rank.store.RendezvousStore`. Only rendezvous goes through it (a few keys of a
+few hundred bytes per rank and generation), so every operation is a plain request and answer.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class StoreFull(Exception):
 
 
 class StoreServer:
-    """Serves one job's store to authenticated peers; listens on `host` (`port`, or an ephemeral one)."""
+    """Serves one job's store to authenticated peers; listens on `host` (`port`, or an ephemeral
+    one)."""
 
     def __init__(self, secret: bytes, host: str, port: int = 0) -> None:
         self._secret = secret
@@ -47,7 +48,9 @@ class StoreServer:
         self._listener = socket.create_server((host, port))
         self.port: int = self._listener.getsockname()[1]
         self._closed = threading.Event()
-        threading.Thread(target=self._accept_loop, name="torchpass-store-accept", daemon=True).start()
+        threading.Thread(
+            target=self._accept_loop, name="torchpass-store-accept", daemon=True
+        ).start()
 
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
@@ -60,38 +63,47 @@ class StoreServer:
                     conn.close()
                     continue
                 self._peers.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="torchpass-store", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name="torchpass-store", daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(AUTH_TIMEOUT.total_seconds())
-            protocol.authenticate_server(conn, self._secret)  # nothing is read or written before this
+            # nothing is read or written before this
+            protocol.authenticate_server(conn, self._secret)
             conn.settimeout(None)
             while True:
                 send(conn, self.answer(protocol.recv_body(conn)))
         except (OSError, ConnectionError, AuthError, ProtocolError):
-            pass  # a peer without the secret, or one that left: its connection ends, the store goes on
+            # a peer without the secret, or one that left: its connection ends, the store goes on
+            pass
         finally:
             with self._lock:
                 self._peers.discard(conn)
             conn.close()
 
     def answer(self, body: bytes) -> StoreReply | wire.Error:
-        """The reply to one request (a typed error naming what is wrong for anything but a valid one)."""
+        """The reply to one request (a typed error naming what is wrong for anything but a valid
+        one)."""
         try:
             req = StoreRequest.model_validate_json(body)
         except ValidationError as e:
             first = e.errors(include_url=False)[0]
             where = ".".join(str(p) for p in first["loc"]) or "request"
             return wire.Error(
-                code=ErrorType.BAD_FRAME, reason=f"bad store request: {where}: {first['msg']}"[:4000]
+                code=ErrorType.BAD_FRAME,
+                reason=f"bad store request: {where}: {first['msg']}"[:4000],
             )
         try:
             with self._lock:
                 gone = {_generation(k, STORE_PREFIX) for k in req.keys} & self._abandoned
-                if gone:  # its group will never form: a rank waiting in it gives up now, not at a timeout
-                    return wire.Error(code=ErrorType.REFUSED, reason=f"generation {min(gone)} was abandoned")
+                # its group will never form: a rank waiting in it gives up now, not at a timeout
+                if gone:
+                    return wire.Error(
+                        code=ErrorType.REFUSED, reason=f"generation {min(gone)} was abandoned"
+                    )
                 return self._apply(req)
         except StoreFull as e:
             return wire.Error(code=ErrorType.REFUSED, reason=str(e))
@@ -140,8 +152,8 @@ class StoreServer:
         return StoreReply()
 
     def drop_before(self, prefix: str, generation: int) -> int:
-        """Remove the keys of generations before `generation` (each formed under `{prefix}{g}/`): no group
-        reads them again. Returns how many went."""
+        """Remove the keys of generations before `generation` (each formed under `{prefix}{g}/`): no
+        group reads them again. Returns how many went."""
         with self._lock:
             old = [k for k in self._data if _generation(k, prefix) < generation]
             for k in old:
@@ -149,8 +161,9 @@ class StoreServer:
         return len(old)
 
     def abandon(self, prefix: str, generation: int) -> None:
-        """Generation `generation`'s group will never form (a rank was lost as it formed): every request on
-        its keys is refused from now on, so the ranks blocked in forming it stop waiting at once."""
+        """Generation `generation`'s group will never form (a rank was lost as it formed): every
+        request on its keys is refused from now on, so the ranks blocked in forming it stop waiting
+        at once."""
         assert prefix == STORE_PREFIX
         with self._lock:
             self._abandoned = {g for g in self._abandoned if g >= generation - 8} | {generation}

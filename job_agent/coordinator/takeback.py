@@ -1,14 +1,16 @@
-"""Taking a running multi-node job back after its coordinator was lost (killed, or its host rebooted).
+"""Taking a running multi-node job back after its coordinator was lost (killed, or its host
+rebooted).
 
-Between failures a job needs no coordinator: its ranks train over their own collective group, and its
-node agents keep them running while they wait for it (`torchpass node --coordinator-wait`). Started again
-with the same job id, state directory and address, a coordinator finds what the dead one registered (the
-job's secret, its control and store ports: `prior_coordinator`), listens there again, and waits for the
-nodes to rejoin. Each node says what it runs and what ended while it had no coordinator; each of those
-processes rejoins and says where it stands (its generation, its last completed step, frozen or not).
-The job goes on in the generation it was in: nothing restarts, nothing is recomputed. A rank that ended
-meanwhile, or never came back, is a loss like any other, reported once the job is back and migrated
-live. If no node rejoins, the job restarts from its checkpoint, as after any lost coordinator.
+Between failures a job needs no coordinator: its ranks train over their own collective group, and
+its node agents keep them running while they wait for it (`torchpass node --coordinator-wait`).
+Started again with the same job id, state directory and address, a coordinator finds what the dead
+one registered (the job's secret, its control and store ports: `prior_coordinator`), listens there
+again, and waits for the nodes to rejoin. Each node says what it runs and what ended while it had no
+coordinator; each of those processes rejoins and says where it stands (its generation, its last
+completed step, frozen or not). The job goes on in the generation it was in: nothing restarts,
+nothing is recomputed. A rank that ended meanwhile, or never came back, is a loss like any other,
+reported once the job is back and migrated live. If no node rejoins, the job restarts from its
+checkpoint, as after any lost coordinator.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ class Prior:
 
 
 def prior_coordinator(spec: JobSpec) -> Prior | None:
-    """The registration a lost coordinator of this multi-node job left (registered, not running, never
-    unregistered), if it listened at this coordinator's address; None otherwise (or with `--fresh`)."""
+    """The registration a lost coordinator of this multi-node job left (registered, not running,
+    never unregistered), if it listened at this coordinator's address; None otherwise (or with
+    `--fresh`)."""
     if not spec.nodes or spec.fresh:
         return None
     pid = registered_pid(spec.job_dir)
@@ -90,8 +93,8 @@ def prior_coordinator(spec: JobSpec) -> Prior | None:
 
 
 async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
-    """Wait for the job's nodes and processes to rejoin; the losses to report once the job trains again
-    (slots whose rank ended or never came back), or None when no node rejoined."""
+    """Wait for the job's nodes and processes to rejoin; the losses to report once the job trains
+    again (slots whose rank ended or never came back), or None when no node rejoined."""
     nodes.rejoining = True
     known = nodes.roll()  # spare nodes too: closing the door on one would fence its warm spares
 
@@ -101,7 +104,9 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
 
     try:
         try:
-            await c.changes.wait_for(lambda: bool(nodes.joined()), FIRST_NODE_WAIT, "a node to rejoin")
+            await c.changes.wait_for(
+                lambda: bool(nodes.joined()), FIRST_NODE_WAIT, "a node to rejoin"
+            )
         except TimeoutError:
             return None
         with contextlib.suppress(TimeoutError):
@@ -112,7 +117,9 @@ async def take_back(c: Job, nodes: NodeLauncher) -> list[Evidence] | None:
         nodes.rejoining = False
     nodes.started = True
     with contextlib.suppress(TimeoutError):
-        await c.changes.wait_for(lambda: not c.roster.pending, PROCESSES_WAIT, "their processes to rejoin")
+        await c.changes.wait_for(
+            lambda: not c.roster.pending, PROCESSES_WAIT, "their processes to rejoin"
+        )
     for agent in list(c.roster.pending):  # alive on its node but never back: fenced, its slot lost
         del c.roster.pending[agent]
         c.launcher.kill(agent)
@@ -141,21 +148,30 @@ def _generation_of(m: Member) -> int:
 
 
 def _fence_stale(c: Job, newest: int) -> dict[int, str]:
-    """Fence what cannot go on in the world as it stands, and say why for each slot it empties: a rank
-    that rejoined in an older generation than the newest (it missed a re-formation: the group it knows
-    is gone), and a second process claiming a slot another holds (the one in the newest generation and
-    furthest along stays). A rank that never joined a group (generation -1) is left to form one."""
+    """Fence what cannot go on in the world as it stands, and say why for each slot it empties: a
+    rank that rejoined in an older generation than the newest (it missed a re-formation: the group
+    it knows is gone), and a second process claiming a slot another holds (the one in the newest
+    generation and furthest along stays). A rank that never joined a group (generation -1) is left
+    to form one."""
     why: dict[int, str] = {}
     held: set[int] = set()
-    by_standing = sorted(c.roster.ranks(), key=lambda m: (_generation_of(m), m.completed), reverse=True)
+    by_standing = sorted(
+        c.roster.ranks(), key=lambda m: (_generation_of(m), m.completed), reverse=True
+    )
     for m in by_standing:
         gen = _generation_of(m)
         if m.slot in held:
-            log.warning("job %s: %s claims slot %d, held already: fenced", c.job_id, m.agent_id, m.slot)
+            log.warning(
+                "job %s: %s claims slot %d, held already: fenced", c.job_id, m.agent_id, m.slot
+            )
             c.fence(m)
         elif -1 < gen < newest:
             log.warning(
-                "job %s: %s rejoined in generation %d of %d: fenced", c.job_id, m.agent_id, gen, newest
+                "job %s: %s rejoined in generation %d of %d: fenced",
+                c.job_id,
+                m.agent_id,
+                gen,
+                newest,
             )
             c.fence(m)
             why[m.slot] = f"was left in generation {gen} while the job went on in {newest}"
@@ -193,7 +209,8 @@ def _lost_meanwhile(c: Job, nodes: NodeLauncher, stale: dict[int, str]) -> list[
 
 
 def _prior_outcomes(spec: JobSpec) -> list[MigrationOutcome]:
-    """The incidents the lost coordinator recorded (its `incidents.jsonl`): the job's result has them all."""
+    """The incidents the lost coordinator recorded (its `incidents.jsonl`): the job's result has
+    them all."""
     out: list[MigrationOutcome] = []
     with contextlib.suppress(OSError), (spec.job_dir / "incidents.jsonl").open() as f:
         for line in f:
@@ -202,5 +219,9 @@ def _prior_outcomes(spec: JobSpec) -> list[MigrationOutcome]:
             try:
                 out.append(MigrationOutcome.model_validate_json(line))
             except ValidationError as e:
-                log.error("an unreadable incident record in %s/incidents.jsonl skipped: %s", spec.job_dir, e)
+                log.error(
+                    "an unreadable incident record in %s/incidents.jsonl skipped: %s",
+                    spec.job_dir,
+                    e,
+                )
     return out

@@ -1,4 +1,5 @@
-"""Bounded waits on the coordinator's event loop: wake on every change of the job, never wait forever."""
+"""Bounded waits on the coordinator's event loop: wake on every change of the job, never wait
+forever."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ class Changes:
         what: str,
         tick: Callable[[], None] | None = None,
     ) -> None:
-        """Until `pred()` holds; TimeoutError naming `what` after `timeout` (None only under an outer
-        timeout), JobFailed once the job stopped. `tick` runs at least once a second (heartbeats)."""
+        """Until `pred()` holds; TimeoutError naming `what` after `timeout` (None only under an
+        outer timeout), JobFailed once the job stopped. `tick` runs at least once a second
+        (heartbeats)."""
         clock = self.clock
         deadline = None if timeout is None else clock.monotonic() + timeout.total_seconds()
         while not pred():
@@ -47,7 +49,9 @@ class Changes:
             left = None if deadline is None else deadline - clock.monotonic()
             if left is not None and left <= 0:
                 assert timeout is not None
-                raise TimeoutError(f"timed out after {timeout.total_seconds():.1f} s waiting for {what}")
+                raise TimeoutError(
+                    f"timed out after {timeout.total_seconds():.1f} s waiting for {what}"
+                )
             self._event.clear()
             await clock.wait(self._event, min(left or _POLL, _POLL))
             if tick is not None:

@@ -1,25 +1,27 @@
 """Rank and spare processes forked from a warm interpreter instead of started cold.
 
-A cold rank spends most of its start importing: torch itself, and torch._dynamo, which the first optimizer
-a script builds imports (measured on these 2-core machines: about 4 of the 4.5 CPU-seconds from exec to a
-rank ready to train). The fork server imports them once; each process it starts is a fork of it that then
-runs the script as `python -u SCRIPT ARGS` (or `python -u -m MODULE ARGS`) would, its own environment, its
-own `sys.argv`, `sys.path[0]` the script's directory, stdin from /dev/null, and an ordinary interpreter exit
-(atexit handlers, non-daemon threads joined, its exit code). A restart from a checkpoint and a spare
-replacing a lost one start in a fraction of a second.
+A cold rank spends most of its start importing: torch itself, and torch._dynamo, which the first
+optimizer a script builds imports (measured on these 2-core machines: about 4 of the 4.5 CPU-seconds
+from exec to a rank ready to train). The fork server imports them once; each process it starts is a
+fork of it that then runs the script as `python -u SCRIPT ARGS` (or `python -u -m MODULE ARGS`)
+would, its own environment, its own `sys.argv`, `sys.path[0]` the script's directory, stdin from
+/dev/null, and an ordinary interpreter exit (atexit handlers, non-daemon threads joined, its exit
+code). A restart from a checkpoint and a spare replacing a lost one start in a fraction of a second.
 
 Nothing here initialises CUDA, seeds or draws from a random stream, starts a thread pool or forms a
-process group before the fork: a child starts as a fresh process would. Python's `random` is reseeded in
-each child by Python itself, numpy's global generator (imported with torch) here.
+process group before the fork: a child starts as a fresh process would. Python's `random` is
+reseeded in each child by Python itself, numpy's global generator (imported with torch) here.
 
 The protocol, one JSON object per line:
-- launcher -> server (the server's stdin): `{"id", "argv", "env"}`: start a process; EOF (the launcher's
-  process ended): stop, once its children have;
+- launcher -> server (the server's stdin): `{"id", "argv", "env"}`: start a process; EOF (the
+  launcher's process ended): stop, once its children have;
 - server -> launcher (the descriptor given as the first argument): `{"id", "pid"}` once forked,
-  `{"id", "code"}` when it ended (its exit status, or minus the signal that ended it, as `Popen` says).
+  `{"id", "code"}` when it ended (its exit status, or minus the signal that ended it, as `Popen`
+  says).
 
-Run as `python -u -m job_agent.launch.forkserver EVENTS_FD [--pdeathsig]`: with `--pdeathsig` each child is
-SIGKILLed by the kernel when the server dies (the server itself dies with its launcher's thread).
+Run as `python -u -m job_agent.launch.forkserver EVENTS_FD [--pdeathsig]`: with `--pdeathsig` each
+child is SIGKILLed by the kernel when the server dies (the server itself dies with its launcher's
+thread).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ from typing import IO, Any
 
 import setproctitle
 
-# What a rank imports before its first step (`torch.distributed.checkpoint` is left out: the unmodified
-# runner watches for its import).
+# What a rank imports before its first step (`torch.distributed.checkpoint` is left out: the
+# unmodified runner watches for its import).
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "job_agent.rank.agent")
 MAX_REQUEST = 1 << 20
 _PR_SET_PDEATHSIG = 1
@@ -89,11 +91,11 @@ class ForkServer:
 
     @classmethod
     def shared(cls, prefix: Sequence[str], env: Mapping[str, str]) -> ForkServer:
-        """This process's server for `prefix` and `env` (started now if there is none or it stopped): a
-        second job run by the same process (the tests run hundreds) forks from the same warm server. The
-        servers of other environments with nothing running are stopped: each holds its own torch (about
-        370 MB), and a process whose environment keeps changing (pytest names the test in it) once kept
-        one per test until it ran out of memory."""
+        """This process's server for `prefix` and `env` (started now if there is none or it
+        stopped): a second job run by the same process (the tests run hundreds) forks from the same
+        warm server. The servers of other environments with nothing running are stopped: each holds
+        its own torch (about 370 MB), and a process whose environment keeps changing (pytest names
+        the test in it) once kept one per test until it ran out of memory."""
         key = (tuple(prefix), frozenset(env.items()))
         with cls._shared_lock:
             for other_key, other in list(cls._shared.items()):
@@ -109,7 +111,8 @@ class ForkServer:
         return self._gone
 
     def stop_if_idle(self) -> bool:
-        """Stop the server if no process it forked runs and none is being started; whether it is stopped."""
+        """Stop the server if no process it forked runs and none is being started; whether it is
+        stopped."""
         with self._lock:
             if self._procs or self._started:
                 return False
@@ -124,14 +127,18 @@ class ForkServer:
         r, w = os.pipe()
         cmd = [*prefix, sys.executable, "-u", "-m", "job_agent.launch.forkserver", str(w)]
         self._proc = subprocess.Popen(
-            [*cmd, "--pdeathsig"] if prefix else cmd, stdin=subprocess.PIPE, pass_fds=(w,), env=dict(env)
+            [*cmd, "--pdeathsig"] if prefix else cmd,
+            stdin=subprocess.PIPE,
+            pass_fds=(w,),
+            env=dict(env),
         )
         os.close(w)
         self._events: IO[bytes] = os.fdopen(r, "rb")
         self._lock = threading.Lock()
         self._started: dict[str, threading.Event] = {}
         self._born: dict[str, Forked] = {}  # forked, not yet taken by `start`
-        self._procs: dict[str, Forked] = {}  # running, by request id: agent ids repeat from job to job
+        # running, by request id: agent ids repeat from job to job
+        self._procs: dict[str, Forked] = {}
         self._requests = 0
         self._gone = False
         threading.Thread(target=self._read, name="torchpass-forkserver", daemon=True).start()
@@ -173,7 +180,8 @@ class ForkServer:
                     else:  # `start` gave up on it: nobody would ever stop it
                         proc.kill()
             elif (ended := self._procs.pop(agent, None)) is not None:
-                ended.ended(int(event["code"]))  # perhaps before `start` took it: it is the same object
+                # perhaps before `start` took it: it is the same object
+                ended.ended(int(event["code"]))
         with self._lock:  # the server is gone: so are its children (their death signal), or soon
             self._gone = True
             for event in self._started.values():
@@ -187,8 +195,8 @@ class ForkServer:
 
 
 def serve(events: int, pdeathsig: bool) -> dict[str, Any] | None:
-    """Fork a child for each request until stdin closes and every child has ended (None). In a child,
-    returns its request."""
+    """Fork a child for each request until stdin closes and every child has ended (None). In a
+    child, returns its request."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -268,9 +276,10 @@ def _child_setup(pdeathsig: bool) -> None:
 
 
 def become(request: dict[str, Any]) -> None:
-    """Run the request's program in this (forked) process, as the interpreter would run it. Its command
-    line (`ps`, /proc/PID/cmdline) is the one it would have had, and says which job and process it is
-    (its environment in /proc stays the server's: the kernel shows the one a process was exec'd with)."""
+    """Run the request's program in this (forked) process, as the interpreter would run it. Its
+    command line (`ps`, /proc/PID/cmdline) is the one it would have had, and says which job and
+    process it is (its environment in /proc stays the server's: the kernel shows the one a process
+    was exec'd with)."""
     os.environ.clear()
     os.environ.update(request["env"])
     argv = list(request["argv"])

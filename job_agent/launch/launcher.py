@@ -28,9 +28,9 @@ def agent_env(
     restore: str | None = None,
     launch: tuple[int, int] = (0, 0),
 ) -> dict[str, str]:
-    """The TORCHPASS_* variables a rank or spare reads its `AgentSettings` from; for a job without the
-    agent, torchrun's too (`launch`: the restart count and the port its rank 0 serves the group's store
-    on)."""
+    """The TORCHPASS_* variables a rank or spare reads its `AgentSettings` from; for a job without
+    the agent, torchrun's too (`launch`: the restart count and the port its rank 0 serves the
+    group's store on)."""
     env = {
         "TORCHPASS_JOB_ID": spec.job_id,
         "TORCHPASS_AGENT_ID": agent_id,
@@ -58,7 +58,8 @@ def agent_env(
 
 
 def torchrun_env(spec: JobSpec, rank: int, restarts: int, port: int) -> dict[str, str]:
-    """What torchrun gives each worker, for a script that forms its own group (`init_process_group()`)."""
+    """What torchrun gives each worker, for a script that forms its own group
+    (`init_process_group()`)."""
     n = str(spec.nproc)
     return {
         "RANK": str(rank),
@@ -132,27 +133,28 @@ class Launcher(abc.ABC):
 
 
 def inherited_env(env: Mapping[str, str]) -> dict[str, str]:
-    """What a rank inherits from the coordinator's environment: everything the user's script may need
-    (PATH, PYTHONPATH, CUDA_*, its own variables), none of torchpass's own settings. Those hold the
-    coordinator's secrets (the Temporal API key and TLS key, the billing webhook's secret); a rank gets
-    exactly its `agent_env` instead."""
+    """What a rank inherits from the coordinator's environment: everything the user's script may
+    need (PATH, PYTHONPATH, CUDA_*, its own variables), none of torchpass's own settings. Those hold
+    the coordinator's secrets (the Temporal API key and TLS key, the billing webhook's secret); a
+    rank gets exactly its `agent_env` instead."""
     return {k: v for k, v in env.items() if not k.startswith("TORCHPASS_")}
 
 
 def die_with_parent() -> list[str]:
     """A prefix that has the kernel SIGKILL a rank when the thread that started it ends, so that a
-    coordinator killed (SIGKILL, OOM) leaves no rank behind, a stopped (hung) one included: util-linux's
-    `setpriv --pdeathsig` (preexec_fn would do it too, but is unsafe in a process with threads). Empty
-    where there is no setpriv (not Linux): ranks then outlive a killed coordinator until their control
-    connection closes."""
+    coordinator killed (SIGKILL, OOM) leaves no rank behind, a stopped (hung) one included:
+    util-linux's `setpriv --pdeathsig` (preexec_fn would do it too, but is unsafe in a process with
+    threads). Empty where there is no setpriv (not Linux): ranks then outlive a killed coordinator
+    until their control connection closes."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform == "linux" else []
 
 
 class LocalLauncher(Launcher):
-    """Processes on this host; each is its own failure domain, named host/agent. Started from the main
-    thread, each dies with the coordinator (`die_with_parent`). Each gets its own GPU: its LOCAL_RANK is
-    the lowest index no live process of this launcher holds (a spare that takes a slot keeps its own)."""
+    """Processes on this host; each is its own failure domain, named host/agent. Started from the
+    main thread, each dies with the coordinator (`die_with_parent`). Each gets its own GPU: its
+    LOCAL_RANK is the lowest index no live process of this launcher holds (a spare that takes a slot
+    keeps its own)."""
 
     def __init__(
         self,
@@ -169,8 +171,9 @@ class LocalLauncher(Launcher):
         self._host = socket.gethostname()
         self._lock = threading.Lock()  # spawn runs on the coordinator's loop, shutdown in a thread
         self._closed = False
-        # Forked from a warm interpreter (`job_agent.launch.forkserver`), started now so that it imports while
-        # the job sets up; from the main thread only (the death signal follows the starting thread).
+        # Forked from a warm interpreter (`job_agent.launch.forkserver`), started now so that it
+        # imports while the job sets up; from the main thread only (the death signal follows the
+        # starting thread).
         if fork is None:
             fork = os.environ.get("TORCHPASS_FORK_SERVER", "1") != "0" and sys.platform == "linux"
         main = threading.current_thread() is threading.main_thread()
@@ -188,9 +191,12 @@ class LocalLauncher(Launcher):
             if self._server is not None:
                 self._procs[agent_id] = self._server.start(agent_id, self._argv, full_env)
             else:
-                # The death signal follows the starting thread: from any other, a rank would die with it.
+                # The death signal follows the starting thread: from any other, a rank would die
+                # with it.
                 cmd = [sys.executable, "-u", *self._argv]
-                self._procs[agent_id] = subprocess.Popen([*self._reaper, *cmd] if main else cmd, env=full_env)
+                self._procs[agent_id] = subprocess.Popen(
+                    [*self._reaper, *cmd] if main else cmd, env=full_env
+                )
             self._devices[agent_id] = device
         return f"{self._host}/{agent_id}"
 
@@ -237,7 +243,8 @@ class LocalLauncher(Launcher):
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
-                proc.send_signal(signal.SIGCONT)  # a suspended process acts on SIGTERM only once resumed
+                # a suspended process acts on SIGTERM only once resumed
+                proc.send_signal(signal.SIGCONT)
         for proc in procs:
             try:
                 proc.wait(timeout.total_seconds())

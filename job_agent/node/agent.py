@@ -1,12 +1,12 @@
 """`torchpass node`: the node agent, one per host of a multi-node job.
 
-It joins the job's coordinator over the authenticated control channel, then starts the ranks and warm
-spares the coordinator places on this node, each running the node's own command (the script and
-arguments its operator gave it, never a command sent over the network), and tells the coordinator when
-each one ends. It fences (kills) and stops or continues them when told. Its processes advertise the
-node's address to their peers (their state servers listen there), read the job's secret from the node's
-own copy of it, and die with the agent (a parent-death signal): a node agent that is gone has no process
-left running.
+It joins the job's coordinator over the authenticated control channel, then starts the ranks and
+warm spares the coordinator places on this node, each running the node's own command (the script and
+arguments its operator gave it, never a command sent over the network), and tells the coordinator
+when each one ends. It fences (kills) and stops or continues them when told. Its processes advertise
+the node's address to their peers (their state servers listen there), read the job's secret from the
+node's own copy of it, and die with the agent (a parent-death signal): a node agent that is gone has
+no process left running.
 
 The agent leaves, stopping its processes, when the coordinator says the job has ended or when its
 connection to the coordinator is lost.
@@ -55,10 +55,12 @@ class NodeAgent:
         try:
             self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
         except (OSError, ValueError) as e:
-            raise BadSecret(f"cannot read the job's secret from {settings.secret_file}: {e}") from None
-        # Forked from a warm interpreter (`job_agent.launch.forkserver`), as a single host's are: each says
-        # its pid and GPU in its hello (`torchpass status` shows them), as /proc cannot show a fork's
-        # environment.
+            raise BadSecret(
+                f"cannot read the job's secret from {settings.secret_file}: {e}"
+            ) from None
+        # Forked from a warm interpreter (`job_agent.launch.forkserver`), as a single host's are:
+        # each says its pid and GPU in its hello (`torchpass status` shows them), as /proc cannot
+        # show a fork's environment.
         self._launcher = LocalLauncher(str(settings.script), settings.args)
         self._collective_interface = collective_interface(settings.host, os.environ)
         self._send_lock = threading.Lock()
@@ -66,7 +68,8 @@ class NodeAgent:
         self._started: dict[str, int] = {}  # agent -> the slot it was started for (-1: a spare)
         self._exits: dict[str, int] = {}
         self._first_slot = -1  # of the slots this node holds: its first rank's
-        self._killed: set[str] = set()  # processes this agent was told to kill: their SIGKILL is no OOM
+        # processes this agent was told to kill: their SIGKILL is no OOM
+        self._killed: set[str] = set()
         self._health = HealthWatch(settings, self._launcher, self._send, self._done)
         self._sock = self._join(rejoin=False)
 
@@ -75,7 +78,8 @@ class NodeAgent:
         s = self.settings
         sock = protocol.connect(*s.coordinator_addr(), self._secret, CONNECT_TIMEOUT)
         procs = tuple(
-            NodeProcess(agent_id=a, slot=slot, code=self._exits.get(a)) for a, slot in self._started.items()
+            NodeProcess(agent_id=a, slot=slot, code=self._exits.get(a))
+            for a, slot in self._started.items()
         )
         hello = wire.NodeHello(
             job_id=s.job_id,
@@ -96,17 +100,25 @@ class NodeAgent:
             raise
         if not isinstance(reply, wire.Welcome):
             sock.close()
-            raise NodeRefused(reply.reason if isinstance(reply, wire.Reject | wire.Error) else reply.t)
+            raise NodeRefused(
+                reply.reason if isinstance(reply, wire.Reject | wire.Error) else reply.t
+            )
         return sock
 
     def run(self) -> int:
-        """Serve the coordinator until the job ends (0) or the coordinator is lost for good; from the main
-        thread, so that the processes' parent-death signal follows the agent itself."""
-        threading.Thread(target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True).start()
+        """Serve the coordinator until the job ends (0) or the coordinator is lost for good; from
+        the main thread, so that the processes' parent-death signal follows the agent itself."""
+        threading.Thread(
+            target=self._heartbeats, name="torchpass-node-heartbeat", daemon=True
+        ).start()
         if self.settings.gpu_check_every:
-            threading.Thread(target=self._health.gpus, name="torchpass-node-gpus", daemon=True).start()
+            threading.Thread(
+                target=self._health.gpus, name="torchpass-node-gpus", daemon=True
+            ).start()
         if self.settings.host_check_every:
-            threading.Thread(target=self._health.host, name="torchpass-node-host", daemon=True).start()
+            threading.Thread(
+                target=self._health.host, name="torchpass-node-host", daemon=True
+            ).start()
         try:
             while True:
                 try:
@@ -124,9 +136,10 @@ class NodeAgent:
             self._sock.close()
 
     def _rejoin(self, why: Exception) -> bool:
-        """The coordinator is lost: its processes go on training while the node waits `coordinator_wait`
-        for it to be back at the same address (restarted with the job's state directory). False: it never
-        came back, or refused the node (fenced: the node was lost to the job); its processes then stop."""
+        """The coordinator is lost: its processes go on training while the node waits
+        `coordinator_wait` for it to be back at the same address (restarted with the job's state
+        directory). False: it never came back, or refused the node (fenced: the node was lost to the
+        job); its processes then stop."""
         node, wait = self.settings.node, self.settings.coordinator_wait
         log.error("node %s: lost the job's coordinator (%s); rejoining for %.0f s", node, why, wait)
         deadline = time.monotonic() + wait
@@ -135,7 +148,9 @@ class NodeAgent:
             try:
                 sock = self._join(rejoin=True)
             except NodeRefused as e:
-                log.error("node %s: the coordinator refused it back (%s); stopping its processes", node, e)
+                log.error(
+                    "node %s: the coordinator refused it back (%s); stopping its processes", node, e
+                )
                 return False
             except (OSError, ConnectionError, protocol.ProtocolError):
                 continue
@@ -162,7 +177,9 @@ class NodeAgent:
                 pass  # joined a running job: its first spares' Spawns came before this
             case _:
                 self._send(
-                    wire.Error(code=ErrorType.UNKNOWN_FRAME, reason=f"a node does not take {frame.t!r}")
+                    wire.Error(
+                        code=ErrorType.UNKNOWN_FRAME, reason=f"a node does not take {frame.t!r}"
+                    )
                 )
 
     def _spawn(self, agent_id: str, env: dict[str, str]) -> None:
@@ -176,13 +193,15 @@ class NodeAgent:
         )
         self._started[agent_id] = slot
         if self._first_slot < 0 and env.get("TORCHPASS_ROLE") == "rank":
-            self._first_slot = slot  # a node's ranks are started in slot order, its first slot first
+            # a node's ranks are started in slot order, its first slot first
+            self._first_slot = slot
         mine = {
             "TORCHPASS_REJOIN_FOR": str(self.settings.coordinator_wait),
             "TORCHPASS_SECRET_FILE": str(self.settings.secret_file),
             "TORCHPASS_ADVERTISE_HOST": self.settings.host,
             "LOCAL_RANK": str(device),
-            "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),  # as NVML numbers GPUs
+            # as NVML numbers GPUs
+            "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
             **self._collective_interface,
         }
         try:
@@ -202,7 +221,8 @@ class NodeAgent:
     def _reap(self, agent_id: str) -> None:
         code = self._launcher.wait(agent_id)
         if code == -signal.SIGKILL and agent_id not in self._killed and not self._done.is_set():
-            self._health.oom_killed(agent_id)  # said before its exit: the coordinator learns why with it
+            # said before its exit: the coordinator learns why with it
+            self._health.oom_killed(agent_id)
         self._exits[agent_id] = code  # said again on a rejoin, if the coordinator was away
         self._send(wire.Exited(agent_id=agent_id, code=code))
 
@@ -228,14 +248,17 @@ def run_node(settings: NodeSettings) -> int:
         print(f"torchpass node: the coordinator refused node {settings.node}: {e}", file=sys.stderr)
         return EXIT_REFUSED
     except (OSError, ConnectionError, protocol.ProtocolError) as e:
-        # A wrong secret ends the handshake: the coordinator hangs up on a peer that cannot prove it.
+        # A wrong secret ends the handshake: the coordinator hangs up on a peer that cannot prove
+        # it.
         print(
-            f"torchpass node: node {settings.node} could not join the coordinator at {settings.coordinator} "
-            f"(refused, or unreachable; is the secret file this job's?): {e}",
+            f"torchpass node: node {settings.node} could not join the coordinator at "
+            f"{settings.coordinator} (refused, or unreachable; is the secret file this job's?): "
+            f"{e}",
             file=sys.stderr,
         )
         return EXIT_REFUSED
     print(
-        f"torchpass node {settings.node}: joined job {settings.job_id} at {settings.coordinator}", flush=True
+        f"torchpass node {settings.node}: joined job {settings.job_id} at {settings.coordinator}",
+        flush=True,
     )
     return agent.run()

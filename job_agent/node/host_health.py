@@ -3,19 +3,21 @@
 The brief's shared-infrastructure row ("filesystem unmount; filesystem full; not enough memory") is
 decided from these readings, never guessed from a rank's exit code:
 
-- a **watched path** (`--watch-path`, e.g. the checkpoint directory) is *unmounted* when it was a mount point
-  and no longer is (or its device changed), or when it cannot be read at all (ENOENT, ESTALE, EIO,
-  ENOTCONN); it is *full* when fewer than `min_free_disk` bytes, or no inodes, are left to its user;
+- a **watched path** (`--watch-path`, e.g. the checkpoint directory) is *unmounted* when it was a
+  mount point and no longer is (or its device changed), or when it cannot be read at all (ENOENT,
+  ESTALE, EIO, ENOTCONN); it is *full* when fewer than `min_free_disk` bytes, or no inodes, are left
+  to its user;
 - the host is *out of memory* when its available memory (`MemAvailable` in /proc/meminfo) is under
   `min_free_memory` of the total;
-- a process that died of SIGKILL that nobody here sent was **OOM-killed** when the kernel's OOM kill count
-  (/proc/vmstat `oom_kill`) rose since the last reading. Which OOM: the agent's memory cgroup reaching its
-  own limit (cgroup v2 `memory.events` `oom`, v1 `memory.failcnt`) is the job's container at its limit, an
-  interruption the brief counts (`oom_kill`); otherwise the whole host ran out (`host_memory_exhausted`).
+- a process that died of SIGKILL that nobody here sent was **OOM-killed** when the kernel's OOM kill
+  count (/proc/vmstat `oom_kill`) rose since the last reading. Which OOM: the agent's memory cgroup
+  reaching its own limit (cgroup v2 `memory.events` `oom`, v1 `memory.failcnt`) is the job's
+  container at its limit, an interruption the brief counts (`oom_kill`); otherwise the whole host
+  ran out (`host_memory_exhausted`).
 
-Conditions are reported when they begin and when they end, each once: re-reading the same state reports
-nothing. A reading that cannot be had (no /proc on this system, a cgroup file absent) is left out; nothing
-raises.
+Conditions are reported when they begin and when they end, each once: re-reading the same state
+reports nothing. A reading that cannot be had (no /proc on this system, a cgroup file absent) is
+left out; nothing raises.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from pathlib import Path
 from torchpass.models import FailureKind
 
 K = FailureKind
-# A path that raises one of these is gone from under the job: the filesystem was unmounted or its server
-# lost (ENOENT: the mount point's directory itself is gone).
+# A path that raises one of these is gone from under the job: the filesystem was unmounted or its
+# server lost (ENOENT: the mount point's directory itself is gone).
 _UNMOUNTED = {errno.ENOENT, errno.ESTALE, errno.EIO, errno.ENOTCONN, errno.ENODEV, errno.EHOSTDOWN}
 
 
@@ -43,7 +45,8 @@ class HostCondition:
 
 
 class HostHealth:
-    """The readings of one host; `poll` returns the conditions that began or ended since the last call."""
+    """The readings of one host; `poll` returns the conditions that began or ended since the last
+    call."""
 
     def __init__(
         self,
@@ -73,9 +76,13 @@ class HostHealth:
         memory = self._memory()
         if memory is not None:
             now[(K.HOST_MEMORY_EXHAUSTED, "")] = memory
-        changes = [HostCondition(k, d, True, p) for (k, p), d in now.items() if (k, p) not in self._on]
+        changes = [
+            HostCondition(k, d, True, p) for (k, p), d in now.items() if (k, p) not in self._on
+        ]
         changes += [
-            HostCondition(k, f"ended: {d}", False, p) for (k, p), d in self._on.items() if (k, p) not in now
+            HostCondition(k, f"ended: {d}", False, p)
+            for (k, p), d in self._on.items()
+            if (k, p) not in now
         ]
         self._on = now
         return changes
@@ -94,7 +101,8 @@ class HostHealth:
         free = st.f_bavail * st.f_frsize
         if free < self.min_free_disk:
             return K.FILESYSTEM_FULL, (
-                f"{p}: {free} bytes free of {st.f_blocks * st.f_frsize} (under {self.min_free_disk})"
+                f"{p}: {free} bytes free of {st.f_blocks * st.f_frsize} (under "
+                f"{self.min_free_disk})"
             )
         if st.f_files and not st.f_favail:
             return K.FILESYSTEM_FULL, f"{p}: no inodes left ({st.f_files} in all)"
@@ -111,8 +119,9 @@ class HostHealth:
         )
 
     def oom_killed(self, what: str) -> HostCondition | None:
-        """`what` died of a SIGKILL nobody here sent: the OOM killer's doing if the kernel's count of OOM
-        kills rose since the last reading; the container's limit or the whole host, as the cgroup says."""
+        """`what` died of a SIGKILL nobody here sent: the OOM killer's doing if the kernel's count
+        of OOM kills rose since the last reading; the container's limit or the whole host, as the
+        cgroup says."""
         kills, hits = self._count(self._proc / "vmstat", "oom_kill"), self._cgroup_limit_hits()
         rose = kills is not None and self._oom_kills is not None and kills > self._oom_kills
         at_limit = hits is not None and self._limit_hits is not None and hits > self._limit_hits
@@ -122,7 +131,8 @@ class HostHealth:
         if at_limit:
             return HostCondition(K.OOM_KILL, f"{what} was OOM-killed at its memory cgroup's limit")
         return HostCondition(
-            K.HOST_MEMORY_EXHAUSTED, f"{what} was OOM-killed: the host ran out of memory (not enough memory)"
+            K.HOST_MEMORY_EXHAUSTED,
+            f"{what} was OOM-killed: the host ran out of memory (not enough memory)",
         )
 
     def _cgroup_limit_hits(self) -> int | None:
@@ -137,7 +147,8 @@ class HostHealth:
 
 
 def memory_cgroup(proc: Path = Path("/proc"), root: Path = Path("/sys/fs/cgroup")) -> Path | None:
-    """This process's memory cgroup directory (v2 unified, or v1's memory controller), if readable."""
+    """This process's memory cgroup directory (v2 unified, or v1's memory controller), if
+    readable."""
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
@@ -156,7 +167,8 @@ def _device(p: Path) -> int:
 
 
 def _fields(path: Path) -> dict[str, int]:
-    """`name value [unit]` lines (/proc/meminfo, /proc/vmstat, memory.events): name -> value; {} unread."""
+    """`name value [unit]` lines (/proc/meminfo, /proc/vmstat, memory.events): name -> value; {}
+    unread."""
     try:
         text = path.read_text()
     except OSError:

@@ -1,5 +1,5 @@
-"""Which network interface a node's collectives use: the one holding the address the node is reached at
-(gloo and NCCL left to themselves bind what the host name resolves to, often loopback)."""
+"""Which network interface a node's collectives use: the one holding the address the node is reached
+at (gloo and NCCL left to themselves bind what the host name resolves to, often loopback)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import struct
 
 
 def collective_interface(host: str, environ: os._Environ[str] | dict[str, str]) -> dict[str, str]:
-    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for the interface holding `host`, unless already set.
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for the interface holding `host`, unless already
+    set.
 
-    Left to itself, gloo binds the address the host name resolves to, often loopback: its peers on other
-    hosts then never connect. The node's processes talk collectives where the node said it is reached."""
+    Left to itself, gloo binds the address the host name resolves to, often loopback: its peers on
+    other hosts then never connect. The node's processes talk collectives where the node said it is
+    reached."""
     name = _interface_holding(host)
     if name is None:
         return {}

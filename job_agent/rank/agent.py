@@ -5,12 +5,12 @@
     agent.track(model, opt)
     agent.run(train_step, steps=1000)   # train_step(step) calls agent.all_reduce_gradients()
 
-Inside `run` the agent reports step progress, seeds per-step randomness from (seed, step, rank) so nothing
-rank-private ever has to move, and turns a failed collective into a freeze: it drops the broken process
-group, reports the last completed step and obeys the coordinator (serve or receive state, re-form the
-group for the next generation). The step that was in flight is then redone, so the job's state is bit for
-bit the one of a run that never failed. A spare runs the same script: it builds the model, warms the
-optimizer and waits in `run` until it is given a slot.
+Inside `run` the agent reports step progress, seeds per-step randomness from (seed, step, rank) so
+nothing rank-private ever has to move, and turns a failed collective into a freeze: it drops the
+broken process group, reports the last completed step and obeys the coordinator (serve or receive
+state, re-form the group for the next generation). The step that was in flight is then redone, so
+the job's state is bit for bit the one of a run that never failed. A spare runs the same script: it
+builds the model, warms the optimizer and waits in `run` until it is given a slot.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class RankAgent(CoordinatedRank):
     def track(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **extras: Any
     ) -> None:
-        """Register the state that must survive a migration (model, optimizer, scheduler, scaler, the
-        script's own random streams...)."""
+        """Register the state that must survive a migration (model, optimizer, scheduler, scaler,
+        the script's own random streams...)."""
         try:
             held = {name: as_stateful(name, obj) for name, obj in extras.items()}
         except TypeError as e:
@@ -58,30 +58,36 @@ class RankAgent(CoordinatedRank):
         except ValueError as e:  # what will not replay: the job's result names it, not only the log
             step_failure(-1, e, self._send)
             raise
-        # Everything alive now (torch's modules, the model) lives as long as the process: moving it out
-        # of the collector's view makes the collection at each freeze take microseconds instead of
-        # ~150 ms.
+        # Everything alive now (torch's modules, the model) lives as long as the process: moving it
+        # out of the collector's view makes the collection at each freeze take microseconds instead
+        # of ~150 ms.
         gc.collect()
         gc.freeze()
         if self.is_spare:
             self._tracked.warm()  # touch the memory now, receive into it in place later
-        elif self.settings.restore is not None:  # a sharded job's ranks each restore their own shard
+        # a sharded job's ranks each restore their own shard
+        elif self.settings.restore is not None:
             sharded = bool(self._sharded.modules)
-            if sharded:  # its optimizer's state made now, as the DTensors the checkpoint's shards go into
+            # its optimizer's state made now, as the DTensors the checkpoint's shards go into
+            if sharded:
                 self._tracked.warm()
             restore = shard_file(self.settings.restore, self.slot * sharded)
             self.completed_step = self._tracked.load_checkpoint(restore)
-        self._draws = GlobalDraws()  # a draw from here to the first step is data drawn outside a step
+        # a draw from here to the first step is data drawn outside a step
+        self._draws = GlobalDraws()
 
     def all_reduce_gradients(self) -> None:
-        """Average gradients over the data-parallel group, in a fixed order (bitwise reproducible)."""
+        """Average gradients over the data-parallel group, in a fixed order (bitwise
+        reproducible)."""
         self._at_collective()
         for bucket in self._buckets():
             flat = torch._utils._flatten_dense_tensors([p.grad for p in bucket])
             self.all_reduce(flat)
             flat.div_(self.world_size)
             for p, g in zip(
-                bucket, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in bucket]), strict=True
+                bucket,
+                torch._utils._unflatten_dense_tensors(flat, [p.grad for p in bucket]),
+                strict=True,
             ):
                 assert p.grad is not None
                 p.grad.copy_(g)
@@ -92,7 +98,8 @@ class RankAgent(CoordinatedRank):
             self._send(wire.Collective(k=k))
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum in place over all ranks, with a real per-collective timeout; raises CollectiveFailure."""
+        """Sum in place over all ranks, with a real per-collective timeout; raises
+        CollectiveFailure."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]
         opts.timeout = self._coll_timeout
@@ -123,12 +130,14 @@ class RankAgent(CoordinatedRank):
         self._finish()
 
     def steps(self, total: int, data: Iterable[Any] | None = None) -> Iterator[Step]:
-        """The loop form of `run`: `for step in agent.steps(total, data=loader): with step: ...`, each
-        step's number `step.k` and batch `step.batch` (`job_agent.rank.loop` says how batches are drawn)."""
+        """The loop form of `run`: `for step in agent.steps(total, data=loader): with step: ...`,
+        each step's number `step.k` and batch `step.batch` (`job_agent.rank.loop` says how batches
+        are drawn)."""
         return loop.steps(self, total, data)
 
     def busy(self, what: str) -> loop.Busy:
-        """`with agent.busy("eval"):` around work only some ranks do while the others wait (not a hang)."""
+        """`with agent.busy("eval"):` around work only some ranks do while the others wait (not a
+        hang)."""
         return loop.Busy(self._send, what)
 
     def _begin(self, steps: int) -> None:
@@ -136,14 +145,18 @@ class RankAgent(CoordinatedRank):
             raise RuntimeError("call agent.track(model, optimizer) before the training loop")
         loop.refuse_draws(self._draws, self._send)
         self._steps = steps
-        self._send(wire.Ready(completed=self.completed_step, steps=steps, layout=self._tracked.layout()))
+        self._send(
+            wire.Ready(completed=self.completed_step, steps=steps, layout=self._tracked.layout())
+        )
         self._obey_until_regrouped()
 
     def _enter_step(self, step: int) -> None:
         assert self._tracked is not None and self._wrappers is not None
         every = self.settings.verify_every
         check = step > 0 and (step == self._verify_at or (bool(every) and step % every == 0))
-        self._send(wire.Step(k=step, digest=self._tracked.snapshot(step - 1).digest() if check else None))
+        self._send(
+            wire.Step(k=step, digest=self._tracked.snapshot(step - 1).digest() if check else None)
+        )
         self._at = -1
         self._tracked.begin_step()
         self._wrappers.begin_step()
@@ -159,7 +172,8 @@ class RankAgent(CoordinatedRank):
 
     def _maybe_checkpoint(self, step: int) -> None:
         s, every = self.settings, self.settings.checkpoint_every
-        sharded = self._sharded is not None and bool(self._sharded.modules)  # each rank saves its shard
+        # each rank saves its shard
+        sharded = self._sharded is not None and bool(self._sharded.modules)
         if (self.slot == 0 or sharded) and every and s.checkpoint_dir and (step + 1) % every == 0:
             assert self._tracked is not None
             path = self._tracked.save_rotated(s.checkpoint_dir, step, s.keep_checkpoints, self.slot)

@@ -1,7 +1,7 @@
 """A rank process as its coordinator drives it: its connection, its process group generation by
 generation, the commands it obeys (freeze, serve or receive the state, take a slot, form the next
-group, exit), and what it tells a coordinator it rejoins. `RankAgent` (`agent.py`) adds what a training
-script calls."""
+group, exit), and what it tells a coordinator it rejoins. `RankAgent` (`agent.py`) adds what a
+training script calls."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ class CoordinatedRank:
     def __init__(self, settings: AgentSettings | None = None) -> None:
         self.settings = s = settings or AgentSettings.model_validate({})
         if threading.current_thread() is threading.main_thread():
-            # A terminal's Ctrl-C reaches every process of its group: the coordinator stops the job in
-            # order (it tells each rank to exit); a rank that died of it would be a failure to migrate.
+            # A terminal's Ctrl-C reaches every process of its group: the coordinator stops the job
+            # in order (it tells each rank to exit); a rank that died of it would be a failure to
+            # migrate.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(s.threads)
         self.slot = s.slot
@@ -76,7 +77,8 @@ class CoordinatedRank:
         self._wrappers: Wrappers | None = None
         self._sharded: Sharded | None = None
         self._at = -1  # the last step this rank said it reached the collective in
-        self._verify_at = -1  # the step whose entry reports this rank's state digest (after a recovery)
+        # the step whose entry reports this rank's state digest (after a recovery)
+        self._verify_at = -1
         self._draws: GlobalDraws | None = None
         placeholder_group(self.slot, self.world_size)  # `DDP(model)` before the job's group forms
 
@@ -94,12 +96,15 @@ class CoordinatedRank:
         self._group.drop()
         if in_flight is not None:  # the step is done again from where it began
             assert self._tracked is not None and self._sharded is not None
-            if self._tracked.stepped:  # its update is applied: done again, it would be applied twice
+            # its update is applied: done again, it would be applied twice
+            if self._tracked.stepped:
                 raise loop.step_applied(in_flight, reason, self._send)
             self._tracked.buffers.restore()
             self._sharded.reset()
         self._frozen = True
-        self._send(wire.Frozen(completed=self.completed_step, in_flight=in_flight, reason=reason[:4000]))
+        self._send(
+            wire.Frozen(completed=self.completed_step, in_flight=in_flight, reason=reason[:4000])
+        )
         self._obey_until_regrouped()
         self._frozen = False
 
@@ -108,17 +113,18 @@ class CoordinatedRank:
             return
         frame = self._link.inbox.get()
         if isinstance(frame, wire.Freeze):  # planned migration: stop at this step boundary
-            # A peer already inside the next step's collective must see it fail now. Destroying the group
-            # is not enough where the model still holds it (FSDP2's mesh): its sockets would stay open
-            # and that peer would wait out the collective timeout (found on a drained FSDP2 job).
+            # A peer already inside the next step's collective must see it fail now. Destroying the
+            # group is not enough where the model still holds it (FSDP2's mesh): its sockets would
+            # stay open and that peer would wait out the collective timeout (found on a drained
+            # FSDP2 job).
             self._group_sockets.abort(nccl=self.device.type == "cuda")
             self._freeze(None, "freeze requested")
         else:
             self._handle(frame)
 
     def _obey_until_regrouped(self) -> None:
-        # A spare waits for a slot as long as its job runs (the loss of its coordinator ends it); a rank,
-        # or a spare once given a slot, hears what to do within the recovery timeout.
+        # A spare waits for a slot as long as its job runs (the loss of its coordinator ends it); a
+        # rank, or a spare once given a slot, hears what to do within the recovery timeout.
         limit = self._recovery_timeout.total_seconds()
         deadline = None if self.is_spare else time.monotonic() + limit
         while True:
@@ -126,7 +132,9 @@ class CoordinatedRank:
             try:
                 frame = self._link.inbox.get(timeout=wait)
             except queue.Empty:
-                raise RecoveryTimeout(f"no instruction from the coordinator for {limit:.0f} s") from None
+                raise RecoveryTimeout(
+                    f"no instruction from the coordinator for {limit:.0f} s"
+                ) from None
             if self._handle(frame):
                 return
             if deadline is None and not self.is_spare:
@@ -142,7 +150,9 @@ class CoordinatedRank:
             case wire.Serve():
                 assert self._tracked is not None
                 host, stop = self.settings.advertise_host, lambda: not self._link.inbox.empty()
-                serve(self._tracked, self._secret, host, self.completed_step, frame, self._send, stop)
+                serve(
+                    self._tracked, self._secret, host, self.completed_step, frame, self._send, stop
+                )
             case wire.Receive():
                 assert self._tracked is not None
                 step = receive(self._tracked, self._secret, frame, self._send)
@@ -154,8 +164,9 @@ class CoordinatedRank:
         return False
 
     def _regroup(self, generation: int, world_size: int) -> bool:
-        """Form generation `generation`'s group; False when it never forms (a peer was lost as it formed
-        and the coordinator abandoned it): this rank stays frozen and waits for the next instruction."""
+        """Form generation `generation`'s group; False when it never forms (a peer was lost as it
+        formed and the coordinator abandoned it): this rank stays frozen and waits for the next
+        instruction."""
         self.generation = generation
         self.world_size = world_size
 
@@ -174,7 +185,8 @@ class CoordinatedRank:
             return False
         assert self._tracked is not None
         layout = self._tracked.layout()
-        self._verify_at = self.completed_step + 2 if generation else -1  # once the redone step is done
+        # once the redone step is done
+        self._verify_at = self.completed_step + 2 if generation else -1
         self._send(wire.Joined(generation=generation, completed=self.completed_step, layout=layout))
         return True
 
@@ -183,9 +195,11 @@ class CoordinatedRank:
         digest = self._tracked.snapshot(self.completed_step).digest()
         self._done = wire.Done(step=self.completed_step, digest=digest)
         self._send(self._done)
-        # Wait for the coordinator's word: leaving before every peer has finished the last collective
-        # could break theirs.
-        while not isinstance(self._link.inbox.get(timeout=self._recovery_timeout.total_seconds()), wire.Exit):
+        # Wait for the coordinator's word: leaving before every peer has finished the last
+        # collective could break theirs.
+        while not isinstance(
+            self._link.inbox.get(timeout=self._recovery_timeout.total_seconds()), wire.Exit
+        ):
             pass
         self._link.finished.set()
         self._group.drop()
@@ -195,14 +209,24 @@ class CoordinatedRank:
         self._link.send(frame)
 
     def _standing(self) -> list[wire.Frame]:
-        """What this process is, said to a restarted coordinator it rejoins: its hello, then the frames
-        that put it where it stands (ready, or in its generation: training, frozen or done)."""
+        """What this process is, said to a restarted coordinator it rejoins: its hello, then the
+        frames that put it where it stands (ready, or in its generation: training, frozen or
+        done)."""
         role = wire.Role.SPARE if self.is_spare else wire.Role.RANK
         s, c = self.settings, self.completed_step
         hello = s.hello(role, self.slot, self._environment, rejoin=True)
         layout = self._tracked.layout() if self._tracked is not None else None
-        if self.is_spare or self.generation < 0:  # before its Ready (model still building): the hello
-            ready = [] if self._steps is None else [wire.Ready(completed=c, steps=self._steps, layout=layout)]
+        # before its Ready (model still building): the hello
+        if self.is_spare or self.generation < 0:
+            ready = (
+                []
+                if self._steps is None
+                else [wire.Ready(completed=c, steps=self._steps, layout=layout)]
+            )
             return [hello, *ready]
-        then = [self._done] if self._done else [wire.Frozen(completed=c, reason="rejoined")] * self._frozen
+        then = (
+            [self._done]
+            if self._done
+            else [wire.Frozen(completed=c, reason="rejoined")] * self._frozen
+        )
         return [hello, wire.Joined(generation=self.generation, completed=c, layout=layout), *then]

@@ -2,8 +2,8 @@
 
 Each generation's group forms on the job's own store under a prefix of its own (reusing one makes
 `init_process_group` read stale keys), and is dropped completely before the next: destroyed, every
-reference gone, garbage collected. A survivor that keeps the old group alive leaves its peers blocked
-until the group timeout.
+reference gone, garbage collected. A survivor that keeps the old group alive leaves its peers
+blocked until the group timeout.
 """
 
 from __future__ import annotations
@@ -27,10 +27,15 @@ from job_agent.wire.store import STORE_PREFIX
 
 
 class JobGroup:
-    """The job's process group as this rank holds it: formed per generation, dropped between them."""
+    """The job's process group as this rank holds it: formed per generation, dropped between
+    them."""
 
     def __init__(
-        self, store: RendezvousStore, device: torch.device, timeout: timedelta, sockets: GroupSockets
+        self,
+        store: RendezvousStore,
+        device: torch.device,
+        timeout: timedelta,
+        sockets: GroupSockets,
     ) -> None:
         self._store = store
         self._backend = "nccl" if device.type == "cuda" else "gloo"
@@ -38,9 +43,9 @@ class JobGroup:
         self._sockets = sockets
 
     def form(self, generation: int, slot: int, world_size: int, then: Callable[[], None]) -> str:
-        """Form generation `generation`'s group as rank `slot` of `world_size`, then run `then` on it (the
-        script's wrappers moved onto it). "" once formed, else why it did not (a peer was lost as it
-        formed, and the coordinator abandoned the generation)."""
+        """Form generation `generation`'s group as rank `slot` of `world_size`, then run `then` on
+        it (the script's wrappers moved onto it). "" once formed, else why it did not (a peer was
+        lost as it formed, and the coordinator abandoned the generation)."""
         self.drop()
         self._sockets.forming()
         try:
@@ -57,10 +62,10 @@ class JobGroup:
         else:
             self._sockets.formed()
             return ""
-        # Outside the except block: no traceback keeps a half-made group alive. The failed init took a
-        # group name from torch's counter (its keys live under `<n>/`) and only destroying a formed world
-        # resets it: reset it as that does, or this rank's next group waits under `1/` for peers writing
-        # `0/` (a fresh spare) until the store times out.
+        # Outside the except block: no traceback keeps a half-made group alive. The failed init took
+        # a group name from torch's counter (its keys live under `<n>/`) and only destroying a
+        # formed world resets it: reset it as that does, or this rank's next group waits under `1/`
+        # for peers writing `0/` (a fresh spare) until the store times out.
         c10d._world.group_count = 0
         gc.collect()
         return reason
@@ -76,7 +81,9 @@ class JobGroup:
         gc.collect()
 
 
-def same_start(tracked: TrackedState, wrappers: Wrappers, send: Callable[[wire.Frame], None]) -> None:
+def same_start(
+    tracked: TrackedState, wrappers: Wrappers, send: Callable[[wire.Frame], None]
+) -> None:
     """As the job's group first forms, replicas hold one model (unless DDP broadcasts it) and one
     position of each random stream the script tracks (a spare takes both from a replica)."""
     shard, extras = tracked.layout().shard, tracked.extras.items()

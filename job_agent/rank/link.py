@@ -1,12 +1,14 @@
-"""A rank's connection to its coordinator: the hello, a reader thread, heartbeats, an inbox of commands.
+"""A rank's connection to its coordinator: the hello, a reader thread, heartbeats, an inbox of
+commands.
 
 A non-zero `Exit` is obeyed at once by the reader thread, even while the main thread is blocked in a
 collective, and so is an aborting `Freeze` (the group's sockets are cut).
 
-A lost coordinator ends the process, unless the process may rejoin (`rejoin_for`, set on the nodes of a
-multi-node job): then it goes on training, its reports dropped meanwhile, and rejoins the coordinator at
-the same address (restarted with the job's state directory) with a hello marked `rejoin` followed by
-what it is now (`rejoin_frames`); past `rejoin_for` with no coordinator, it stops.
+A lost coordinator ends the process, unless the process may rejoin (`rejoin_for`, set on the nodes
+of a multi-node job): then it goes on training, its reports dropped meanwhile, and rejoins the
+coordinator at the same address (restarted with the job's state directory) with a hello marked
+`rejoin` followed by what it is now (`rejoin_frames`); past `rejoin_for` with no coordinator, it
+stops.
 """
 
 from __future__ import annotations
@@ -50,12 +52,13 @@ class CoordinatorLink:
         self.rejoin_frames: Callable[[], list[wire.Frame]] = lambda: [
             hello.model_copy(update={"rejoin": True})
         ]
-        self.finished = threading.Event()  # set once this rank is done: a closing coordinator is no loss
+        # set once this rank is done: a closing coordinator is no loss
+        self.finished = threading.Event()
         self._spare = hello.role is wire.Role.SPARE
         self._heartbeat = heartbeat
         self._lock = threading.Lock()
-        # Called by the reader thread on an aborting freeze, while the main thread may be blocked in a
-        # collective of the group to abandon (`job_agent.rank.sever`).
+        # Called by the reader thread on an aborting freeze, while the main thread may be blocked in
+        # a collective of the group to abandon (`job_agent.rank.sever`).
         self.on_abort: Callable[[], None] | None = None
         self._sock = protocol.connect(host, port, secret, CONNECT_TIMEOUT)
         protocol.send_frame(self._sock, hello)
@@ -64,7 +67,9 @@ class CoordinatorLink:
             reason = reply.reason if isinstance(reply, wire.Reject | wire.Error) else reply.t
             raise RuntimeError(f"coordinator refused this process: {reason}")
         threading.Thread(target=self._read_loop, name="torchpass-control", daemon=True).start()
-        threading.Thread(target=self._heartbeat_loop, name="torchpass-heartbeat", daemon=True).start()
+        threading.Thread(
+            target=self._heartbeat_loop, name="torchpass-heartbeat", daemon=True
+        ).start()
 
     def send(self, frame: wire.Frame) -> None:
         with self._lock:
@@ -87,7 +92,10 @@ class CoordinatorLink:
                 if self.finished.is_set():
                     return
                 if not self._rejoin(e):
-                    exit_now(EXIT_COORDINATOR_LOST, "lost the connection to the job coordinator; stopping")
+                    exit_now(
+                        EXIT_COORDINATOR_LOST,
+                        "lost the connection to the job coordinator; stopping",
+                    )
                 continue
             if isinstance(frame, wire.Exit) and (frame.code != 0 or self._spare):
                 exit_now(frame.code, frame.reason)
@@ -96,8 +104,8 @@ class CoordinatorLink:
             self.inbox.put(frame)
 
     def _rejoin(self, why: Exception) -> bool:
-        """Back to a coordinator at the same address within `rejoin_for`, or False. One that refuses this
-        process (not yet told of it by its node, or fenced it) is asked again until then."""
+        """Back to a coordinator at the same address within `rejoin_for`, or False. One that refuses
+        this process (not yet told of it by its node, or fenced it) is asked again until then."""
         if not self._rejoin_for:
             return False
         wait = self._rejoin_for.total_seconds()

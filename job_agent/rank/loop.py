@@ -1,20 +1,21 @@
-"""The step loop in the form ordinary scripts are written in, and what both loop forms do with a step's error.
+"""The step loop in the form ordinary scripts are written in, and what both loop forms do with a
+step's error.
 
-    for step in agent.steps(1000, data=loader):   # the loop form (`agent.run(train_step, ...)` is the other)
-        with step:                                # a failed collective in here: this step is done again
+    for step in agent.steps(1000, data=loader):  # the loop form (`agent.run(...)` is the other)
+        with step:  # a failed collective in here: this step is done again
             x, y = step.batch
             ...
 
-The agent owns the step boundary either way: it reports each step, seeds torch's RNG from (seed, step,
-rank), and turns a collective failed by a peer's loss into a freeze, after which the same step is handed
-out again with the same batch. Entering each step with `with` is what lets it catch that failure; a step
-left without `with` is refused with that reason.
+The agent owns the step boundary either way: it reports each step, seeds torch's RNG from (seed,
+step, rank), and turns a collective failed by a peer's loss into a freeze, after which the same step
+is handed out again with the same batch. Entering each step with `with` is what lets it catch that
+failure; a step left without `with` is refused with that reason.
 
-`data` (a `DataLoader`, or anything iterable again and again with a length) is read by step: step k takes
-batch k % len(data) of epoch k // len(data). A `DistributedSampler` behind it is given this rank and the
-epoch before each pass, and the pass's order is drawn from the RNG seeded by (seed, epoch, rank) (the
-loader's and sampler's own generators too, where they have one), so a spare that takes over a rank at
-step k reads exactly the batches the lost rank would have.
+`data` (a `DataLoader`, or anything iterable again and again with a length) is read by step: step k
+takes batch k % len(data) of epoch k // len(data). A `DistributedSampler` behind it is given this
+rank and the epoch before each pass, and the pass's order is drawn from the RNG seeded by (seed,
+epoch, rank) (the loader's and sampler's own generators too, where they have one), so a spare that
+takes over a rank at step k reads exactly the batches the lost rank would have.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from job_agent.rank.settings import AgentSettings
 from job_agent.rank.tensors import step_seed
 
 EXIT_DEVICE_ERROR = 75
-_COLLECTIVE_MARKERS = ("gloo", "Connection closed by peer", "Connection reset by peer", "NCCL", "Broken pipe")
+_COLLECTIVE_MARKERS = (
+    "gloo",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL",
+    "Broken pipe",
+)
 _DEVICE_MARKERS = ("CUDA error", "CUDA driver", "cudaError", "device-side assert")
 _EPOCH_STREAM = 1 << 40  # epoch seeds are drawn apart from step seeds
 
@@ -43,9 +50,9 @@ class CollectiveFailure(Exception):
 
 
 def step_failure(step: int, e: BaseException, send: Callable[[wire.Frame], None]) -> str | None:
-    """What a step's exception means: why the step failed if a peer did (the step is done again); None
-    for the script's own error, which has been reported and must propagate. A device error ends the
-    process at once (its GPU is not to be trusted), reported as such."""
+    """What a step's exception means: why the step failed if a peer did (the step is done again);
+    None for the script's own error, which has been reported and must propagate. A device error ends
+    the process at once (its GPU is not to be trusted), reported as such."""
     if isinstance(e, CollectiveFailure):
         return str(e)
     if not isinstance(e, Exception):
@@ -63,16 +70,17 @@ def step_failure(step: int, e: BaseException, send: Callable[[wire.Frame], None]
 
 
 def refuse_draws(draws: GlobalDraws | None, send: Callable[[wire.Frame], None]) -> None:
-    """As training begins: a draw from a global stream after `track()` (data fetched ahead of the loop, as
-    nanoGPT fetches its first batch) is one a spare taking a rank over would not draw the same, nor the
-    batch the script fetches within a step for the next. Refused, naming the fix."""
+    """As training begins: a draw from a global stream after `track()` (data fetched ahead of the
+    loop, as nanoGPT fetches its first batch) is one a spare taking a rank over would not draw the
+    same, nor the batch the script fetches within a step for the next. Refused, naming the fix."""
     drawn = draws.drawn() if draws is not None else []
     if drawn:
         e = ValueError(
-            f"the script drew from {' and '.join(drawn)}'s global random stream after agent.track() and"
-            " before its first step: data drawn outside a step, or fetched in a step for the next, is not"
-            " what a spare taking a rank over would draw. Draw each step's data inside that step (or pass"
-            " data= to agent.steps), and build what needs randomness before agent.track()"
+            f"the script drew from {' and '.join(drawn)}'s global random stream after "
+            "agent.track() and before its first step: data drawn outside a step, or fetched in a "
+            "step for the next, is not what a spare taking a rank over would draw. Draw each "
+            "step's data inside that step (or pass data= to agent.steps), and build what needs "
+            "randomness before agent.track()"
         )
         step_failure(-1, e, send)
         raise e
@@ -85,19 +93,22 @@ class StepApplied(RuntimeError):
 
 def step_applied(step: int, reason: str, send: Callable[[wire.Frame], None]) -> StepApplied:
     """The error a rank ends with when its step failed after its optimizer stepped, said to the
-    coordinator as the script's (`UserError`): it is the script's shape that makes the step not redoable."""
+    coordinator as the script's (`UserError`): it is the script's shape that makes the step not
+    redoable."""
     e = StepApplied(
-        f"step {step} failed after optimizer.step() ({reason[:300]}): its update is applied, and doing the"
-        " step again would apply it twice. A step's collectives must come before the optimizer's step:"
-        " all-reduce a loss for logging after backward() and before optimizer.step(), or log each rank's own"
+        f"step {step} failed after optimizer.step() ({reason[:300]}): its update is applied, and "
+        "doing the step again would apply it twice. A step's collectives must come before the "
+        "optimizer's step: all-reduce a loss for logging after backward() and before "
+        "optimizer.step(), or log each rank's own"
     )
     send(wire.UserError(step=step, traceback=str(e)))
     return e
 
 
 class Step:
-    """One step of the loop form: its number `k` and its `batch` (None without `data`). Enter it with
-    `with step:`; a peer's failure inside ends the block quietly and the step comes round again."""
+    """One step of the loop form: its number `k` and its `batch` (None without `data`). Enter it
+    with `with step:`; a peer's failure inside ends the block quietly and the step comes round
+    again."""
 
     def __init__(
         self,
@@ -119,7 +130,8 @@ class Step:
     def __exit__(self, kind: object, e: BaseException | None, tb: object) -> bool:
         if e is None:
             try:
-                self._after()  # the step's own end (a buffer broadcast): a peer's loss in it is the step's
+                # the step's own end (a buffer broadcast): a peer's loss in it is the step's
+                self._after()
             except Exception as after:
                 e = after
             else:
@@ -135,9 +147,9 @@ class Step:
 
 
 class Busy:
-    """`with agent.busy("eval"):` work some ranks do while the others wait for them at the next collective
-    (rank-0-only evaluation, saving, logging): the coordinator takes such a rank for late, not hung. The
-    peers' collective timeout (`--collective-timeout`) still bounds the wait."""
+    """`with agent.busy("eval"):` work some ranks do while the others wait for them at the next
+    collective (rank-0-only evaluation, saving, logging): the coordinator takes such a rank for
+    late, not hung. The peers' collective timeout (`--collective-timeout`) still bounds the wait."""
 
     def __init__(self, send: Callable[[wire.Frame], None], what: str) -> None:
         self._send, self._what = send, what[:200]
@@ -159,10 +171,11 @@ class Batches:
             raise ValueError("agent.steps(data=...): the data has no batches")
         if getattr(data, "persistent_workers", False) and getattr(data, "num_workers", 0) > 0:
             raise ValueError(
-                "agent.steps(data=...): a DataLoader with persistent_workers=True keeps its worker processes,"
-                " and their random streams, from one pass to the next, so a spare's new workers would draw"
-                " other numbers than those of the rank it takes over: build it with persistent_workers=False"
-                " (the agent seeds each pass's workers from the pass and the rank)"
+                "agent.steps(data=...): a DataLoader with persistent_workers=True keeps its worker "
+                "processes, and their random streams, from one pass to the next, so a spare's new "
+                "workers would draw other numbers than those of the rank it takes over: build it "
+                "with persistent_workers=False (the agent seeds each pass's workers from the pass "
+                "and the rank)"
             )
         self._seed = seed
         self._it: Iterator[Any] | None = None
@@ -188,8 +201,8 @@ class Batches:
         if isinstance(sampler, DistributedSampler):
             if sampler.num_replicas != world_size:
                 raise ValueError(
-                    f"the DistributedSampler has num_replicas={sampler.num_replicas} but the job has"
-                    f" {world_size} ranks: build it with num_replicas=agent.world_size"
+                    f"the DistributedSampler has num_replicas={sampler.num_replicas} but the job "
+                    f"has {world_size} ranks: build it with num_replicas=agent.world_size"
                 )
             sampler.rank = rank
             sampler.set_epoch(epoch)
@@ -236,15 +249,19 @@ def steps(agent: LoopAgent, total: int, data: Iterable[Any] | None) -> Iterator[
         step = Step(k, batch, agent._send, agent._after_step)
         try:
             yield step
-        except GeneratorExit:  # `break`: the job ends here, after this step (every rank must break at it)
+        # `break`: the job ends here, after this step (every rank must break at it)
+        except GeneratorExit:
             if step.entered and step.failure is None:
                 agent._complete_step(k)
             agent._finish()
             raise
         if not step.entered:
-            raise RuntimeError(f"step {k} was not entered: write the loop's body under `with step:`")
+            raise RuntimeError(
+                f"step {k} was not entered: write the loop's body under `with step:`"
+            )
         if step.failure is not None:
-            agent._freeze(k, step.failure)  # outside any except block: no traceback holds the old group
+            # outside any except block: no traceback holds the old group
+            agent._freeze(k, step.failure)
             continue
         agent._complete_step(k)
     agent._finish()

@@ -1,12 +1,12 @@
-"""Random streams a script keeps of its own, made state the agent tracks, and the global streams seeded
-for each step.
+"""Random streams a script keeps of its own, made state the agent tracks, and the global streams
+seeded for each step.
 
-The agent seeds the process-wide streams (torch's, Python's `random` and numpy's legacy global one) from
-(seed, step, rank) as each step begins, so a redone step and a spare draw what the lost rank would have.
-A stream the script holds itself (a `torch.Generator` for augmentation, a `random.Random`, a numpy
-`Generator` or `RandomState`) is passed to `track()` like any extra: its position then moves with the
-rest of the state, and is rewound to where it stood as the step began when a step is done again (the
-failed try drew from it before its collective failed).
+The agent seeds the process-wide streams (torch's, Python's `random` and numpy's legacy global one)
+from (seed, step, rank) as each step begins, so a redone step and a spare draw what the lost rank
+would have. A stream the script holds itself (a `torch.Generator` for augmentation, a
+`random.Random`, a numpy `Generator` or `RandomState`) is passed to `track()` like any extra: its
+position then moves with the rest of the state, and is rewound to where it stood as the step began
+when a step is done again (the failed try drew from it before its collective failed).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def seed_globals(seed: int) -> None:
 
 
 class GlobalDraws:
-    """Where the global streams stood at a moment, to tell whether the script has drawn from them since."""
+    """Where the global streams stood at a moment, to tell whether the script has drawn from them
+    since."""
 
     def __init__(self) -> None:
         self._at = _positions()
@@ -38,7 +39,11 @@ class GlobalDraws:
     def drawn(self) -> list[str]:
         """The global streams drawn from since (or seeded anew)."""
         now = _positions()
-        return [name for name, state in now.items() if name in self._at and not _same(state, self._at[name])]
+        return [
+            name
+            for name, state in now.items()
+            if name in self._at and not _same(state, self._at[name])
+        ]
 
 
 def _positions() -> dict[str, Any]:
@@ -60,9 +65,11 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def as_stateful(name: str, obj: Any) -> Stateful:
-    """`obj` as tracked state: as it is when it has `state_dict`/`load_state_dict`, else wrapped when it
-    is a random stream. Anything else is refused with the fix, before training starts."""
-    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+    """`obj` as tracked state: as it is when it has `state_dict`/`load_state_dict`, else wrapped
+    when it is a random stream. Anything else is refused with the fix, before training starts."""
+    if callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    ):
         return obj  # type: ignore[no-any-return,unused-ignore]
     stream: _TorchStream | _PythonStream | _NumpyStream | None = None
     if isinstance(obj, torch.Generator):
@@ -136,14 +143,19 @@ class _NumpyStream:
 
 
 def _plain(obj: Any) -> Any:
-    """numpy's state with its arrays as tensors of their bytes (a uint64 word over 2**63, as Philox's
-    key holds, fits no signed integer type: the bytes are kept as they are, with the dtype)."""
+    """numpy's state with its arrays as tensors of their bytes (a uint64 word over 2**63, as
+    Philox's key holds, fits no signed integer type: the bytes are kept as they are, with the
+    dtype)."""
     if isinstance(obj, dict):
         return {k: _plain(v) for k, v in obj.items()}
     if hasattr(obj, "dtype") and getattr(obj, "shape", None) == ():  # a numpy scalar
         return obj.item()
     if hasattr(obj, "tobytes") and hasattr(obj, "dtype"):
-        raw = torch.frombuffer(bytearray(obj.tobytes()), dtype=torch.uint8) if obj.size else torch.empty(0)
+        raw = (
+            torch.frombuffer(bytearray(obj.tobytes()), dtype=torch.uint8)
+            if obj.size
+            else torch.empty(0)
+        )
         return {"array": raw.to(torch.uint8), "dtype": obj.dtype.str, "shape": list(obj.shape)}
     return obj
 

@@ -25,14 +25,22 @@ class AgentSettings(BaseSettings):
     coordinator: str = Field(description="host:port of the coordinator's control channel")
     store: str = Field(description="host:port of the rendezvous TCPStore hosted by the coordinator")
     secret_file: Path
-    advertise_host: str = Field(description="the address its node advertises: its state server listens there")
+    advertise_host: str = Field(
+        description="the address its node advertises: its state server listens there"
+    )
     restore: Path | None = Field(default=None, description="checkpoint to restart from")
     checkpoint_dir: Path | None = None
-    checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints; 0: never")
-    verify_every: int = Field(default=0, ge=0, description="steps between replica digest checks; 0: never")
+    checkpoint_every: int = Field(
+        default=0, ge=0, description="steps between checkpoints; 0: never"
+    )
+    verify_every: int = Field(
+        default=0, ge=0, description="steps between replica digest checks; 0: never"
+    )
     keep_checkpoints: int = Field(default=2, ge=1, description="the latest checkpoints kept")
     seed: int = 0
-    threads: int = Field(default=1, gt=0, description="torch.set_num_threads, the same on every rank")
+    threads: int = Field(
+        default=1, gt=0, description="torch.set_num_threads, the same on every rank"
+    )
     heartbeat_interval: float = Field(default=0.2, gt=0)
     collective_timeout: float = Field(default=60.0, gt=0)
     recovery_timeout: float = Field(default=300.0, gt=0)
@@ -40,10 +48,12 @@ class AgentSettings(BaseSettings):
         default=0.0,
         ge=0,
         le=86400,
-        description="seconds it goes on training without its coordinator, rejoining it (a restarted one "
-        "at the same address); 0: it stops at once (its node agent sets this)",
+        description="seconds it goes on training without its coordinator, rejoining it (a "
+        "restarted one at the same address); 0: it stops at once (its node agent sets this)",
     )
-    device: str = Field(default="auto", description="'auto': cuda:<local rank> when a GPU is present")
+    device: str = Field(
+        default="auto", description="'auto': cuda:<local rank> when a GPU is present"
+    )
     local_rank: int = Field(
         default=0, ge=0, validation_alias="LOCAL_RANK", description="GPU index on the node"
     )

@@ -1,15 +1,17 @@
-"""Tearing down a rank's own process group from another thread, when a peer can neither die nor answer.
+"""Tearing down a rank's own process group from another thread, when a peer can neither die nor
+answer.
 
-A peer on a hung or cut-off host holds its connections open: a gloo collective waiting on it blocks until
-the group timeout, and nothing in torch 2.13 unblocks it from another thread (`abort()`, `shutdown()` and
-`destroy_process_group()` return at once and change nothing). The coordinator cannot kill such a peer (its
-node does not answer), so the survivors cut their side: each rank records the sockets its group opened
-(those that appeared while `init_process_group` ran) and, told to abort, shuts its connections down
-(never its listener: gloo aborts the process when its accept fails). The blocked
-collective then fails at once, as if the peer had died, and the rank freezes as after any failure.
+A peer on a hung or cut-off host holds its connections open: a gloo collective waiting on it blocks
+until the group timeout, and nothing in torch 2.13 unblocks it from another thread (`abort()`,
+`shutdown()` and `destroy_process_group()` return at once and change nothing). The coordinator
+cannot kill such a peer (its node does not answer), so the survivors cut their side: each rank
+records the sockets its group opened (those that appeared while `init_process_group` ran) and, told
+to abort, shuts its connections down (never its listener: gloo aborts the process when its accept
+fails). The blocked collective then fails at once, as if the peer had died, and the rank freezes as
+after any failure.
 
-Shutting a socket down does not close its descriptor (gloo still owns and closes it), and a socket is
-matched by its inode, never a descriptor number that may have been reused. Linux only (`/proc`);
+Shutting a socket down does not close its descriptor (gloo still owns and closes it), and a socket
+is matched by its inode, never a descriptor number that may have been reused. Linux only (`/proc`);
 elsewhere nothing is recorded and an abort cuts nothing: the collective fails at its timeout.
 """
 
@@ -55,17 +57,17 @@ class GroupSockets:
         self.inodes = frozenset(set(socket_inodes().values()) - self._before)
 
     def abort(self, nccl: bool) -> None:
-        """From the control thread: make a collective blocked on a peer that will never answer fail now.
-        Gloo's connections are cut; NCCL's communicators are aborted, which NCCL supports from another
-        thread (an already broken group may refuse: the cut stands)."""
+        """From the control thread: make a collective blocked on a peer that will never answer fail
+        now. Gloo's connections are cut; NCCL's communicators are aborted, which NCCL supports from
+        another thread (an already broken group may refuse: the cut stands)."""
         self.cut()
         if nccl and dist.is_initialized():
             with contextlib.suppress(Exception):
                 c10d._abort_process_group()
 
     def cut(self) -> int:
-        """Shut down every socket of the group still open (a blocked collective on it fails at once);
-        how many were cut."""
+        """Shut down every socket of the group still open (a blocked collective on it fails at
+        once); how many were cut."""
         n = 0
         for fd, inode in socket_inodes().items():
             if inode not in self.inodes:

@@ -30,11 +30,12 @@ class Stateful(Protocol):
 
 
 class StepBuffers:
-    """The model's persistent buffers as a step began (BatchNorm's running statistics and counter), the
-    positions of the script's own random streams, and which parameters had no gradient: a forward and a
-    backward change them before the step's update, so a step done again must start from these, not from
-    what the failed try left (which would count its batch twice, draw other numbers, or add its
-    gradients to the failed try's where the script clears them as a step ends, as nanoGPT does)."""
+    """The model's persistent buffers as a step began (BatchNorm's running statistics and counter),
+    the positions of the script's own random streams, and which parameters had no gradient: a
+    forward and a backward change them before the step's update, so a step done again must start
+    from these, not from what the failed try left (which would count its batch twice, draw other
+    numbers, or add its gradients to the failed try's where the script clears them as a step ends,
+    as nanoGPT does)."""
 
     def __init__(self, model: torch.nn.Module, streams: Sequence[Stateful] = ()) -> None:
         persistent = {id(t) for t in model.state_dict(keep_vars=True).values()}
@@ -55,8 +56,8 @@ class StepBuffers:
         with torch.no_grad():
             for saved, b in zip(self._saved, self._buffers, strict=True):
                 b.copy_(saved)
-            # A gradient there as the step began is one the script clears before its backward, or the
-            # zeros it left clearing them in place: zeros again either way.
+            # A gradient there as the step began is one the script clears before its backward, or
+            # the zeros it left clearing them in place: zeros again either way.
             for p, none in zip(self._params, self._no_grad, strict=True):
                 if none:
                     p.grad = None
@@ -80,7 +81,8 @@ class TrackedState:
         self.extras = dict(extras or {})
         streams = [v for v in self.extras.values() if getattr(v, "rewound_each_step", False)]
         self.buffers = StepBuffers(model, streams)
-        self._sharded: dict[str, Any] = {}  # path -> this rank's DTensor there, as of the last snapshot
+        # path -> this rank's DTensor there, as of the last snapshot
+        self._sharded: dict[str, Any] = {}
         self.stepped = False  # the optimizer stepped in the step in flight: its update is applied
         if optimizer is not None:
             optimizer.register_step_post_hook(self._on_optimizer_step)
@@ -89,7 +91,8 @@ class TrackedState:
         self.stepped = True
 
     def begin_step(self) -> None:
-        """A step begins: what a step done again starts from is kept, and the optimizer has not stepped."""
+        """A step begins: what a step done again starts from is kept, and the optimizer has not
+        stepped."""
         self.buffers.keep()
         self.stepped = False
 
@@ -103,13 +106,15 @@ class TrackedState:
             if self.optimizer is not None
             else None,
             "extras": {
-                k: flatten(v.state_dict(), f"extras.{k}", tensors, sharded) for k, v in self.extras.items()
+                k: flatten(v.state_dict(), f"extras.{k}", tensors, sharded)
+                for k, v in self.extras.items()
             },
         }
         return Snapshot(header, tensors)
 
     def _as_held(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Received or restored local tensors, each made the DTensor this rank's own state has there."""
+        """Received or restored local tensors, each made the DTensor this rank's own state has
+        there."""
         self.snapshot(-1)  # fills self._sharded
         out = dict(tensors)
         for path, own in self._sharded.items():
@@ -125,7 +130,8 @@ class TrackedState:
         return out
 
     def receive_targets(self, manifest: Sequence[TensorEntry]) -> list[torch.Tensor]:
-        """Tensors to receive into, in manifest order: our own where they match, new ones otherwise."""
+        """Tensors to receive into, in manifest order: our own where they match, new ones
+        otherwise."""
         own = dict(self.snapshot(-1).tensors)
         targets = []
         for entry in manifest:
@@ -141,9 +147,10 @@ class TrackedState:
         return targets
 
     def layout(self) -> wire.ShardLayout:
-        """Which shard of the model this rank holds, from its own parameters: the names, dtypes and shapes
-        of every entry of the model's state, and for a DTensor its placements and this rank's coordinate
-        on the sharded mesh dimensions. Ranks that hold the same shard are replicas of each other."""
+        """Which shard of the model this rank holds, from its own parameters: the names, dtypes and
+        shapes of every entry of the model's state, and for a DTensor its placements and this rank's
+        coordinate on the sharded mesh dimensions. Ranks that hold the same shard are replicas of
+        each other."""
         dtensor = dtensor_type()
         entries: list[list[Any]] = []
         sharded = False
@@ -187,11 +194,12 @@ class TrackedState:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    # --- checkpoints: the fallback when live migration is impossible ---------------------------------
+    # --- checkpoints: the fallback when live migration is impossible
+    # ---------------------------------
 
     def save_checkpoint(self, path: Path, step: int) -> None:
-        """Atomically (a crash mid-write never leaves a torn checkpoint), readable by its owner only: it
-        holds the model and the optimizer."""
+        """Atomically (a crash mid-write never leaves a torn checkpoint), readable by its owner
+        only: it holds the model and the optimizer."""
         snap = self.snapshot(step)
         tmp = path.with_suffix(".tmp")
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -202,8 +210,8 @@ class TrackedState:
         os.replace(tmp, path)
 
     def save_rotated(self, directory: Path, step: int, keep: int, slot: int = 0) -> Path:
-        """Save step `step` in `directory`, keeping the latest `keep` checkpoints there. A sharded job's
-        ranks each save their own shard, beside rank 0's file (`shard_file`)."""
+        """Save step `step` in `directory`, keeping the latest `keep` checkpoints there. A sharded
+        job's ranks each save their own shard, beside rank 0's file (`shard_file`)."""
         path = shard_file(directory / f"step-{step:08d}.pt", slot)
         self.save_checkpoint(path, step)
         mine = sorted(p for p in directory.glob("step-*.pt") if _slot_of(p) == slot)
@@ -217,7 +225,8 @@ class TrackedState:
 
 
 def shard_file(path: Path, slot: int) -> Path:
-    """Where rank `slot` of a sharded job keeps its shard of the checkpoint whose rank-0 file is `path`."""
+    """Where rank `slot` of a sharded job keeps its shard of the checkpoint whose rank-0 file is
+    `path`."""
     return path.with_name(f"{path.name.removesuffix('.pt')}.rank-{slot}.pt") if slot else path
 
 

@@ -1,6 +1,6 @@
 """A rank's client of its job's rendezvous store (`job_agent.coordinator.store_server`): the
-`torch.distributed.Store` each generation's process group forms through, over the job's authenticated
-protocol. Every operation is a plain request and answer, and a wait is a bounded poll.
+`torch.distributed.Store` each generation's process group forms through, over the job's
+authenticated protocol. Every operation is a plain request and answer, and a wait is a bounded poll.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ _RECONNECT_EVERY = 0.5  # seconds between two tries to reach a store that is gon
 
 
 class RendezvousStore(dist.Store):
-    """A rank's client of the job's `StoreServer`: what `init_process_group(store=...)` reads and writes."""
+    """A rank's client of the job's `StoreServer`: what `init_process_group(store=...)` reads and
+    writes."""
 
     def __init__(self, host: str, port: int, secret: bytes, timeout: timedelta) -> None:
         super().__init__()
@@ -33,9 +34,10 @@ class RendezvousStore(dist.Store):
         self._lock = threading.Lock()
 
     def _exchange(self, req: StoreRequest) -> bytes:
-        """One request and its answer. A store gone (its coordinator restarted, hosting it again at the
-        same address) is reconnected to, within the store's timeout, and asked again: what it held went
-        with it, but every group forms under a prefix of its own, which a new generation writes anew."""
+        """One request and its answer. A store gone (its coordinator restarted, hosting it again at
+        the same address) is reconnected to, within the store's timeout, and asked again: what it
+        held went with it, but every group forms under a prefix of its own, which a new generation
+        writes anew."""
         try:
             send(self._sock, req)
             return protocol.recv_body(self._sock)
@@ -64,7 +66,9 @@ class RendezvousStore(dist.Store):
                 error = wire.decode(body)
             except wire.BadFrame as e:
                 raise dist.DistStoreError(f"store {op}: unreadable answer: {e}") from None
-            why = error.reason if isinstance(error, wire.Error) else f"unexpected answer {error.t!r}"
+            why = (
+                error.reason if isinstance(error, wire.Error) else f"unexpected answer {error.t!r}"
+            )
             raise dist.DistStoreError(f"store {op}: {why}") from None
 
     def set(self, key: str, value: bytes | str) -> None:
@@ -100,7 +104,9 @@ class RendezvousStore(dist.Store):
         pause = _POLL_FIRST
         while not self.check(keys):
             if time.monotonic() >= deadline:
-                raise dist.DistStoreError(f"timed out after {limit:.0f} s waiting for store keys {keys}")
+                raise dist.DistStoreError(
+                    f"timed out after {limit:.0f} s waiting for store keys {keys}"
+                )
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX)
 

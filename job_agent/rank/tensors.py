@@ -55,7 +55,8 @@ def _nccl_version() -> str | None:
 
 
 def step_seed(seed: int, step: int, slot: int) -> int:
-    """splitmix64 of (seed, step, slot): per-rank, per-step randomness that never has to be moved."""
+    """splitmix64 of (seed, step, slot): per-rank, per-step randomness that never has to be
+    moved."""
     x = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + slot * 0x94D049BB133111EB) % 2**64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64

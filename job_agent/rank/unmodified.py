@@ -1,23 +1,27 @@
 """A training script that never imports torchpass, run as torchrun would run it (`torchpass run
 --no-agent`), with what its process can tell the coordinator without the script's help.
 
-`python job_agent/rank/unmodified.py script.py ARGS...` is what each rank runs. The script finds torchrun's
-environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT...) and
-forms its own group with `dist.init_process_group()`. Around it, in the same process:
+`python job_agent/rank/unmodified.py script.py ARGS...` is what each rank runs. The script finds
+torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_RESTART_COUNT...) and forms its own group with `dist.init_process_group()`. Around it,
+in the same process:
 
 - the rank connects to the coordinator and heart-beats (a stopped process is a hang);
-- each step it completes is read from the script's optimizer: the optimizer's own step count where it
-  keeps one (Adam, AdamW, RMSprop...: it is part of the state a checkpoint restores, so a restarted rank
-  counts from where its checkpoint left it), else one per `optimizer.step()` since the process started;
-- a checkpoint is reported with its step: rank 0's `torch.save(obj, path)` or `torch.save(obj, f)` on
-  a file it opened, or `torch.distributed.checkpoint.save(..., checkpoint_id=dir)` (seen once the script
-  imports that package; the step `get_state_dict` takes to lay out a fresh optimizer is not counted);
-- an error the script raises is a collective broken by a lost peer (the rank exits, a failure), or the
-  script's own bug, reported as such (the job ends as a user error instead of restarting on it);
+- each step it completes is read from the script's optimizer: the optimizer's own step count where
+  it keeps one (Adam, AdamW, RMSprop...: it is part of the state a checkpoint restores, so a
+  restarted rank counts from where its checkpoint left it), else one per `optimizer.step()` since
+  the process started;
+- a checkpoint is reported with its step: rank 0's `torch.save(obj, path)` or `torch.save(obj, f)`
+  on a file it opened, or `torch.distributed.checkpoint.save(..., checkpoint_id=dir)` (seen once the
+  script imports that package; the step `get_state_dict` takes to lay out a fresh optimizer is not
+  counted);
+- an error the script raises is a collective broken by a lost peer (the rank exits, a failure), or
+  the script's own bug, reported as such (the job ends as a user error instead of restarting on it);
 - the groups the script destroys are kept until it has returned (`GroupKeeper`).
 
 A failure of such a job can only restart the whole job (every rank, the script loading its own last
-checkpoint): its incidents are recorded as "not configured for live migration" and never counted as live.
+checkpoint): its incidents are recorded as "not configured for live migration" and never counted as
+live.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from job_agent import wire
 from job_agent.rank.link import CoordinatorLink, exit_now
@@ -60,7 +67,8 @@ class StepCounter:
         self._laying_out = False
 
     def entering(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        """Before the optimizer's step: the rank is in step k, k steps done (by the optimizer's count)."""
+        """Before the optimizer's step: the rank is in step k, k steps done (by the optimizer's
+        count)."""
         if self._counts(optimizer):
             own = _optimizer_steps(optimizer)
             self._link.send(wire.Step(k=own if own is not None else self.completed + 1))
@@ -71,8 +79,9 @@ class StepCounter:
             self.completed = own - 1 if own is not None else self.completed + 1
 
     def _counts(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether this optimizer's steps are the script's: the first one to step (a GAN's second not),
-        and not a step torch takes to lay out the optimizer's state (`_init_optim_state`, zero grads)."""
+        """Whether this optimizer's steps are the script's: the first one to step (a GAN's second
+        not), and not a step torch takes to lay out the optimizer's state (`_init_optim_state`, zero
+        grads)."""
         if self._laying_out:
             return False
         if self._optimizer is None:
@@ -86,8 +95,9 @@ class StepCounter:
         self._saved(f if isinstance(f, str | os.PathLike) else getattr(f, "name", None))
 
     def watch_dcp(self, dcp: Any) -> None:
-        """`torch.distributed.checkpoint.save` (every rank saves its part), reported by rank 0 with the
-        checkpoint's directory; `async_save` once its upload completed, with the step it was asked at."""
+        """`torch.distributed.checkpoint.save` (every rank saves its part), reported by rank 0 with
+        the checkpoint's directory; `async_save` once its upload completed, with the step it was
+        asked at."""
         save, async_save = dcp.save, getattr(dcp, "async_save", None)
 
         def saved(*args: Any, **kwargs: Any) -> Any:
@@ -98,7 +108,8 @@ class StepCounter:
         def saved_later(*args: Any, **kwargs: Any) -> Any:
             step, where = self.completed, _dcp_dir(kwargs)
             out = async_save(*args, **kwargs)  # type: ignore[misc]
-            done = getattr(out, "upload_completion", out)  # an AsyncSaveResponse, or the upload's future
+            # an AsyncSaveResponse, or the upload's future
+            done = getattr(out, "upload_completion", out)
 
             def uploaded(f: Any) -> None:
                 if f.exception() is None:  # a failed save is no checkpoint
@@ -112,7 +123,8 @@ class StepCounter:
             dcp.async_save = saved_later
 
     def watch_dcp_state_dict(self, module: Any) -> None:
-        """`get_state_dict` steps a fresh optimizer once at lr 0 to make its state: not a training step."""
+        """`get_state_dict` steps a fresh optimizer once at lr 0 to make its state: not a training
+        step."""
         init = module._init_optim_state
 
         def laying_out(optimizer: torch.optim.Optimizer) -> None:
@@ -136,8 +148,8 @@ def _dcp_dir(kwargs: dict[str, Any]) -> object:
 
 
 class _OnImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` once the script imports `name` (torch's checkpoint package costs most of a
-    second to import: a script that never uses it does not pay for it)."""
+    """Calls `then(module)` once the script imports `name` (torch's checkpoint package costs most of
+    a second to import: a script that never uses it does not pay for it)."""
 
     def __init__(self, name: str, then: Callable[[Any], None]) -> None:
         self.name, self.then = name, then
@@ -160,14 +172,16 @@ class _OnImport(importlib.abc.MetaPathFinder):
 
 
 class GroupKeeper:
-    """Holds the process groups the script destroys until the script has returned, then lets them go.
+    """Holds the process groups the script destroys until the script has returned, then lets them
+    go.
 
-    Torch 2.13 can wedge a rank for good as its script returns: `destroy_process_group()` leaves DDP's
-    reducer the last owner of the gloo group, and when the reducer is freed (the script's `main()`
-    returning) the group's destructor joins its worker threads while holding the GIL. A worker still
-    releasing its last collective's tensors needs the GIL to do it: neither moves, the heartbeats stop, and
-    the rank is a hang after its last step (4 ranks ending DDP + DCP this way wedged 5 times in 8 on 2
-    cores). A group let go from Python is destroyed with the GIL released, so nothing waits on it."""
+    Torch 2.13 can wedge a rank for good as its script returns: `destroy_process_group()` leaves
+    DDP's reducer the last owner of the gloo group, and when the reducer is freed (the script's
+    `main()` returning) the group's destructor joins its worker threads while holding the GIL. A
+    worker still releasing its last collective's tensors needs the GIL to do it: neither moves, the
+    heartbeats stop, and the rank is a hang after its last step (4 ranks ending DDP + DCP this way
+    wedged 5 times in 8 on 2 cores). A group let go from Python is destroyed with the GIL released,
+    so nothing waits on it."""
 
     def __init__(self) -> None:
         self.kept: list[object] = []
@@ -223,10 +237,13 @@ def main(argv: list[str]) -> None:
         if e.code not in (None, 0):
             raise
     except Exception as e:
-        if step_failure(counter.completed + 1, e, link.send) is None:  # the script's own bug: reported
+        # the script's own bug: reported
+        if step_failure(counter.completed + 1, e, link.send) is None:
             raise
         traceback.print_exception(e)
-        exit_now(EXIT_FAILED, f"rank {s.slot}: a collective failed (a peer was lost); the job restarts")
+        exit_now(
+            EXIT_FAILED, f"rank {s.slot}: a collective failed (a peer was lost); the job restarts"
+        )
     link.send(wire.Done(step=counter.completed, digest=""))
     while not isinstance(link.inbox.get(timeout=s.recovery_timeout), wire.Exit):
         pass

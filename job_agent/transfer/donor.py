@@ -1,9 +1,10 @@
-"""The donor's side of a state transfer: a rank's state served over authenticated sockets to the ranks
-that need it, each taking the byte ranges it asks for (`job_agent.transfer.receiver` is the receiver's side).
+"""The donor's side of a state transfer: a rank's state served over authenticated sockets to the
+ranks that need it, each taking the byte ranges it asks for (`job_agent.transfer.receiver` is the
+receiver's side).
 
-Straight from the tensors' own memory: no packing, no pickling (both measured several times slower on
-loopback). The donor hashes its whole state once, in a second thread while the sockets are busy, and each
-range as it sends it; the receiver refuses a range or a state whose digest differs.
+Straight from the tensors' own memory: no packing, no pickling (both measured several times slower
+on loopback). The donor hashes its whole state once, in a second thread while the sockets are busy,
+and each range as it sends it; the receiver refuses a range or a state whose digest differs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from datetime import timedelta
 
 from job_agent import wire
 from job_agent.transfer.snapshot import Snapshot, state_hash
-from job_agent.wire.protocol import AuthError, ProtocolError, authenticate_server, recv_frame, send_frame
+from job_agent.wire.protocol import (
+    AuthError,
+    ProtocolError,
+    authenticate_server,
+    recv_frame,
+    send_frame,
+)
 from torchpass.incident.steps import Stripe
 
 AUTH_TIMEOUT = timedelta(seconds=2)  # a receiver proves the secret in milliseconds
@@ -49,7 +56,8 @@ Progress = Callable[[int], None]
 
 
 class Hasher:
-    """The state hash fed from a queue in a background thread (it releases the GIL on large buffers)."""
+    """The state hash fed from a queue in a background thread (it releases the GIL on large
+    buffers)."""
 
     def __init__(self, head: bytes = b"") -> None:
         self._h = state_hash(head)
@@ -76,9 +84,9 @@ def tune(sock: socket.socket) -> None:
 
 
 class StateServer:
-    """The donor's side: listens on an ephemeral port and serves one snapshot to N receivers, each in a
-    session of its own (a receiver takes slices of several donors at once: a donor serving one session
-    at a time could wait on a receiver that waits on another donor)."""
+    """The donor's side: listens on an ephemeral port and serves one snapshot to N receivers, each
+    in a session of its own (a receiver takes slices of several donors at once: a donor serving one
+    session at a time could wait on a receiver that waits on another donor)."""
 
     def __init__(self, secret: bytes, host: str) -> None:
         self._secret = secret
@@ -97,13 +105,14 @@ class StateServer:
         on_progress: Progress,
         stop: Callable[[], bool] = lambda: False,
     ) -> str:
-        """Serve `snap` to `receivers` authenticated peers within `timeout`; returns the donor's digest.
+        """Serve `snap` to `receivers` authenticated peers within `timeout`; returns the donor's
+        digest.
 
         A connection that fails or stalls before it proves the job's secret (a port scanner, a
-        connect-then-close, garbage bytes, a silent peer) is dropped after at most `AUTH_TIMEOUT` and the
-        transfer goes on; more than `MAX_STRAYS` of them fail it. `stop()` is asked at least every
-        `_STOP_POLL` seconds: true, the serving is called off. A session that breaks fails the serving
-        (its receiver is gone or took its slices elsewhere)."""
+        connect-then-close, garbage bytes, a silent peer) is dropped after at most `AUTH_TIMEOUT`
+        and the transfer goes on; more than `MAX_STRAYS` of them fail it. `stop()` is asked at least
+        every `_STOP_POLL` seconds: true, the serving is called off. A session that breaks fails the
+        serving (its receiver is gone or took its slices elsewhere)."""
         deadline = time.monotonic() + timeout.total_seconds()
         digest = _digest_of(snap)
         sessions: list[tuple[socket.socket, threading.Thread]] = []
@@ -114,7 +123,9 @@ class StateServer:
                 if errors:
                     raise TransferError(errors[0])
                 if time.monotonic() >= deadline:
-                    raise TransferError(f"{receivers} receiver(s) expected: not all came and finished")
+                    raise TransferError(
+                        f"{receivers} receiver(s) expected: not all came and finished"
+                    )
                 if stop():
                     raise TransferError("called off by the coordinator")
                 if len(sessions) >= receivers:
@@ -128,7 +139,9 @@ class StateServer:
                     continue
                 conn.settimeout(timeout.total_seconds())
                 t = threading.Thread(
-                    target=self._session, args=(conn, snap, digest, on_progress, errors), daemon=True
+                    target=self._session,
+                    args=(conn, snap, digest, on_progress, errors),
+                    daemon=True,
                 )
                 t.start()
                 sessions.append((conn, t))
@@ -144,7 +157,8 @@ class StateServer:
         return digest.result()
 
     def _accept(self, wait: float) -> tuple[socket.socket | None, bool]:
-        """The next authenticated peer (None if nobody came within `wait`), and whether a stray came."""
+        """The next authenticated peer (None if nobody came within `wait`), and whether a stray
+        came."""
         self._listener.settimeout(max(wait, 0.001))
         try:
             conn, _addr = self._listener.accept()
@@ -175,7 +189,9 @@ class StateServer:
                 if isinstance(ask, wire.StateAck):
                     return
                 if not isinstance(ask, wire.StateWant) or ask.stop > snap.nbytes:
-                    raise ProtocolError(f"expected a range of the state's {snap.nbytes} bytes, got {ask!r}")
+                    raise ProtocolError(
+                        f"expected a range of the state's {snap.nbytes} bytes, got {ask!r}"
+                    )
                 hasher = Hasher()
                 t0 = time.perf_counter()
                 for chunk in snap.host_range(ask.start, ask.stop):
@@ -189,7 +205,9 @@ class StateServer:
                         on_progress(sent)
                 with self._lock:
                     self.stream_seconds += time.perf_counter() - t0
-                send_frame(conn, wire.StateEnd(digest=digest.result(), slice_digest=hasher.hexdigest()))
+                send_frame(
+                    conn, wire.StateEnd(digest=digest.result(), slice_digest=hasher.hexdigest())
+                )
         except (OSError, ConnectionError, ProtocolError) as e:
             errors.append(f"serving state failed: {e}")
 

@@ -1,5 +1,6 @@
-"""A rank's side of a state transfer: serving its state to receivers (a donor), or taking a donor's in
-(a receiver), each reported to the coordinator with the figures the proof and the outcome are made of."""
+"""A rank's side of a state transfer: serving its state to receivers (a donor), or taking a donor's
+in (a receiver), each reported to the coordinator with the figures the proof and the outcome are
+made of."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def serve(
     send: Send,
     stop: Callable[[], bool],
 ) -> None:
-    """Serve the state of completed step `step` to `order.receivers` receivers. `stop` turning true while
-    it waits for them means the plan changed (a receiver was lost): it stops serving this one."""
+    """Serve the state of completed step `step` to `order.receivers` receivers. `stop` turning true
+    while it waits for them means the plan changed (a receiver was lost): it stops serving this
+    one."""
     server = StateServer(secret, host)
     send(wire.Serving(host=host, port=server.port, step=step, transfer=order.transfer))
     t0 = time.perf_counter()

@@ -1,13 +1,15 @@
-"""The receiver's side of a state transfer: the state taken in disjoint slices from several replicas at
-once, each slice verified, a failed donor's slice taken again from another, and nothing installed unless
-the whole state arrived and hashes to what the donors hold (`job_agent.transfer.donor` is the donor's side).
+"""The receiver's side of a state transfer: the state taken in disjoint slices from several replicas
+at once, each slice verified, a failed donor's slice taken again from another, and nothing installed
+unless the whole state arrived and hashes to what the donors hold (`job_agent.transfer.donor` is the
+donor's side).
 
 A slice is a byte range of the tensors laid end to end in manifest order, one per donor, received
-straight into the receiver's own memory. Each is hashed as it arrives and compared with the digest its
-donor computed of what it sent; a donor that fails, stalls past `STALL` or sends a slice that differs is
-dropped, and its slice goes to the next donor free. The state's digest (the donors' definition: header and
-every byte) is computed in order while the slices arrive, and the state is installed only when it equals
-the digest every donor reported of its own state: replicas that differ fail the transfer, never mix.
+straight into the receiver's own memory. Each is hashed as it arrives and compared with the digest
+its donor computed of what it sent; a donor that fails, stalls past `STALL` or sends a slice that
+differs is dropped, and its slice goes to the next donor free. The state's digest (the donors'
+definition: header and every byte) is computed in order while the slices arrive, and the state is
+installed only when it equals the digest every donor reported of its own state: replicas that differ
+fail the transfer, never mix.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from job_agent.transfer.snapshot import Snapshot, StateMismatch, Transferable, s
 from job_agent.wire.protocol import ProtocolError, connect, recv_frame, send_frame
 from torchpass.incident.steps import Stripe
 
-STALL = timedelta(seconds=10)  # a donor silent this long mid-slice is dropped and its slice taken elsewhere
-MIN_SLICE = 64 * 2**10  # a state smaller than this per donor takes fewer slices (the others stand by)
+# a donor silent this long mid-slice is dropped and its slice taken elsewhere
+STALL = timedelta(seconds=10)
+# a state smaller than this per donor takes fewer slices (the others stand by)
+MIN_SLICE = 64 * 2**10
 
 
 class _Layout:
@@ -38,9 +42,12 @@ class _Layout:
 
     def __init__(self, targets: list[torch.Tensor]) -> None:
         self.targets = targets
-        # CPU tensors are filled in place; device tensors through a host buffer, copied up at the end.
+        # CPU tensors are filled in place; device tensors through a host buffer, copied up at the
+        # end.
         self.hosts = [
-            t if t.device.type == "cpu" and t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype)
+            t
+            if t.device.type == "cpu" and t.is_contiguous()
+            else torch.empty(t.shape, dtype=t.dtype)
             for t in targets
         ]
         self._host = Snapshot({}, [("", h) for h in self.hosts])
@@ -69,9 +76,12 @@ class _Peer:
 
 
 class _Striped:
-    """The slices, who holds which, and what arrived: shared by one thread per donor and the digest."""
+    """The slices, who holds which, and what arrived: shared by one thread per donor and the
+    digest."""
 
-    def __init__(self, layout: _Layout, deadline: float, on_progress: Progress, donors: int) -> None:
+    def __init__(
+        self, layout: _Layout, deadline: float, on_progress: Progress, donors: int
+    ) -> None:
         self.layout = layout
         self.slices = layout.slices(donors)
         self.deadline = deadline
@@ -87,21 +97,27 @@ class _Striped:
         self.got = 0
 
     def run(self, peers: Sequence[_Peer], head: bytes) -> str | None:
-        """Every slice from the donors, each donor's thread taking its own first; the state's digest in
-        order (None if it could not be had as the slices arrived). `complete` says whether all arrived."""
+        """Every slice from the donors, each donor's thread taking its own first; the state's digest
+        in order (None if it could not be had as the slices arrived). `complete` says whether all
+        arrived."""
         self.running = len(peers)
         workers = [
-            threading.Thread(target=self.work, args=(p, i if i < len(self.slices) else None), daemon=True)
+            threading.Thread(
+                target=self.work, args=(p, i if i < len(self.slices) else None), daemon=True
+            )
             for i, p in enumerate(peers)
         ]
         for t in workers:
             t.start()
         digest: list[str | None] = [None]
-        chaser = threading.Thread(target=lambda: digest.__setitem__(0, self.digest(head)), daemon=True)
+        chaser = threading.Thread(
+            target=lambda: digest.__setitem__(0, self.digest(head)), daemon=True
+        )
         chaser.start()
         with self.cond:
             self.cond.wait_for(
-                lambda: self.complete or self.running == 0, max(0.0, self.deadline - time.monotonic())
+                lambda: self.complete or self.running == 0,
+                max(0.0, self.deadline - time.monotonic()),
             )
             self.over = True
             self.cond.notify_all()
@@ -119,7 +135,8 @@ class _Striped:
         return len(self.done) == len(self.slices)
 
     def work(self, peer: _Peer, own: int | None) -> None:
-        """One donor's thread: its own slice, then any slice a failed donor left, until all arrived."""
+        """One donor's thread: its own slice, then any slice a failed donor left, until all
+        arrived."""
         j = own
         try:
             while True:
@@ -181,15 +198,20 @@ class _Striped:
                 f"{end.slice_digest[:12]}"
             )
         stripe = Stripe(
-            donor=peer.source.slot, start=a, stop=b, digest=mine, sent_digest=end.slice_digest,
+            donor=peer.source.slot,
+            start=a,
+            stop=b,
+            digest=mine,
+            sent_digest=end.slice_digest,
             donor_digest=end.digest,
-        )  # fmt: skip
+        )
         with self.cond:
             self.done[j] = stripe
             self.cond.notify_all()
 
     def digest(self, head: bytes) -> str | None:
-        """The state's digest in order, each slice as far as it arrived; None if the transfer ended first."""
+        """The state's digest in order, each slice as far as it arrived; None if the transfer ended
+        first."""
         h = state_hash(head)
         for j, (a, b) in enumerate(self.slices):
             pos = a
@@ -214,9 +236,11 @@ def _fill(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def _open(sources: Sequence[wire.Source], secret: bytes, wait: float) -> tuple[list[_Peer], dict[int, str]]:
-    """A session with every donor at once, each up to its header; the donors that answered, and why the
-    others did not."""
+def _open(
+    sources: Sequence[wire.Source], secret: bytes, wait: float
+) -> tuple[list[_Peer], dict[int, str]]:
+    """A session with every donor at once, each up to its header; the donors that answered, and why
+    the others did not."""
     peers: list[_Peer | None] = [None] * len(sources)
     why: dict[int, str] = {}
 
@@ -237,7 +261,9 @@ def _open(sources: Sequence[wire.Source], secret: bytes, wait: float) -> tuple[l
             sock.close()
             why[src.slot] = f"no state header: {e}"
 
-    threads = [threading.Thread(target=one, args=(i, s), daemon=True) for i, s in enumerate(sources)]
+    threads = [
+        threading.Thread(target=one, args=(i, s), daemon=True) for i, s in enumerate(sources)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -252,7 +278,8 @@ def receive_state(
     timeout: timedelta,
     on_progress: Progress = lambda n: None,
 ) -> TransferStats:
-    """Receive the state of the replicas in `sources` into `tracked`, in slices, verify it and install it."""
+    """Receive the state of the replicas in `sources` into `tracked`, in slices, verify it and
+    install it."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout.total_seconds()
     stall = min(STALL, timeout).total_seconds()
@@ -285,13 +312,17 @@ def receive_state(
     stripes = tuple(run.done[j] for j in range(len(run.slices)))
     held = sorted({s.donor_digest for s in stripes})
     if len(held) != 1:
-        raise TransferError(f"the donors' states differ ({', '.join(d[:12] for d in held)}): not installed")
+        raise TransferError(
+            f"the donors' states differ ({', '.join(d[:12] for d in held)}): not installed"
+        )
     staged = layout.finish()
     stream = snap.digest() if run.rehash or digest is None else digest
     if stream != held[0]:
         raise TransferError(f"digest mismatch: donor {held[0]}, received {stream}")
     try:
-        step = tracked.load(ref.header, {e.path: t for e, t in zip(ref.manifest, staged, strict=True)})
+        step = tracked.load(
+            ref.header, {e.path: t for e, t in zip(ref.manifest, staged, strict=True)}
+        )
     except StateMismatch as e:
         raise TransferError(str(e)) from e
     return TransferStats(

@@ -1,10 +1,10 @@
 """A rank's state as it travels: one ordered list of tensors plus a JSON header, and its digest.
 
-Model, optimizer, user extras (scheduler, grad scaler, data position) and the completed step flatten the
-same way on every rank, so a receiver can take each tensor *in place* into memory it already holds (a warm
-spare's own parameters and optimizer moments) and both sides can hash the same bytes for the proof. What a
-rank keeps (`job_agent.rank.state.TrackedState`) is a `Transferable`: a donor snapshots it, a receiver
-installs into it.
+Model, optimizer, user extras (scheduler, grad scaler, data position) and the completed step flatten
+the same way on every rank, so a receiver can take each tensor *in place* into memory it already
+holds (a warm spare's own parameters and optimizer moments) and both sides can hash the same bytes
+for the proof. What a rank keeps (`job_agent.rank.state.TrackedState`) is a `Transferable`: a donor
+snapshots it, a receiver installs into it.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ class StateMismatch(Exception):
 
 
 def state_hash(head: bytes = b"") -> Any:
-    """The hash of a rank's state (digests, proofs, replica checks): BLAKE3, a cryptographic 256-bit hash
-    about 2.5 times as fast as SHA-256 on one core here (4.3 against 1.7 GB/s, SHA extensions included),
-    paid on the recovery's critical path at least twice (the bytes as they arrive, the state once
-    installed). It releases the GIL on large buffers, so a background thread hashes while the socket
-    fills the next chunk."""
+    """The hash of a rank's state (digests, proofs, replica checks): BLAKE3, a cryptographic 256-bit
+    hash about 2.5 times as fast as SHA-256 on one core here (4.3 against 1.7 GB/s, SHA extensions
+    included), paid on the recovery's critical path at least twice (the bytes as they arrive, the
+    state once installed). It releases the GIL on large buffers, so a background thread hashes while
+    the socket fills the next chunk."""
     return blake3.blake3(head)
 
 
@@ -42,9 +42,12 @@ def dtensor_type() -> Any:
     return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
 
-def flatten(obj: Any, path: str, out: list[tuple[str, torch.Tensor]], sharded: dict[str, Any]) -> Any:
-    """Replace every tensor by a placeholder, collecting (path, tensor) in a stable order. A DTensor (an
-    FSDP shard) is collected as its local tensor, the part this rank holds, and kept in `sharded`."""
+def flatten(
+    obj: Any, path: str, out: list[tuple[str, torch.Tensor]], sharded: dict[str, Any]
+) -> Any:
+    """Replace every tensor by a placeholder, collecting (path, tensor) in a stable order. A DTensor
+    (an FSDP shard) is collected as its local tensor, the part this rank holds, and kept in
+    `sharded`."""
     if isinstance(obj, torch.Tensor):
         if (dtensor := dtensor_type()) is not None and isinstance(obj, dtensor):
             sharded[path] = obj
@@ -60,7 +63,9 @@ def flatten(obj: Any, path: str, out: list[tuple[str, torch.Tensor]], sharded: d
         return [flatten(v, f"{path}.{i}", out, sharded) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
-    raise TypeError(f"cannot transfer {type(obj).__name__} at {path}: use tensors, numbers, strings")
+    raise TypeError(
+        f"cannot transfer {type(obj).__name__} at {path}: use tensors, numbers, strings"
+    )
 
 
 def unflatten(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
@@ -86,7 +91,8 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 
 class Snapshot:
-    """The flattened state at one step: a JSON-able header and the tensors it refers to, in order."""
+    """The flattened state at one step: a JSON-able header and the tensors it refers to, in
+    order."""
 
     def __init__(self, header: dict[str, Any], tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.header = header
@@ -115,17 +121,23 @@ class Snapshot:
         return h.hexdigest()
 
     def host_chunks(self) -> Iterator[memoryview]:
-        """Each tensor's bytes as seen from the host (GPU tensors are staged through host memory)."""
+        """Each tensor's bytes as seen from the host (GPU tensors are staged through host
+        memory)."""
         return self.host_range(0, self.nbytes)
 
     def host_range(self, start: int, stop: int) -> Iterator[memoryview]:
-        """Bytes [start, stop) of the tensors laid end to end, as views of each tensor's host bytes."""
+        """Bytes [start, stop) of the tensors laid end to end, as views of each tensor's host
+        bytes."""
         pos = 0
         for _, t in self.tensors:
             n = t.numel() * t.element_size()
             lo, hi = max(start, pos), min(stop, pos + n)
             if lo < hi:
-                host = t if t.device.type == "cpu" and t.is_contiguous() else t.detach().contiguous().cpu()
+                host = (
+                    t
+                    if t.device.type == "cpu" and t.is_contiguous()
+                    else t.detach().contiguous().cpu()
+                )
                 yield byte_view(host)[lo - pos : hi - pos]
             pos += n
             if pos >= stop:

@@ -1,22 +1,23 @@
 """The job agent's wire: every frame of the control channel and the state stream, one pydantic
 discriminated union (`Frame`), and the codec nothing else bypasses.
 
-A frame is a JSON object whose `t` names its kind. `decode` turns bytes into the one model of that kind or
-raises `BadFrame`, whose `error()` is the typed `Error` frame to answer with: nothing outside this package
-reads a frame as a dict, and a malformed or unknown frame never reaches a handler. Who sends what, and
-where each is defined:
+A frame is a JSON object whose `t` names its kind. `decode` turns bytes into the one model of that
+kind or raises `BadFrame`, whose `error()` is the typed `Error` frame to answer with: nothing
+outside this package reads a frame as a dict, and a malformed or unknown frame never reaches a
+handler. Who sends what, and where each is defined:
 
-- rank or spare <-> coordinator (`rank.py`): Hello, Heartbeat, Step, Collective, Busy, Ready, Frozen,
-  Joined, Done, CheckpointSaved, UserError, DeviceError, Serving, TransferProgress, Served, Received,
-  TransferFailed; Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Exit
-- node agent (`torchpass node`) <-> coordinator (`node.py`): NodeHello, Heartbeat, Exited, GpuReport,
-  HostReport; Welcome, Reject, Spawn, Signal, Exit
-- operator (`torchpass inject|drain|status`) or cluster detector -> coordinator (`operator.py`): Inject,
-  Drain, NodeEvent, StatusRequest; answered with Ok, Status or Error
+- rank or spare <-> coordinator (`rank.py`): Hello, Heartbeat, Step, Collective, Busy, Ready,
+  Frozen, Joined, Done, CheckpointSaved, UserError, DeviceError, Serving, TransferProgress, Served,
+  Received, TransferFailed; Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Exit
+- node agent (`torchpass node`) <-> coordinator (`node.py`): NodeHello, Heartbeat, Exited,
+  GpuReport, HostReport; Welcome, Reject, Spawn, Signal, Exit
+- operator (`torchpass inject|drain|status`) or cluster detector -> coordinator (`operator.py`):
+  Inject, Drain, NodeEvent, StatusRequest; answered with Ok, Status or Error
 - donor <-> receiver (state transfer, `stream.py`): StateHeader, StateWant, StateEnd, StateAck
 
-The authenticated transport is `protocol.py`; the rendezvous store's requests and answers, `store.py`.
-Every frame class is importable from here (`wire.Hello`), where the union names them all.
+The authenticated transport is `protocol.py`; the rendezvous store's requests and answers,
+`store.py`. Every frame class is importable from here (`wire.Hello`), where the union names them
+all.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from torchpass.models import FailureKind
 
 
 class NodeProcess(FrameModel):
-    """A process a node agent started: the slot it was started for (-1: a spare) and, once it ended, its
-    exit status."""
+    """A process a node agent started: the slot it was started for (-1: a spare) and, once it ended,
+    its exit status."""
 
     agent_id: str = Field(min_length=1, max_length=ID)
     slot: int = Field(ge=-1, le=1024)
@@ -28,11 +28,11 @@ class NodeProcess(FrameModel):
 
 
 class NodeHello(FrameModel):
-    """A node agent joins its job: it runs up to `slots` ranks and `spares` warm spares (no slots: a spare
-    node), and its processes advertise `host` to their peers.
+    """A node agent joins its job: it runs up to `slots` ranks and `spares` warm spares (no slots: a
+    spare node), and its processes advertise `host` to their peers.
 
-    `rejoin`: the node is back to a restarted coordinator, with the slots from `first_slot` on and every
-    process it started (those running, and those that ended while it had no coordinator)."""
+    `rejoin`: the node is back to a restarted coordinator, with the slots from `first_slot` on and
+    every process it started (those running, and those that ended while it had no coordinator)."""
 
     t: Literal["node_hello"] = "node_hello"
     job_id: str = Field(pattern=NAME)
@@ -47,7 +47,8 @@ class NodeHello(FrameModel):
 
 
 class Spawn(FrameModel):
-    """Start one rank or spare of the node's own command, with these agent settings (TORCHPASS_* only)."""
+    """Start one rank or spare of the node's own command, with these agent settings (TORCHPASS_*
+    only)."""
 
     t: Literal["spawn"] = "spawn"
     agent_id: str = Field(min_length=1, max_length=ID)
@@ -82,9 +83,9 @@ class Exited(FrameModel):
 
 
 class GpuReport(FrameModel):
-    """What one of the node's GPUs says (`job_agent.node.gpu_health`), with the node's processes on it: a
-    failure of the GPU, or a warning (`planned`: move them off while it works). A claim of the node's:
-    the coordinator acts only on those of the processes that are its ranks on that node."""
+    """What one of the node's GPUs says (`job_agent.node.gpu_health`), with the node's processes on
+    it: a failure of the GPU, or a warning (`planned`: move them off while it works). A claim of the
+    node's: the coordinator acts only on those of the processes that are its ranks on that node."""
 
     t: Literal["gpu_report"] = "gpu_report"
     gpu: int = Field(ge=0, le=1024)
@@ -114,10 +115,11 @@ class GpuReport(FrameModel):
 
 
 class HostReport(FrameModel):
-    """What the node agent sees of its own host (`job_agent.node.host_health`): a watched filesystem full or
-    unmounted, the host out of memory (`active`: it began; else it ended), or one of its processes OOM-killed
-    (`agent_ids`: that process). A claim of the node's: the coordinator only adds it to the evidence of a
-    failure of that node's ranks (`job_agent.coordinator.detect.conditions`); on its own it starts nothing."""
+    """What the node agent sees of its own host (`job_agent.node.host_health`): a watched filesystem
+    full or unmounted, the host out of memory (`active`: it began; else it ended), or one of its
+    processes OOM-killed (`agent_ids`: that process). A claim of the node's: the coordinator only
+    adds it to the evidence of a failure of that node's ranks
+    (`job_agent.coordinator.detect.conditions`); on its own it starts nothing."""
 
     t: Literal["host_report"] = "host_report"
     kind: FailureKind
@@ -163,4 +165,5 @@ _GPU_FAILURES = frozenset(
 _GPU_WARNINGS = frozenset({FailureKind.GPU_TEMPERATURE, FailureKind.GPU_ECC_UNCORRECTABLE})
 
 
-# --- operator -> coordinator, and its answer ----------------------------------------------------------
+# --- operator -> coordinator, and its answer
+# ----------------------------------------------------------

@@ -1,6 +1,6 @@
 """The frames operators and cluster detectors send a job's coordinator, and its answers: failure
-injection and planned moves (`torchpass inject|drain`), a cluster detector's word on a node, the job's
-status (`torchpass status`)."""
+injection and planned moves (`torchpass inject|drain`), a cluster detector's word on a node, the
+job's status (`torchpass status`)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,12 @@ CLUSTER_FAILURES = frozenset(
 
 
 class NodeEvent(FrameModel):
-    """What a cluster detector (`workers.detectors.kube`, `workers.detectors.slurm`) saw of a node: cordoned
-    or drained (a planned move), or failed (NotReady, DOWN, the job's pod there deleted). A claim of the
-    cluster's: the coordinator acts only on its own ranks on that node, and takes a failure for one only once
-    its own view agrees (`job_agent.coordinator.detect.cluster`). `key` names the observation: heard twice (a
-    restarted detector re-reading the same state), it starts nothing new."""
+    """What a cluster detector (`workers.detectors.kube`, `workers.detectors.slurm`) saw of a node:
+    cordoned or drained (a planned move), or failed (NotReady, DOWN, the job's pod there deleted). A
+    claim of the cluster's: the coordinator acts only on its own ranks on that node, and takes a
+    failure for one only once its own view agrees (`job_agent.coordinator.detect.cluster`). `key`
+    names the observation: heard twice (a restarted detector re-reading the same state), it starts
+    nothing new."""
 
     t: Literal["node_event"] = "node_event"
     node: str = Field(pattern=NAME)
@@ -79,7 +80,9 @@ class RankStatus(FrameModel):
     step: int
     node: str = Field(default="", max_length=ID, description="where it runs (its failure domain)")
     pid: int = Field(default=-1, description="its process id on its node, as it said in its hello")
-    device: int = Field(default=-1, description="its GPU index on its node (LOCAL_RANK), as it said")
+    device: int = Field(
+        default=-1, description="its GPU index on its node (LOCAL_RANK), as it said"
+    )
 
 
 class Status(FrameModel):
@@ -92,9 +95,13 @@ class Status(FrameModel):
     spares: NonNegativeInt
     incident: str | None = None
     incidents: NonNegativeInt = Field(default=0, description="incidents recorded so far")
-    nodes: tuple[str, ...] = Field(default=(), max_length=1024, description="node agents joined (multi-node)")
+    nodes: tuple[str, ...] = Field(
+        default=(), max_length=1024, description="node agents joined (multi-node)"
+    )
     idle_nodes: tuple[str, ...] = Field(
-        default=(), max_length=1024, description="joined nodes with no rank that may take some: spare nodes"
+        default=(),
+        max_length=1024,
+        description="joined nodes with no rank that may take some: spare nodes",
     )
 
 
@@ -108,13 +115,14 @@ class InjectTarget(StrEnum):
     RANK = "rank"  # the rank at `slot`
     DONOR = "donor"  # with `during="transfer"`: the replica chosen to serve the state
     RECEIVER = "receiver"  # with `during="transfer"`: the first process chosen to receive it
-    SPARE = "spare"  # at once: a spare still starting if there is one, else a warm one (`slot` unused)
+    # at once: a spare still starting if there is one, else a warm one (`slot` unused)
+    SPARE = "spare"
 
 
 class Inject(FrameModel):
     """A failure to inject: when the rank at `slot` reaches `after_step` (`during="step"`), when the
-    next state transfer starts (`during="transfer"`: a second failure in the middle of a recovery), to
-    `target`, or as the next recovery's group begins to form (`during="regroup"`)."""
+    next state transfer starts (`during="transfer"`: a second failure in the middle of a recovery),
+    to `target`, or as the next recovery's group begins to form (`during="regroup"`)."""
 
     t: Literal["inject"] = "inject"
     action: InjectAction

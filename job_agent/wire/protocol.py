@@ -1,13 +1,13 @@
 """The authenticated transport between coordinator, ranks, spares and state-transfer peers.
 
 Frames are a 4-byte big-endian length and a JSON object, one of the models in `job_agent.wire`. A
-connection starts with a mutual HMAC-SHA256 challenge: each side proves it holds the job's secret without
-sending it, so a stray process, another job's rank or a port scanner is refused before it can send a
-command or read a byte of model state. Every frame after it carries an HMAC-SHA256 tag under a key of that
-connection (derived from the secret and both nonces) over its direction, its sequence number and its
-bytes: a frame altered, injected, replayed, reordered or taken from another connection fails its tag and
-ends the connection. The raw state stream of a transfer is covered by its digest, which travels in a
-tagged frame (`StateEnd`).
+connection starts with a mutual HMAC-SHA256 challenge: each side proves it holds the job's secret
+without sending it, so a stray process, another job's rank or a port scanner is refused before it
+can send a command or read a byte of model state. Every frame after it carries an HMAC-SHA256 tag
+under a key of that connection (derived from the secret and both nonces) over its direction, its
+sequence number and its bytes: a frame altered, injected, replayed, reordered or taken from another
+connection fails its tag and ends the connection. The raw state stream of a transfer is covered by
+its digest, which travels in a tagged frame (`StateEnd`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class _Session:
         return hmac.new(self.key, label + seq.to_bytes(8, "big") + body, hashlib.sha256).digest()
 
 
-# Sockets cannot carry attributes; the session of each authenticated one lives here, and goes with it.
+# Sockets cannot carry attributes; the session of each authenticated one lives here, and goes with
+# it.
 _sessions: weakref.WeakKeyDictionary[socket.socket, _Session] = weakref.WeakKeyDictionary()
 
 
@@ -88,7 +89,8 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_body(sock: socket.socket) -> bytes:
-    """One frame's bytes, not yet decoded (the coordinator answers a bad one instead of hanging up)."""
+    """One frame's bytes, not yet decoded (the coordinator answers a bad one instead of hanging
+    up)."""
     (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
     if n > MAX_FRAME:
         raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
@@ -99,7 +101,9 @@ def recv_body(sock: socket.socket) -> bytes:
         seq = session.received
         session.received += 1
         if not hmac.compare_digest(tag, session.tag(session.recv_label, seq, body)):
-            raise AuthError(f"frame {seq} failed its tag: altered, injected, replayed or out of order")
+            raise AuthError(
+                f"frame {seq} failed its tag: altered, injected, replayed or out of order"
+            )
     return body
 
 
@@ -115,7 +119,8 @@ def _mac(secret: bytes, label: bytes, *nonces: bytes) -> bytes:
 
 
 def authenticate_client(sock: socket.socket, secret: bytes) -> None:
-    """Client side of the mutual challenge. Raises AuthError if the server cannot prove the secret."""
+    """Client side of the mutual challenge. Raises AuthError if the server cannot prove the
+    secret."""
     server_nonce = recv_exact(sock, _NONCE_BYTES)
     client_nonce = os.urandom(_NONCE_BYTES)
     sock.sendall(client_nonce + _mac(secret, b"client", server_nonce, client_nonce))
@@ -126,7 +131,8 @@ def authenticate_client(sock: socket.socket, secret: bytes) -> None:
 
 
 def authenticate_server(sock: socket.socket, secret: bytes) -> None:
-    """Server side of the mutual challenge. Raises AuthError if the client cannot prove the secret."""
+    """Server side of the mutual challenge. Raises AuthError if the client cannot prove the
+    secret."""
     server_nonce = os.urandom(_NONCE_BYTES)
     sock.sendall(server_nonce)
     reply = recv_exact(sock, _NONCE_BYTES + _MAC_BYTES)
@@ -138,7 +144,8 @@ def authenticate_server(sock: socket.socket, secret: bytes) -> None:
 
 
 def connect(host: str, port: int, secret: bytes, timeout: timedelta) -> socket.socket:
-    """Open an authenticated connection within `timeout`; the returned socket blocks with no timeout."""
+    """Open an authenticated connection within `timeout`; the returned socket blocks with no
+    timeout."""
     sock = socket.create_connection((host, port), timeout=timeout.total_seconds())
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -1,6 +1,6 @@
-"""The frames between the coordinator and the processes it runs: each rank and spare (hello, progress,
-state-transfer accounts; the commands to freeze, serve, receive, regroup), and the ones a node agent
-shares with them (heartbeat, welcome, reject, exit)."""
+"""The frames between the coordinator and the processes it runs: each rank and spare (hello,
+progress, state-transfer accounts; the commands to freeze, serve, receive, regroup), and the ones a
+node agent shares with them (heartbeat, welcome, reject, exit)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ class Role(StrEnum):
 
 
 class Environment(FrameModel):
-    """What a rank's own torch says of its host, for the job's environment validation: the coordinator
-    runs no torch, and in a multi-node job the ranks' hosts are not its own."""
+    """What a rank's own torch says of its host, for the job's environment validation: the
+    coordinator runs no torch, and in a multi-node job the ranks' hosts are not its own."""
 
     torch_version: str = Field(min_length=1, max_length=64)
     backend: Literal["gloo", "nccl"] = Field(description="the one the agent forms its groups with")
@@ -30,7 +30,8 @@ class Environment(FrameModel):
     nccl_version: str | None = Field(default=None, max_length=64)
 
 
-# --- rank or spare -> coordinator ---------------------------------------------------------------------
+# --- rank or spare -> coordinator
+# ---------------------------------------------------------------------
 
 
 class Hello(FrameModel):
@@ -39,8 +40,12 @@ class Hello(FrameModel):
     role: Role
     slot: int = Field(ge=-1)
     pid: NonNegativeInt
-    device: int = Field(default=-1, ge=-1, le=1024, description="its GPU index on its node (LOCAL_RANK)")
-    rejoin: bool = Field(default=False, description="a running process back to a restarted coordinator")
+    device: int = Field(
+        default=-1, ge=-1, le=1024, description="its GPU index on its node (LOCAL_RANK)"
+    )
+    rejoin: bool = Field(
+        default=False, description="a running process back to a restarted coordinator"
+    )
     environment: Environment | None = None
 
 
@@ -49,7 +54,8 @@ class Heartbeat(FrameModel):
 
 
 class Step(FrameModel):
-    """The rank enters step k (so it completed k - 1); on a check's step, with its state's digest."""
+    """The rank enters step k (so it completed k - 1); on a check's step, with its state's
+    digest."""
 
     t: Literal["step"] = "step"
     k: NonNegativeInt
@@ -72,7 +78,8 @@ class Busy(FrameModel):
 
 
 class ShardLayout(FrameModel):
-    """What part of the model a rank holds: ranks with the same `shard` are replicas of each other."""
+    """What part of the model a rank holds: ranks with the same `shard` are replicas of each
+    other."""
 
     shard: str = Field(min_length=1, max_length=ID, description="digest of the shard's structure")
     parallelism: str = Field(default="data_parallel", max_length=ID)
@@ -129,7 +136,9 @@ class Serving(FrameModel):
     host: str = Field(min_length=1, max_length=ID, description="the address its node advertises")
     port: int = Field(gt=0, lt=65536)
     step: int = Field(ge=-1)
-    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
+    transfer: NonNegativeInt = Field(
+        default=0, description="which transfer of the incident it answers"
+    )
 
 
 class TransferProgress(FrameModel):
@@ -144,7 +153,9 @@ class Served(FrameModel):
     bytes: NonNegativeInt
     seconds: float = Field(ge=0)
     stream_seconds: float | None = Field(default=None, ge=0)
-    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
+    transfer: NonNegativeInt = Field(
+        default=0, description="which transfer of the incident it answers"
+    )
 
 
 class Received(FrameModel):
@@ -156,20 +167,29 @@ class Received(FrameModel):
     step: int = Field(ge=-1, description="the completed step it holds once installed")
     bytes: NonNegativeInt
     seconds: float = Field(ge=0)
-    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
-    stripes: tuple[Stripe, ...] = Field(default=(), max_length=4 * MAX_SOURCES, description="who sent what")
+    transfer: NonNegativeInt = Field(
+        default=0, description="which transfer of the incident it answers"
+    )
+    stripes: tuple[Stripe, ...] = Field(
+        default=(), max_length=4 * MAX_SOURCES, description="who sent what"
+    )
     dropped: tuple[NonNegativeInt, ...] = Field(
-        default=(), max_length=MAX_SOURCES, description="donors it stopped taking slices from (failed)"
+        default=(),
+        max_length=MAX_SOURCES,
+        description="donors it stopped taking slices from (failed)",
     )
 
 
 class TransferFailed(FrameModel):
     t: Literal["transfer_failed"] = "transfer_failed"
     error: str = Field(max_length=TEXT)
-    transfer: NonNegativeInt = Field(default=0, description="which transfer of the incident it answers")
+    transfer: NonNegativeInt = Field(
+        default=0, description="which transfer of the incident it answers"
+    )
 
 
-# --- coordinator -> rank or spare ---------------------------------------------------------------------
+# --- coordinator -> rank or spare
+# ---------------------------------------------------------------------
 
 
 class Welcome(FrameModel):
@@ -191,8 +211,8 @@ class Freeze(FrameModel):
     t: Literal["freeze"] = "freeze"
     abort: bool = Field(
         default=False,
-        description="a peer is lost and may never close its connections (a hung node): cut this rank's "
-        "side of its group now, so that a collective blocked on that peer fails at once",
+        description="a peer is lost and may never close its connections (a hung node): cut this "
+        "rank's side of its group now, so that a collective blocked on that peer fails at once",
     )
 
 
@@ -205,16 +225,21 @@ class Serve(FrameModel):
     t: Literal["serve"] = "serve"
     receivers: int = Field(gt=0)
     timeout: float = Field(gt=0, description="seconds")
-    transfer: NonNegativeInt = Field(default=0, description="numbers the transfer: answers carry it back")
+    transfer: NonNegativeInt = Field(
+        default=0, description="numbers the transfer: answers carry it back"
+    )
 
 
 class Receive(FrameModel):
-    """Take the state from `sources` (replicas at the frozen step), in disjoint slices, all at once."""
+    """Take the state from `sources` (replicas at the frozen step), in disjoint slices, all at
+    once."""
 
     t: Literal["receive"] = "receive"
     sources: tuple[Source, ...] = Field(min_length=1, max_length=MAX_SOURCES)
     timeout: float = Field(gt=0, description="seconds")
-    transfer: NonNegativeInt = Field(default=0, description="numbers the transfer: answers carry it back")
+    transfer: NonNegativeInt = Field(
+        default=0, description="numbers the transfer: answers carry it back"
+    )
 
 
 class Exit(FrameModel):

@@ -1,5 +1,5 @@
-"""The rendezvous store's requests and answers: one operation of `torch.distributed.Store` each, sent
-over the job's authenticated protocol (`protocol.send_body`). The server is the coordinator's
+"""The rendezvous store's requests and answers: one operation of `torch.distributed.Store` each,
+sent over the job's authenticated protocol (`protocol.send_body`). The server is the coordinator's
 (`job_agent.coordinator.store_server`), the client each rank's (`job_agent.rank.store`)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from job_agent.wire import protocol
 
-STORE_PREFIX = "gen"  # each generation's group forms under `gen<g>/`: a prefix reused reads stale keys
+# each generation's group forms under `gen<g>/`: a prefix reused reads stale keys
+STORE_PREFIX = "gen"
 
 
 def b64(value: bytes | str) -> str:
@@ -52,7 +53,8 @@ class StoreRequest(_Message):
 class StoreReply(_Message):
     t: Literal["stored"] = "stored"
     value: str | None = None  # get, compare_set: base64; None: no such key
-    number: int = 0  # add: the new value; check: 1 if every key is set; delete: 1 if it was; num_keys
+    # add: the new value; check: 1 if every key is set; delete: 1 if it was; num_keys
+    number: int = 0
 
 
 def send(sock: socket.socket, message: BaseModel) -> None:

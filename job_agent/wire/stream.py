@@ -2,9 +2,9 @@
 (`Source`). `job_agent.wire` holds them all in its union.
 
 A receiver opens one authenticated session with each donor it was given. The donor sends the state's
-header and manifest; the receiver asks for byte ranges of the state (`StateWant`, over the tensors' bytes
-laid end to end in manifest order), each answered by the bytes and a `StateEnd` carrying the digest of
-that range and of the donor's whole state; `StateAck` ends the session.
+header and manifest; the receiver asks for byte ranges of the state (`StateWant`, over the tensors'
+bytes laid end to end in manifest order), each answered by the bytes and a `StateEnd` carrying the
+digest of that range and of the donor's whole state; `StateAck` ends the session.
 """
 
 from __future__ import annotations
@@ -46,8 +46,12 @@ class StateWant(FrameModel):
 
 class StateEnd(FrameModel):
     t: Literal["end"] = "end"
-    digest: str = Field(max_length=ID, description="the donor's whole state (header and every tensor)")
-    slice_digest: str = Field(default="", max_length=ID, description="the bytes of the range just sent")
+    digest: str = Field(
+        max_length=ID, description="the donor's whole state (header and every tensor)"
+    )
+    slice_digest: str = Field(
+        default="", max_length=ID, description="the bytes of the range just sent"
+    )
 
 
 class StateAck(FrameModel):

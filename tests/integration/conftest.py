@@ -1,4 +1,5 @@
-"""Integration tier: the real Temporal dev server, the real control worker, real torch.distributed ranks.
+"""Integration tier: the real Temporal dev server, the real control worker, real torch.distributed
+ranks.
 
 Nothing is mocked here: ranks are separate Python processes running gloo on CPU, failures are real
 SIGKILLs and SIGSTOPs, and every incident runs through MigrationWorkflow on a real server.
@@ -74,8 +75,8 @@ async def run_with(
     injections: Sequence[tuple[str, int, int] | wire.Inject] = (),
     timeout: float = 150,
 ) -> JobResult:
-    """Run a job to its end, injecting (action, rank, at_step), or any `Inject`, through its coordinator's
-    control channel."""
+    """Run a job to its end, injecting (action, rank, at_step), or any `Inject`, through its
+    coordinator's control channel."""
     if not injections:
         return await asyncio.wait_for(run_job(job, client), timeout)
     task = await start_job(client, job)
@@ -98,8 +99,8 @@ async def reference(client: Client, tmp_path_factory: pytest.TempPathFactory) ->
     return result
 
 
-# A job long enough to outlast what a test does to it from outside while it trains (a detector's signal, a
-# GPU's state read once a second, two migrations in a row) on a fast machine.
+# A job long enough to outlast what a test does to it from outside while it trains (a detector's
+# signal, a GPU's state read once a second, two migrations in a row) on a fast machine.
 LONG_ARGS = ("--steps", "1000", "--width", "128", "--depth", "2")
 
 
@@ -107,16 +108,17 @@ LONG_ARGS = ("--steps", "1000", "--width", "128", "--depth", "2")
 async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactory) -> JobResult:
     """The job of LONG_ARGS on one host, never failed: one run for every test that needs it."""
     result = await run_with(
-        client, spec(tmp_path_factory.mktemp("long-ref"), "long-reference", spares=0, args=LONG_ARGS)
+        client,
+        spec(tmp_path_factory.mktemp("long-ref"), "long-reference", spares=0, args=LONG_ARGS),
     )
     assert result.ok and result.final_digest and not result.incidents, result.error
     return result
 
 
 def kill(rank: RankStatus) -> None:
-    """SIGKILL a rank's process, found by the pid it said in its hello, which the job's status shows (the
-    tests' hosts share this host's PID namespace; a forked rank's environment in /proc is its fork
-    server's, so it cannot be found there)."""
+    """SIGKILL a rank's process, found by the pid it said in its hello, which the job's status shows
+    (the tests' hosts share this host's PID namespace; a forked rank's environment in /proc is its
+    fork server's, so it cannot be found there)."""
     assert rank.pid > 1, f"no pid for {rank}"  # os.kill(-1, ...) would signal every process
     os.kill(rank.pid, signal.SIGKILL)
 

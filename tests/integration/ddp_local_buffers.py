@@ -1,10 +1,11 @@
-"""A DDP script whose replicas drift apart: a `BatchNorm1d` wrapped with `broadcast_buffers=False`, so
-each rank's running statistics follow its own batches (pass `--broadcast-buffers` for DDP's default,
-`--no-ddp` for the same model reduced by the agent, with nothing to make the statistics agree).
-`--die-after-step K`: rank 0 (as first started, not a spare that took its slot) SIGKILLs itself right
-after its optimizer's step of step K, before the step ends. `--log-loss`: the loss is all-reduced for
-logging after the optimizer's step (a collective a step must not have there). `--zero-grad-last`: the
-gradients are cleared as the step ends (as nanoGPT does), not before the backward."""
+"""A DDP script whose replicas drift apart: a `BatchNorm1d` wrapped with `broadcast_buffers=False`,
+so each rank's running statistics follow its own batches (pass `--broadcast-buffers` for DDP's
+default, `--no-ddp` for the same model reduced by the agent, with nothing to make the statistics
+agree). `--die-after-step K`: rank 0 (as first started, not a spare that took its slot) SIGKILLs
+itself right after its optimizer's step of step K, before the step ends. `--log-loss`: the loss is
+all-reduced for logging after the optimizer's step (a collective a step must not have there).
+`--zero-grad-last`: the gradients are cleared as the step ends (as nanoGPT does), not before the
+backward."""
 
 from __future__ import annotations
 
@@ -23,15 +24,22 @@ from job_agent import RankAgent
 def main() -> None:
     agent = RankAgent()
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1)
+    )
     no_ddp = "--no-ddp" in sys.argv
     model = net if no_ddp else DDP(net, broadcast_buffers="--broadcast-buffers" in sys.argv)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     agent.track(model, opt)
-    die = int(sys.argv[sys.argv.index("--die-after-step") + 1]) if "--die-after-step" in sys.argv else -1
+    die = (
+        int(sys.argv[sys.argv.index("--die-after-step") + 1])
+        if "--die-after-step" in sys.argv
+        else -1
+    )
     for step in agent.steps(30):
         with step:
-            x = torch.randn(8, 16)  # seeded by the agent from (seed, step, rank): other data on each rank
+            # seeded by the agent from (seed, step, rank): other data on each rank
+            x = torch.randn(8, 16)
             if "--zero-grad-last" not in sys.argv:
                 opt.zero_grad()
             loss = F.mse_loss(model(x), x.sum(1, keepdim=True))

@@ -1,15 +1,17 @@
 """examples/train_dp.py with faults a real rank can have, each armed once by a file named in the
 environment (so the ranks restarted after the fault behave):
 
-- FAULT_CORRUPT_ONCE: the next rank that installs a received state changes one parameter's value right
-  after `load_state_dict` (as a buggy load hook would): the bytes arrived intact, the state it holds
-  does not match the donor's.
+- FAULT_CORRUPT_ONCE: the next rank that installs a received state changes one parameter's value
+  right after `load_state_dict` (as a buggy load hook would): the bytes arrived intact, the state it
+  holds does not match the donor's.
 - FAULT_SKIP_ONCE with FAULT_SKIP_SLOT: after the next re-formed world, that rank skips a step.
-- FAULT_FLIP_ONCE with FAULT_FLIP_SLOT and FAULT_FLIP_STEP: that rank's memory goes bad once it completed
-  that step (one parameter's value changes, as a flipped bit would): silent data corruption. With
-  FAULT_FLIP_STEP=redone: the first step it completes after a re-formed world (the recovery's redone step).
-- FAULT_CUDA_ONCE with FAULT_CUDA_SLOT and FAULT_CUDA_STEP: that rank's step ends in the error a CUDA
-  driver fault raises in torch (no GPU here: the exception is the stand-in, the rest of the path is real).
+- FAULT_FLIP_ONCE with FAULT_FLIP_SLOT and FAULT_FLIP_STEP: that rank's memory goes bad once it
+  completed that step (one parameter's value changes, as a flipped bit would): silent data
+  corruption. With FAULT_FLIP_STEP=redone: the first step it completes after a re-formed world (the
+  recovery's redone step).
+- FAULT_CUDA_ONCE with FAULT_CUDA_SLOT and FAULT_CUDA_STEP: that rank's step ends in the error a
+  CUDA driver fault raises in torch (no GPU here: the exception is the stand-in, the rest of the
+  path is real).
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ def _once(variable: str) -> bool:
 
 class FaultyAgent(RankAgent):
     def track(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **extras: Stateful
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        **extras: Stateful,
     ) -> None:
         super().track(model, optimizer, **extras)
         model.register_load_state_dict_post_hook(self._corrupt)

@@ -1,4 +1,5 @@
-"""Bad input gets a clear error and loses nothing: script bugs, unknown jobs or ranks, wrong secrets."""
+"""Bad input gets a clear error and loses nothing: script bugs, unknown jobs or ranks, wrong
+secrets."""
 
 from __future__ import annotations
 
@@ -115,10 +116,12 @@ def test_jobspec_rejects_bad_values(tmp_path: Path) -> None:
     assert json.loads(JobSpec(script=SCRIPT, state_dir=tmp_path).model_dump_json())["nproc"] == 2
 
 
-async def test_ranks_that_crash_once_connected_fail_the_job_at_once(client: Client, tmp_path: Path) -> None:
-    """A script that dies after its agent connected but before training (a model that cannot be built):
-    the job fails within seconds naming the rank, not at the start-up timeout (120 s), and is no
-    migration (on the previous main it waited out the whole timeout)."""
+async def test_ranks_that_crash_once_connected_fail_the_job_at_once(
+    client: Client, tmp_path: Path
+) -> None:
+    """A script that dies after its agent connected but before training (a model that cannot be
+    built): the job fails within seconds naming the rank, not at the start-up timeout (120 s), and
+    is no migration (on the previous main it waited out the whole timeout)."""
     script = tmp_path / "crash.py"
     script.write_text(
         "from job_agent import RankAgent\n"
@@ -126,10 +129,16 @@ async def test_ranks_that_crash_once_connected_fail_the_job_at_once(client: Clie
         "raise ValueError('the model cannot be built')\n"
     )
     job = spec(tmp_path, "crash-at-start", script=script, args=(), startup_timeout=120.0)
-    result = await asyncio.wait_for(run_job(job, client), job.startup_timeout / 2)  # ends well before it
+    # ends well before it
+    result = await asyncio.wait_for(run_job(job, client), job.startup_timeout / 2)
     assert not result.ok and not result.incidents
-    # Failed on the rank's exit, named; the start-up timeout's error says "did not all join" instead.
-    assert result.error and "exited" in result.error and "before the job started training" in result.error
+    # Failed on the rank's exit, named; the start-up timeout's error says "did not all join"
+    # instead.
+    assert (
+        result.error
+        and "exited" in result.error
+        and "before the job started training" in result.error
+    )
     assert "start-up timeout" not in result.error, result.error
 
 
@@ -168,9 +177,10 @@ elif mode == "forever":
 async def test_the_code_after_the_training_loop_gets_its_grace_and_its_failure_reaches_the_result(
     client: Client, tmp_path: Path, mode: str
 ) -> None:
-    """Code after the loop (saving the model) runs to its end within `finish_grace`; an exception there,
-    or code still running when the grace is out, makes the job not ok, with the rank named (before, a
-    rank was stopped 10 s after training finished whatever it did, and its exit code was never read)."""
+    """Code after the loop (saving the model) runs to its end within `finish_grace`; an exception
+    there, or code still running when the grace is out, makes the job not ok, with the rank named
+    (before, a rank was stopped 10 s after training finished whatever it did, and its exit code was
+    never read)."""
     script = tmp_path / "after_loop.py"
     script.write_text(AFTER_LOOP)
     grace = 2.0 if mode == "forever" else 20.0
@@ -193,7 +203,9 @@ async def test_the_code_after_the_training_loop_gets_its_grace_and_its_failure_r
         assert "rank 1 exited (exit code 1) after the training loop" in result.error, result.error
     else:
         assert result.status is JobState.USER_ERROR and result.error, result
-        assert "rank 0 was still running its code after the training loop" in result.error, result.error
+        assert "rank 0 was still running its code after the training loop" in result.error, (
+            result.error
+        )
 
 
 async def test_an_idle_spare_waits_as_long_as_the_job_runs(
@@ -201,15 +213,20 @@ async def test_an_idle_spare_waits_as_long_as_the_job_runs(
 ) -> None:
     """A warm spare with nothing to do outlives the recovery timeout (2 s here, for a 300-step job):
     it is never timed out and respawned, so the pool is never empty for a moment."""
-    job = spec(tmp_path, "idle-spare", args=("--steps", "300", "--width", "64"), recovery_timeout=2.0)
+    job = spec(
+        tmp_path, "idle-spare", args=("--steps", "300", "--width", "64"), recovery_timeout=2.0
+    )
     result = await asyncio.wait_for(run_job(job, client), 150)
     assert result.ok and not result.incidents
     assert "RecoveryTimeout" not in capfd.readouterr().err
 
 
-def test_a_corrupted_secret_and_a_missing_tls_file_are_named_without_a_traceback(tmp_path: Path) -> None:
-    """A job whose secret file was damaged (here: not hex) and a TLS file that is not there: each command
-    says which file and why, exit code 2, and no traceback (a script or monitor reads stderr)."""
+def test_a_corrupted_secret_and_a_missing_tls_file_are_named_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """A job whose secret file was damaged (here: not hex) and a TLS file that is not there: each
+    command says which file and why, exit code 2, and no traceback (a script or monitor reads
+    stderr)."""
     job_dir = tmp_path / "jobs" / "damaged"
     job_dir.mkdir(parents=True)
     # Registered as running: this test's own process stands in for its coordinator.
@@ -219,7 +236,11 @@ def test_a_corrupted_secret_and_a_missing_tls_file_are_named_without_a_traceback
     env = {"TORCHPASS_STATE_DIR": str(tmp_path), "PATH": ""}
     out = _cli("inject", "kill", "--job", "damaged", "--rank", "1", env=env)
     assert out.returncode == 2, out
-    assert "its secret" in out.stderr and "cannot be read" in out.stderr and "Traceback" not in out.stderr
+    assert (
+        "its secret" in out.stderr
+        and "cannot be read" in out.stderr
+        and "Traceback" not in out.stderr
+    )
     missing = tmp_path / "missing.pem"
     out = _cli("incidents", "list", "--tls-ca", str(missing), env=env)
     assert out.returncode == 2, out

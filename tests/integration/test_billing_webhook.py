@@ -1,10 +1,11 @@
 """Credits reach billing exactly once: real HTTP, real Temporal, nothing mocked.
 
-What is real: the reference receiver (`torchpass.dev.billing_receiver`) on a loopback port, verifying every
-signature and deduplicating by idempotency key; the real `deliver_credit` activity posting to it over HTTP;
-a real Worker on the session's Temporal dev server, whose retry policy (BILLING_RETRY with shorter
-intervals, so the test takes under a second) does the retrying. The only test-only code is a one-activity
-workflow standing in for the contract workflow, and a "billing system" workflow that waits for the signal.
+What is real: the reference receiver (`torchpass.dev.billing_receiver`) on a loopback port,
+verifying every signature and deduplicating by idempotency key; the real `deliver_credit` activity
+posting to it over HTTP; a real Worker on the session's Temporal dev server, whose retry policy
+(BILLING_RETRY with shorter intervals, so the test takes under a second) does the retrying. The only
+test-only code is a one-activity workflow standing in for the contract workflow, and a "billing
+system" workflow that waits for the signal.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ WAIT = 30  # seconds: the bound on every workflow the tests wait for
 
 # The real policy, with intervals of 0.1 s, 0.2 s, 0.4 s ... instead of 1 s, 2 s, 4 s.
 FAST_RETRY = retry_policy(
-    dataclasses.replace(BILLING_RETRY, initial=timedelta(milliseconds=100), maximum=timedelta(seconds=1))
+    dataclasses.replace(
+        BILLING_RETRY, initial=timedelta(milliseconds=100), maximum=timedelta(seconds=1)
+    )
 )
 
 
@@ -141,9 +144,13 @@ async def test_a_credit_is_accepted_exactly_once_through_failing_attempts_and_a_
     client: Client,
 ) -> None:
     with BillingReceiver(SECRET, fail_first=3) as receiver:
-        async with billing_worker(client, settings(webhook_url=receiver.url, webhook_secret=SECRET)) as q:
+        async with billing_worker(
+            client, settings(webhook_url=receiver.url, webhook_secret=SECRET)
+        ) as q:
             wf_id = f"deliver-{uuid.uuid4()}"
-            run = client.execute_workflow(DeliverCreditWorkflow.run, notice(), id=wf_id, task_queue=q)
+            run = client.execute_workflow(
+                DeliverCreditWorkflow.run, notice(), id=wf_id, task_queue=q
+            )
             first = await asyncio.wait_for(run, WAIT)
             replay = await deliver(client, q, notice())
             attempts = await last_attempt(client, wf_id)
@@ -159,7 +166,9 @@ async def test_a_credit_is_accepted_exactly_once_through_failing_attempts_and_a_
 
 async def test_two_deliveries_of_one_notice_at_once_make_one_credit(client: Client) -> None:
     with BillingReceiver(SECRET) as receiver:
-        async with billing_worker(client, settings(webhook_url=receiver.url, webhook_secret=SECRET)) as q:
+        async with billing_worker(
+            client, settings(webhook_url=receiver.url, webhook_secret=SECRET)
+        ) as q:
             both = await asyncio.gather(*(deliver(client, q, notice("c-7")) for _ in range(2)))
 
     assert len(receiver.accepted) == 1 and receiver.duplicates == [notice("c-7").idempotency_key]
@@ -168,7 +177,9 @@ async def test_two_deliveries_of_one_notice_at_once_make_one_credit(client: Clie
 
 async def test_a_wrong_secret_fails_the_workflow_at_once_with_a_typed_error(client: Client) -> None:
     with BillingReceiver("the-receivers-secret") as receiver:
-        async with billing_worker(client, settings(webhook_url=receiver.url, webhook_secret="stale")) as q:
+        async with billing_worker(
+            client, settings(webhook_url=receiver.url, webhook_secret="stale")
+        ) as q:
             with pytest.raises(WorkflowFailureError) as failed:
                 await deliver(client, q, notice())
 
@@ -182,12 +193,16 @@ async def test_a_wrong_secret_fails_the_workflow_at_once_with_a_typed_error(clie
     assert receiver.rejected == ["signature does not match: wrong secret or altered body"]
 
 
-async def test_billing_workflow_receives_exactly_the_notice_beside_the_webhook(client: Client) -> None:
+async def test_billing_workflow_receives_exactly_the_notice_beside_the_webhook(
+    client: Client,
+) -> None:
     billing_id = f"billing-{uuid.uuid4()}"
     with BillingReceiver(SECRET) as receiver:
         s = settings(webhook_url=receiver.url, webhook_secret=SECRET, workflow_id=billing_id)
         async with billing_worker(client, s) as q:
-            billing = await client.start_workflow(BillingSystemWorkflow.run, id=billing_id, task_queue=q)
+            billing = await client.start_workflow(
+                BillingSystemWorkflow.run, id=billing_id, task_queue=q
+            )
             delivery = await deliver(client, q, notice())
             received = await asyncio.wait_for(billing.result(), WAIT)
 
@@ -220,9 +235,13 @@ def test_a_captured_request_replayed_after_the_tolerance_is_refused() -> None:
 def test_a_receiver_with_a_ledger_file_still_knows_a_key_after_a_restart(tmp_path: Path) -> None:
     ledger = tmp_path / "credits.json"
     with BillingReceiver(SECRET, ledger=ledger) as first:
-        assert not send_webhook(settings(webhook_url=first.url, webhook_secret=SECRET), notice()).duplicate
+        assert not send_webhook(
+            settings(webhook_url=first.url, webhook_secret=SECRET), notice()
+        ).duplicate
     with BillingReceiver(SECRET, ledger=ledger) as second:
-        assert send_webhook(settings(webhook_url=second.url, webhook_secret=SECRET), notice()).duplicate
+        assert send_webhook(
+            settings(webhook_url=second.url, webhook_secret=SECRET), notice()
+        ).duplicate
 
     assert [n.idempotency_key for n in first.accepted] == [notice().idempotency_key]
     assert second.accepted == [] and second.duplicates == [notice().idempotency_key]
@@ -233,7 +252,9 @@ def test_a_refused_connection_and_a_silent_server_are_transient() -> None:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     with pytest.raises(TransientBillingError, match="unreachable") as e:
-        http_post(f"http://user:pw@127.0.0.1:{port}/credits?token=s3cr3t#frag", b"{}", {}, timeout=2)
+        http_post(
+            f"http://user:pw@127.0.0.1:{port}/credits?token=s3cr3t#frag", b"{}", {}, timeout=2
+        )
     # The error lands in the workflow's history: no query token or credentials in it.
     assert f"http://127.0.0.1:{port}/credits unreachable" in str(e.value)
     assert "s3cr3t" not in str(e.value) and "pw" not in str(e.value) and e.value.__cause__ is None
@@ -247,8 +268,8 @@ def test_a_refused_connection_and_a_silent_server_are_transient() -> None:
 
 
 def _raw_http(url: str, request: bytes, wait: float = 5.0) -> bytes:
-    """Bytes a real client would never send, and what the server answers until it hangs up (b"" if it
-    says nothing); a server still holding the connection after `wait` seconds fails the test."""
+    """Bytes a real client would never send, and what the server answers until it hangs up (b"" if
+    it says nothing); a server still holding the connection after `wait` seconds fails the test."""
     host, port = url.split("//")[1].split("/", maxsplit=1)[0].split(":")
     with socket.create_connection((host, int(port)), timeout=wait) as s:
         s.sendall(request)
@@ -257,7 +278,9 @@ def _raw_http(url: str, request: bytes, wait: float = 5.0) -> bytes:
             while chunk := s.recv(65536):
                 chunks.append(chunk)
         except TimeoutError:
-            pytest.fail(f"the server neither answered nor hung up within {wait} s: {b''.join(chunks)!r}")
+            pytest.fail(
+                f"the server neither answered nor hung up within {wait} s: {b''.join(chunks)!r}"
+            )
         except ConnectionError:
             pass  # reset: hung up
     return b"".join(chunks)
@@ -267,13 +290,16 @@ def test_the_reference_receiver_answers_absurd_requests_and_drops_silent_ones() 
     read_timeout = 0.5
     with BillingReceiver(SECRET, read_timeout=read_timeout) as receiver:
         huge = "9" * 5000
-        answer = _raw_http(receiver.url, f"POST /credits HTTP/1.1\r\nContent-Length: {huge}\r\n\r\n".encode())
+        answer = _raw_http(
+            receiver.url, f"POST /credits HTTP/1.1\r\nContent-Length: {huge}\r\n\r\n".encode()
+        )
         assert answer.startswith(b"HTTP/1.0 413")
         body = canonical_body(notice())
         headers = {**signed_headers(notice(), body, SECRET), "X-Torchpass-Timestamp": huge}
         reply = http_post(receiver.url, body, headers, timeout=5)
         assert reply.status == 401 and b"malformed" in reply.body
-        # A request never finished: dropped at the receiver's read timeout, well before the client's.
+        # A request never finished: dropped at the receiver's read timeout, well before the
+        # client's.
         assert _raw_http(receiver.url, b"POST /credits HTTP/1.1\r\n", wait=5 * read_timeout) == b""
     with pytest.raises(ValueError, match="at least 16 characters"):
         BillingReceiver("short")
@@ -333,7 +359,8 @@ class PolicyWorkflow:
 async def test_a_sandboxed_workflow_can_import_the_billing_policy(
     client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The contract workflow imports the billing policy; Temporal's sandbox must accept the modules."""
+    """The contract workflow imports the billing policy; Temporal's sandbox must accept the
+    modules."""
     (tmp_path / "billing_policy_wf.py").write_text(SANDBOXED)
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("billing_policy_wf")

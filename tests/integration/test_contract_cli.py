@@ -1,7 +1,9 @@
-"""`torchpass contract ...` and `torchpass cost --contract` against the real dev server and control worker.
+"""`torchpass contract ...` and `torchpass cost --contract` against the real dev server and control
+worker.
 
-The CLI runs as users run it (its own event loop and Temporal connection, here in a thread); the contract
-is a real ContractWorkflow and the incident a real MigrationWorkflow of a real job that loses a rank.
+The CLI runs as users run it (its own event loop and Temporal connection, here in a thread); the
+contract is a real ContractWorkflow and the incident a real MigrationWorkflow of a real job that
+loses a rank.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from torchpass.cli import main
 from torchpass.models import ContractRef
 
 
-async def _cli(client: Client, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+async def _cli(
+    client: Client, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str]:
     address = client.service_client.config.target_host
     code = await asyncio.to_thread(main, [*argv, "--address", address])
     out, err = capsys.readouterr()
@@ -46,7 +50,9 @@ async def test_contract_commands_create_show_ledger_expand_renew(
     )
     assert code == 0, err
     assert f"renewal {start.replace(year=start.year + 1)}" in out
-    code, out, _ = await _cli(client, capsys, "contract", "opt-in", *who, "--job", "j1", "--no-validate")
+    code, out, _ = await _cli(
+        client, capsys, "contract", "opt-in", *who, "--job", "j1", "--no-validate"
+    )
     assert code == 0 and "j1" in out
     code, out, _ = await _cli(client, capsys, "contract", "show", *who)
     assert code == 0 and "success rate" in out and "120,000.00 USD" in out
@@ -85,7 +91,9 @@ async def test_contract_bad_input_gets_a_clear_error(
         "1000",
     )
     assert code == 2 and "renewal" in err.lower()
-    code, _, err = await _cli(client, capsys, "contract", "show", "--customer", cust, "--contract", "nope")
+    code, _, err = await _cli(
+        client, capsys, "contract", "show", "--customer", cust, "--contract", "nope"
+    )
     assert code == 2 and "nope" in err
     with pytest.raises(SystemExit):
         await _cli(client, capsys, "contract", "create", *who, "--start", "June 1st", "--fee", "1")
@@ -98,7 +106,16 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     who = ("--customer", cust, "--contract", cid)
     start = datetime.now(UTC).date().replace(day=1)
     code, out, err = await _cli(
-        client, capsys, "contract", "create", *who, "--start", str(start), "--fee", "1e5", "--development"
+        client,
+        capsys,
+        "contract",
+        "create",
+        *who,
+        "--start",
+        str(start),
+        "--fee",
+        "1e5",
+        "--development",
     )
     assert code == 0, err
     assert "DEVELOPMENT contract" in out and "development contract" in out
@@ -116,8 +133,8 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     task = await start_job(client, job)
     try:
         await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, timedelta(seconds=60))
-        # This host has neither Slurm nor Kubernetes: the explicit development override waives that check,
-        # which a customer contract does not accept and a development contract does.
+        # This host has neither Slurm nor Kubernetes: the explicit development override waives that
+        # check, which a customer contract does not accept and a development contract does.
         code, out, err = await _cli(
             client, capsys, "contract", "opt-in", *customer, "--job", job.job_id, "--allow-local"
         )
@@ -131,7 +148,9 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
         last = out.strip().splitlines()[-1]
         assert last == f"job {job.job_id}: covered (development contract: scheduler waived)"
         kill = wire.Inject(action=wire.InjectAction.KILL, slot=2)
-        assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)
+        assert isinstance(
+            await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok
+        )
         result = await asyncio.wait_for(asyncio.shield(task), 150)
     finally:
         if not task.done():
@@ -152,7 +171,9 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     assert incident in out and "success" in out and out.startswith("DEVELOPMENT contract")
     code, out, _ = await _cli(client, capsys, "contract", "show", *who)
     assert out.startswith("DEVELOPMENT contract") and "development" in out
-    code, out, err = await _cli(client, capsys, "cost", "--contract", cid, "--customer", cust, "--json")
+    code, out, err = await _cli(
+        client, capsys, "cost", "--contract", cid, "--customer", cust, "--json"
+    )
     assert code == 0, err
     measured = json.loads(out)
     assert measured["inputs"]["success_rate"] in ("1", "1.0", 1, 1.0)
@@ -164,9 +185,11 @@ async def test_an_uncovered_jobs_incident_is_recorded_but_excluded(
     cust, cid = ids
     who = ("--customer", cust, "--contract", cid)
     start = datetime.now(UTC).date().replace(day=1)
-    assert (await _cli(client, capsys, "contract", "create", *who, "--start", str(start), "--fee", "1e5"))[
-        0
-    ] == 0
+    assert (
+        await _cli(
+            client, capsys, "contract", "create", *who, "--start", str(start), "--fee", "1e5"
+        )
+    )[0] == 0
     job = spec(tmp_path, f"cli-{cid}", contract=ContractRef(customer_id=cust, contract_id=cid))
     result = await run_with(client, job, [("kill", 2, 20)])
     assert result.ok and result.incidents[0].success and result.incidents[0].error is None

@@ -1,6 +1,6 @@
-"""The job never waits on the control plane: the real Temporal server (persistent, as `torchpass server
---db-file` runs it) is killed, a real rank is killed while it is down, and the job recovers live by itself;
-when the server is back, the incident's workflow files the job's record, once.
+"""The job never waits on the control plane: the real Temporal server (persistent, as `torchpass
+server --db-file` runs it) is killed, a real rank is killed while it is down, and the job recovers
+live by itself; when the server is back, the incident's workflow files the job's record, once.
 
 On the previous main the survivors stayed frozen for minutes while `status` said "training", and the
 incident was booked, once the frozen ranks timed out, as a disqualified "no spare" failure.
@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -33,13 +34,14 @@ from torchpass.policies import HEARTBEAT, STICKY_PICKUP
 from workers.control import control_worker
 from workers.server import dev_server_command
 
-# What a control worker's sticky queue waits before the server hands its task to another worker, unless
-# the worker sets it (Temporal's default; the control worker sets STICKY_PICKUP).
+# What a control worker's sticky queue waits before the server hands its task to another worker,
+# unless the worker sets it (Temporal's default; the control worker sets STICKY_PICKUP).
 TEMPORAL_STICKY_DEFAULT = timedelta(seconds=10)
 
 
 class _Server:
-    """`temporal server start-dev` on one port and one SQLite file, killed and started again at will."""
+    """`temporal server start-dev` on one port and one SQLite file, killed and started again at
+    will."""
 
     def __init__(self, db: Path) -> None:
         with socket.socket() as s:
@@ -62,7 +64,9 @@ class _Server:
                 await client.count_workflows(rpc_timeout=timedelta(seconds=5))
                 return
             except Exception:
-                assert time.monotonic() < deadline and self.proc.poll() is None, "the server did not start"
+                assert time.monotonic() < deadline and self.proc.poll() is None, (
+                    "the server did not start"
+                )
                 await asyncio.sleep(0.2)
 
     def kill(self) -> None:
@@ -97,7 +101,9 @@ async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once
             task = await start_job(client, job)
             server.kill()  # the whole control plane is away from here on
             inject = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=30)
-            assert isinstance(await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok)
+            assert isinstance(
+                await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok
+            )
             deadline = time.monotonic() + 90
             while (status := await _status(tmp_path, job.job_id)).incidents < 1:
                 assert time.monotonic() < deadline and not task.done(), status
@@ -107,13 +113,22 @@ async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once
             await server.start()
             result = await asyncio.wait_for(task, 90)
             # (the control worker still runs: the workflow completes its last task after the filing)
-            assert result.ok and result.final_digest == reference.final_digest  # bitwise: as if never failed
+            # bitwise: as if never failed
+            assert result.ok and result.final_digest == reference.final_digest
             (outcome,) = result.incidents
-            assert outcome.handled_locally and outcome.disposition is Disposition.MIGRATED and outcome.success
-            assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
+            assert (
+                outcome.handled_locally
+                and outcome.disposition is Disposition.MIGRATED
+                and outcome.success
+            )
+            assert (
+                outcome.lost_slots == (1,)
+                and outcome.steps_recomputed == 0 == result.steps_recomputed
+            )
             assert outcome.classification.qualifying and not outcome.incident_id.endswith("/local")
-            # Recovered by the job itself, not frozen until the server came back: a new world was training
-            # while the server was still down (above), and the outcome says it was handled locally.
+            # Recovered by the job itself, not frozen until the server came back: a new world was
+            # training while the server was still down (above), and the outcome says it was handled
+            # locally.
             assert outcome.recovery_seconds is not None
             assert result.incidents_unfiled == 0 and not list((job.job_dir / "local").glob("*"))
             # One workflow for the job, and its result is the outcome the job holds: recorded once.
@@ -123,14 +138,16 @@ async def test_with_the_server_down_a_rank_is_migrated_by_the_job_and_filed_once
             filed = None
             while filed is None:  # recorded; the run stays open a while for late evidence
                 assert time.monotonic() < deadline + 30, "the workflow never filed the job's record"
-                filed = await handle.query(IncidentMessage.OUTCOME, result_type=MigrationOutcome | None)  # type: ignore[arg-type]
+                maybe: Any = MigrationOutcome | None
+                filed = await handle.query(IncidentMessage.OUTCOME, result_type=maybe)
                 await asyncio.sleep(0.1)
             assert filed.incident_id == outcome.incident_id == f"{runs[0].id}/{runs[0].run_id}"
             assert filed.handled_locally and filed.proof == outcome.proof
 
 
 async def _scheduled(client: Client, workflow_id: str, activity: str, deadline: float) -> None:
-    """Wait until the workflow's history has `activity` scheduled (its worker ran the tasks before)."""
+    """Wait until the workflow's history has `activity` scheduled (its worker ran the tasks
+    before)."""
     handle = client.get_workflow_handle(workflow_id)
     while True:
         with contextlib.suppress(RPCError):  # not started yet: the report is on its way
@@ -151,9 +168,9 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
     tmp_path: Path, reference: JobResult
 ) -> None:
     """The only control worker SIGKILLed while it runs an incident's workflow, another started: the
-    workflow goes on on the new worker from its history and the rank is migrated live through Temporal
-    (the job waits for it: `--control-plane-wait` 60 s). On the previous main the incident waited out the
-    steps' timeouts (21-22 s once)."""
+    workflow goes on on the new worker from its history and the rank is migrated live through
+    Temporal (the job waits for it: `--control-plane-wait` 60 s). On the previous main the incident
+    waited out the steps' timeouts (21-22 s once)."""
     async with _server(tmp_path / "temporal.db") as server:
         client = await Client.connect(server.address, data_converter=pydantic_data_converter)
         first, second = _worker(server.address), None
@@ -161,13 +178,16 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
             job = spec(tmp_path, "worker-lost", control_plane_wait=60.0)
             task = await start_job(client, job)
             inject = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=30)
-            assert isinstance(await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok)
+            assert isinstance(
+                await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok
+            )
             deadline = time.monotonic() + 60
             while (status := await _status(tmp_path, job.job_id)).incident is None:
                 assert time.monotonic() < deadline and not task.done(), status
                 await asyncio.sleep(0.01)
             await _scheduled(client, status.incident, JobActivity.TRANSFER_STATE, deadline)
-            first.kill()  # mid-transfer: the workflow's next task is this worker's (its sticky queue)
+            # mid-transfer: the workflow's next task is this worker's (its sticky queue)
+            first.kill()
             killed_at = datetime.now(UTC)
             second = _worker(server.address)
             result = await asyncio.wait_for(task, 120)
@@ -179,11 +199,17 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
                     w.communicate()
         assert result.ok and result.final_digest == reference.final_digest
         (outcome,) = result.incidents
-        assert outcome.disposition is Disposition.MIGRATED and outcome.success and not outcome.handled_locally
-        assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
+        assert (
+            outcome.disposition is Disposition.MIGRATED
+            and outcome.success
+            and not outcome.handled_locally
+        )
+        assert (
+            outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
+        )
         assert outcome.recovery_seconds is not None
-        # Liveness, not speed: the kill cost the sticky queue's pickup bound (STICKY_PICKUP, 2 s); Temporal's
-        # default pickup alone would not fit under this bound.
+        # Liveness, not speed: the kill cost the sticky queue's pickup bound (STICKY_PICKUP, 2 s);
+        # Temporal's default pickup alone would not fit under this bound.
         assert outcome.recovered_at is not None
         assert outcome.recovered_at - killed_at < TEMPORAL_STICKY_DEFAULT - STICKY_PICKUP
 
@@ -191,17 +217,20 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
 async def test_the_server_restarted_mid_transfer_costs_seconds_and_the_migration_stays_live(
     tmp_path: Path, reference: JobResult
 ) -> None:
-    """The real Temporal server (persistent) killed once an incident's transfer is scheduled and started
-    again at once: the job's and the control worker's calls reconnect, the step's result reaches the
-    workflow (or the step is retried, idempotent, after its 5 s heartbeat timeout) and the rank is migrated
-    live through Temporal (the job waits for it: `--control-plane-wait` 60 s)."""
+    """The real Temporal server (persistent) killed once an incident's transfer is scheduled and
+    started again at once: the job's and the control worker's calls reconnect, the step's result
+    reaches the workflow (or the step is retried, idempotent, after its 5 s heartbeat timeout) and
+    the rank is migrated live through Temporal (the job waits for it: `--control-plane-wait` 60
+    s)."""
     async with _server(tmp_path / "temporal.db") as server:
         client = await Client.connect(server.address, data_converter=pydantic_data_converter)
         async with control_worker(client):
             job = spec(tmp_path, "server-restarted", control_plane_wait=60.0)
             task = await start_job(client, job)
             inject = wire.Inject(action=wire.InjectAction.KILL, slot=1, after_step=30)
-            assert isinstance(await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok)
+            assert isinstance(
+                await asyncio.to_thread(request, tmp_path, job.job_id, inject), wire.Ok
+            )
             deadline = time.monotonic() + 60
             while (status := await _status(tmp_path, job.job_id)).incident is None:
                 assert time.monotonic() < deadline and not task.done(), status
@@ -213,10 +242,16 @@ async def test_the_server_restarted_mid_transfer_costs_seconds_and_the_migration
             result = await asyncio.wait_for(task, 120)
         assert result.ok and result.final_digest == reference.final_digest
         (outcome,) = result.incidents
-        assert outcome.disposition is Disposition.MIGRATED and outcome.success and not outcome.handled_locally
-        assert outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
-        # Liveness, not speed: the step's result reached the workflow once the server was back, or the step
-        # was retried after its heartbeat timeout (HEARTBEAT) at worst; not waited out to its start-to-close
-        # (a step's whole timeout: 21-22 s once).
+        assert (
+            outcome.disposition is Disposition.MIGRATED
+            and outcome.success
+            and not outcome.handled_locally
+        )
+        assert (
+            outcome.lost_slots == (1,) and outcome.steps_recomputed == 0 == result.steps_recomputed
+        )
+        # Liveness, not speed: the step's result reached the workflow once the server was back, or
+        # the step was retried after its heartbeat timeout (HEARTBEAT) at worst; not waited out to
+        # its start-to-close (a step's whole timeout: 21-22 s once).
         assert outcome.recovered_at is not None
         assert (outcome.recovered_at - back_at).total_seconds() < 2 * HEARTBEAT

@@ -1,11 +1,12 @@
-"""The coordinator of a multi-node job is no single point of failure: SIGKILLed mid-job, it leaves every
-rank training (the node agents keep them and wait for it); started again with the same command, it takes
-the job back in the generation it was in, and the next failure is migrated live.
+"""The coordinator of a multi-node job is no single point of failure: SIGKILLed mid-job, it leaves
+every rank training (the node agents keep them and wait for it); started again with the same
+command, it takes the job back in the generation it was in, and the next failure is migrated live.
 
-Real parts: the coordinator is the real `torchpass run --remote` CLI as a subprocess (killed and rerun),
-the node agents real `torchpass node` processes on hosts that are network namespaces (or loopback
-addresses: the test prints which), ranks real gloo processes, the incident a MigrationWorkflow on the real
-dev server. The run must end bitwise equal to the same job never interrupted, with no step recomputed."""
+Real parts: the coordinator is the real `torchpass run --remote` CLI as a subprocess (killed and
+rerun), the node agents real `torchpass node` processes on hosts that are network namespaces (or
+loopback addresses: the test prints which), ranks real gloo processes, the incident a
+MigrationWorkflow on the real dev server. The run must end bitwise equal to the same job never
+interrupted, with no step recomputed."""
 
 from __future__ import annotations
 
@@ -44,7 +45,18 @@ def hosts() -> Iterator[Fabric]:
 
 def coordinator(client: Client, state: Path, host: str, job_id: str) -> subprocess.Popen[str]:
     """`torchpass run --remote` for a job of 2 nodes x 2 ranks: the same command each time."""
-    run = ("run", "--job-id", job_id, "--nnodes", "2", "--nproc-per-node", "2", "--remote", "--host", host)
+    run = (
+        "run",
+        "--job-id",
+        job_id,
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--remote",
+        "--host",
+        host,
+    )
     timeouts = ("--hang-timeout", "1.5", "--node-timeout", "3", "--checkpoint-every", "20")
     return _cli(client, state, *run, *timeouts, str(SCRIPT), "--", *ARGS)
 
@@ -58,16 +70,20 @@ async def reference(client: Client, tmp_path_factory: pytest.TempPathFactory) ->
     return result
 
 
-@pytest.mark.parametrize("away", [False, True], ids=["rank-killed-once-back", "rank-killed-while-away"])
+@pytest.mark.parametrize(
+    "away", [False, True], ids=["rank-killed-once-back", "rank-killed-while-away"]
+)
 async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_back_live(
     client: Client, tmp_path: Path, hosts: Fabric, reference: JobResult, away: bool
 ) -> None:
-    """Killed once back: the job trains on without its coordinator, is taken back in the same generation
-    with the same processes, and a rank killed then is migrated live. Killed while away: the survivors'
-    collectives fail and they wait, frozen, for their coordinator; its node agent kept the rank's exit,
-    and the coordinator started again finds the slot empty and migrates it live."""
+    """Killed once back: the job trains on without its coordinator, is taken back in the same
+    generation with the same processes, and a rank killed then is migrated live. Killed while away:
+    the survivors' collectives fail and they wait, frozen, for their coordinator; its node agent
+    kept the rank's exit, and the coordinator started again finds the slot empty and migrates it
+    live."""
     state, job_id = tmp_path / "state", "mn-restart"
-    job = spec(state, job_id, args=ARGS, nodes=2, host=hosts.coordinator)  # where the CLI keeps the job
+    # where the CLI keeps the job
+    job = spec(state, job_id, args=ARGS, nodes=2, host=hosts.coordinator)
     first = coordinator(client, state, hosts.coordinator, job_id)
     second: subprocess.Popen[str] | None = None
     try:
@@ -75,11 +91,15 @@ async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_b
         a, b, spare = hosts.hosts
         for h, held, spares in ((spare, 0, 2), (a, 2, 0), (b, 2, 0)):
             hosts.start(
-                h, node_argv(job, address, h, held, spares, args=ARGS), str(tmp_path / f"{h.name}.log")
+                h,
+                node_argv(job, address, h, held, spares, args=ARGS),
+                str(tmp_path / f"{h.name}.log"),
             )
             deadline = time.monotonic() + 30
             while "joined job" not in log_of(tmp_path, h.name):
-                assert time.monotonic() < deadline and first.poll() is None, log_of(tmp_path, h.name)
+                assert time.monotonic() < deadline and first.poll() is None, log_of(
+                    tmp_path, h.name
+                )
                 await asyncio.sleep(0.05)
         before = await status(job)
         while (
@@ -96,9 +116,9 @@ async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_b
         at = max(r.step for r in before.ranks)
         if away:
             kill(next(r for r in before.ranks if r.slot == 1))
-            # Part of the scenario: the coordinator stays away while the others find their collective
-            # broken and freeze. Nothing outside can see them freeze with their coordinator dead (they
-            # tell it alone): a fixed time.
+            # Part of the scenario: the coordinator stays away while the others find their
+            # collective broken and freeze. Nothing outside can see them freeze with their
+            # coordinator dead (they tell it alone): a fixed time.
             await asyncio.sleep(3)
         else:
             # Training goes on without it: rank 0 writes checkpoints past the step it was at.
@@ -128,10 +148,15 @@ async def test_a_coordinator_killed_mid_job_is_started_again_and_takes_the_job_b
 
 
 async def _taken_back(
-    job: JobSpec, second: subprocess.Popen[str], before: wire.Status, at: int, tmp_path: Path, hosts: Fabric
+    job: JobSpec,
+    second: subprocess.Popen[str],
+    before: wire.Status,
+    at: int,
+    tmp_path: Path,
+    hosts: Fabric,
 ) -> None:
-    """The restarted coordinator holds the same world, training past where the first was killed; then a
-    rank is killed."""
+    """The restarted coordinator holds the same world, training past where the first was killed;
+    then a rank is killed."""
     back: wire.Status | None = None
     deadline = time.monotonic() + 60
     while (
@@ -149,7 +174,10 @@ async def _taken_back(
         await asyncio.sleep(0.1)
         with contextlib.suppress(OSError, AssertionError, UnknownJob):  # not yet registered
             back = await status(job)
-    print(f"coordinator killed at step {at}; taken back at {min(r.step for r in back.ranks)} of {STEPS}")
+    print(
+        f"coordinator killed at step {at}; taken back at {min(r.step for r in back.ranks)} of "
+        f"{STEPS}"
+    )
     assert back.generation == before.generation, (before, back)  # the same world: nothing restarted
     assert {r.agent for r in back.ranks} == {r.agent for r in before.ranks}
     victim = next(r for r in back.ranks if r.slot == 1)

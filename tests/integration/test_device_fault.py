@@ -1,8 +1,8 @@
-"""A CUDA driver fault (the brief's "CUDA driver fault", an interruption): the rank's step ends in the
-error torch raises for it, the agent reports a device error and ends the process at once (its GPU is not
-to be trusted), and the job migrates the rank live. No GPU exists here: `faulty_train_dp.py` raises the
-exception torch would, on one rank at one step; the report, the exit, the incident and the recovery are
-real, and the run ends bitwise equal to one never failed.
+"""A CUDA driver fault (the brief's "CUDA driver fault", an interruption): the rank's step ends in
+the error torch raises for it, the agent reports a device error and ends the process at once (its
+GPU is not to be trusted), and the job migrates the rank live. No GPU exists here:
+`faulty_train_dp.py` raises the exception torch would, on one rank at one step; the report, the
+exit, the incident and the recovery are real, and the run ends bitwise equal to one never failed.
 """
 
 from __future__ import annotations

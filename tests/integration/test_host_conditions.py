@@ -1,15 +1,15 @@
 """The brief's shared-infrastructure rows from what the node agents see of their hosts, on a real
-multi-node job: "filesystem full" and "not enough memory" are disqualifying, recorded with their reason,
-and the job falls back to a restart from its checkpoint; the same kill without them would be a live
-migration (`test_multinode`).
+multi-node job: "filesystem full" and "not enough memory" are disqualifying, recorded with their
+reason, and the job falls back to a restart from its checkpoint; the same kill without them would be
+a live migration (`test_multinode`).
 
-The filesystem is real: a 1 MiB tmpfs mounted for the test (root is needed to mount it; the project's CI
-machine has it, elsewhere the test is skipped saying so), watched by one node agent and filled for real.
-The host's memory counters are the one stand-in: an OOM kill cannot be caused safely on a shared machine,
-so the other node agent reads /proc/meminfo and /proc/vmstat from a directory the test writes in their
-format (`--proc`), and the test counts an OOM kill there as it SIGKILLs a rank, as the kernel would.
-Everything else is real: `torchpass node` processes, torch.distributed ranks, real SIGKILLs, the incidents
-MigrationWorkflows on the real dev server.
+The filesystem is real: a 1 MiB tmpfs mounted for the test (root is needed to mount it; the
+project's CI machine has it, elsewhere the test is skipped saying so), watched by one node agent and
+filled for real. The host's memory counters are the one stand-in: an OOM kill cannot be caused
+safely on a shared machine, so the other node agent reads /proc/meminfo and /proc/vmstat from a
+directory the test writes in their format (`--proc`), and the test counts an OOM kill there as it
+SIGKILLs a rank, as the kernel would. Everything else is real: `torchpass node` processes,
+torch.distributed ranks, real SIGKILLs, the incidents MigrationWorkflows on the real dev server.
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ async def test_a_rank_lost_while_its_filesystem_is_full_or_its_host_out_of_memor
         while True:
             os.write(fd, b"\0" * 65536)
     os.close(fd)
-    # The node's next reading (every 0.2 s) says so: it logs what it tells the coordinator as it tells it.
-    await until(lambda: "bytes free of" in log_of(tmp_path, disk_node), "the node to find its disk full", 30)
+    # The node's next reading (every 0.2 s) says so: it logs what it tells the coordinator as it
+    # tells it.
+    await until(
+        lambda: "bytes free of" in log_of(tmp_path, disk_node), "the node to find its disk full", 30
+    )
     on_disk_node = next(r.slot for r in before.ranks if r.node == disk_node)
     inject = wire.Inject(action=wire.InjectAction.KILL, slot=on_disk_node)
     assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, inject), wire.Ok)
@@ -89,7 +92,9 @@ async def test_a_rank_lost_while_its_filesystem_is_full_or_its_host_out_of_memor
     ):
         assert o.kind is kind and o.failure_domain == node, o
         assert o.classification.category is Category.SHARED_INFRASTRUCTURE, o.classification
-        assert not o.classification.qualifying and kind.value in o.classification.reason, o.classification
+        assert not o.classification.qualifying and kind.value in o.classification.reason, (
+            o.classification
+        )
         assert o.disposition is Disposition.FALLBACK_RESTART and o.fallback is not None, o
     assert full.lost_slots == (on_disk_node,) and memory.lost_slots == (victim.slot,)
     assert result.steps_recomputed > 0

@@ -1,7 +1,7 @@
 """Real failures of real ranks, live-migrated through MigrationWorkflow on the real dev server.
 
-Each test checks the final state is bitwise equal to an uninterrupted run, and that no completed step was
-recomputed (counted independently by the coordinator from the ranks' step reports).
+Each test checks the final state is bitwise equal to an uninterrupted run, and that no completed
+step was recomputed (counted independently by the coordinator from the ranks' step reports).
 """
 
 from __future__ import annotations
@@ -38,9 +38,18 @@ def assert_migrated_live(result: JobResult, reference: JobResult, incidents: int
         assert o.steps_recomputed == 0 and o.step_before is not None
         assert set(o.resumed_steps.values()) == {o.step_before + 1}  # as each rank reported it
         assert o.proof is not None and o.proof.donor_digest in o.proof.receiver_digests.values()
-        for r in o.proof.receivers:  # what each receiver computed itself once it installed the state
-            assert (r.installed_digest, r.installed_step) == (o.proof.donor_digest, o.proof.step_after)
-        assert {p.phase for p in o.phases} >= {Phase.CONFIRM, Phase.FREEZE, Phase.TRANSFER, Phase.REJOIN}
+        # what each receiver computed itself once it installed the state
+        for r in o.proof.receivers:
+            assert (r.installed_digest, r.installed_step) == (
+                o.proof.donor_digest,
+                o.proof.step_after,
+            )
+        assert {p.phase for p in o.phases} >= {
+            Phase.CONFIRM,
+            Phase.FREEZE,
+            Phase.TRANSFER,
+            Phase.REJOIN,
+        }
     assert result.steps_recomputed == 0
     assert result.final_digest == reference.final_digest
 
@@ -55,7 +64,9 @@ async def test_kill_of_a_nonzero_rank_is_migrated_live(
     assert o.classification.qualifying
 
 
-async def test_kill_of_rank_0_is_migrated_live(client: Client, reference: JobResult, tmp_path: Path) -> None:
+async def test_kill_of_rank_0_is_migrated_live(
+    client: Client, reference: JobResult, tmp_path: Path
+) -> None:
     result = await run_with(client, spec(tmp_path, "kill-rank-0"), [("kill", 0, 25)])
     assert_migrated_live(result, reference, 1)
     assert result.incidents[0].lost_slots == (0,)
@@ -70,9 +81,9 @@ async def test_a_hung_rank_is_fenced_and_migrated_live(
     assert_migrated_live(result, reference, 1)
     (o,) = result.incidents
     assert o.kind == FailureKind.HANG
-    # Timed from detection and from the hung rank's last progress: the hang timeout is not hidden. The two
-    # figures differ by the time the rank went without progress before it was found hung: a hang timeout
-    # (two thirds of it: slack for the clocks the two instants are read from).
+    # Timed from detection and from the hung rank's last progress: the hang timeout is not hidden.
+    # The two figures differ by the time the rank went without progress before it was found hung: a
+    # hang timeout (two thirds of it: slack for the clocks the two instants are read from).
     assert o.last_progress_at is not None and o.last_progress_at < o.detected_at
     assert o.recovery_seconds is not None and o.recovery_from_last_progress_seconds is not None
     assert o.recovery_from_last_progress_seconds - o.recovery_seconds >= 2 / 3 * job.hang_timeout
@@ -81,7 +92,9 @@ async def test_a_hung_rank_is_fenced_and_migrated_live(
 async def test_two_failures_in_one_run_are_both_migrated_live(
     client: Client, reference: JobResult, tmp_path: Path
 ) -> None:
-    result = await run_with(client, spec(tmp_path, "two-failures"), [("kill", 3, 15), ("hang", 0, 40)])
+    result = await run_with(
+        client, spec(tmp_path, "two-failures"), [("kill", 3, 15), ("hang", 0, 40)]
+    )
     assert_migrated_live(result, reference, 2)
     assert [o.lost_slots for o in result.incidents] == [(3,), (0,)]
 
@@ -97,21 +110,25 @@ async def test_incidents_are_searchable_by_job(
     # `incidents show` takes the id as listed and as the job's summary prints it (with its run id).
     address = client.service_client.config.target_host
     for shown in (found[0], incident):
-        assert await asyncio.to_thread(main, ["incidents", "show", shown, "--address", address]) == 0
+        assert (
+            await asyncio.to_thread(main, ["incidents", "show", shown, "--address", address]) == 0
+        )
         assert f"incident   {incident}" in capsys.readouterr().out
 
 
 async def test_a_collective_that_times_out_with_every_rank_alive_re_forms_in_place(
     client: Client, reference: JobResult, tmp_path: Path
 ) -> None:
-    """Rank 1 stalls (SIGSTOP, SIGCONT 3 s later) past the 1 s collective timeout but within the 5 s hang
-    timeout: its peers' collective times out, then its own fails, and nobody is lost. The group re-forms
-    in place for the next generation, no spare taken, no step recomputed."""
+    """Rank 1 stalls (SIGSTOP, SIGCONT 3 s later) past the 1 s collective timeout but within the 5 s
+    hang timeout: its peers' collective times out, then its own fails, and nobody is lost. The group
+    re-forms in place for the next generation, no spare taken, no step recomputed."""
     job = spec(tmp_path, "stall-rank-1", hang_timeout=5.0, collective_timeout=1.0)
     task = await start_job(client, job)
     try:
         pause = wire.Inject(action=wire.InjectAction.PAUSE, slot=1, after_step=20, seconds=3.0)
-        assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, pause), wire.Ok)
+        assert isinstance(
+            await asyncio.to_thread(request, job.state_dir, job.job_id, pause), wire.Ok
+        )
         result = await asyncio.wait_for(asyncio.shield(task), 150)
     finally:
         if not task.done():
@@ -121,7 +138,11 @@ async def test_a_collective_that_times_out_with_every_rank_alive_re_forms_in_pla
     (o,) = result.incidents
     assert o.kind == FailureKind.COLLECTIVE_TIMEOUT and o.lost_slots == ()
     assert o.disposition == Disposition.MIGRATED and o.success and o.classification.qualifying
-    assert o.proof is not None and o.proof.receiver_slots == () and o.proof.step_before == o.proof.step_after
+    assert (
+        o.proof is not None
+        and o.proof.receiver_slots == ()
+        and o.proof.step_before == o.proof.step_after
+    )
     assert result.generation == 1  # re-formed once, in place
 
 
@@ -129,9 +150,9 @@ async def test_a_planned_drain_moves_a_healthy_rank_to_the_spare(
     client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`torchpass drain`: rank 2 is healthy; every rank freezes at a step boundary, then rank 2 is
-    fenced and the spare takes its slot with state from a survivor. Before it, `torchpass status` shows
-    each rank's process: the pid is the process of that job and agent (its command line says so: it is
-    forked), and the local rank the one it was started with."""
+    fenced and the spare takes its slot with state from a survivor. Before it, `torchpass status`
+    shows each rank's process: the pid is the process of that job and agent (its command line says
+    so: it is forked), and the local rank the one it was started with."""
     job = spec(tmp_path, "drain-rank-2", args=("--steps", "120", "--width", "128", "--depth", "2"))
     task = asyncio.create_task(run_job(job, client))
     try:
@@ -146,7 +167,10 @@ async def test_a_planned_drain_moves_a_healthy_rank_to_the_spare(
             rows = [line.split("\t") for line in shown[2:]]
             for slot, _, _, _, local_rank, pid, agent in rows:  # one host: LOCAL_RANK is the slot
                 assert int(local_rank) == int(slot)
-                assert f"[torchpass {job.job_id}/{agent}]".encode() in title_of(int(pid)), (pid, agent)
+                assert f"[torchpass {job.job_id}/{agent}]".encode() in title_of(int(pid)), (
+                    pid,
+                    agent,
+                )
             argv = ["drain", "--job", job.job_id, "--rank", "2", "--reason", "security patch"]
             assert await asyncio.to_thread(main, argv) == 0
         assert "incident started" in capsys.readouterr().out
@@ -183,6 +207,8 @@ async def test_checkpoints_are_bounded_and_a_finished_jobs_are_removed(
     for job in (kept, gone):
         result = await run_job(job, client)
         assert result.status == JobState.FINISHED, result
-    assert [p.name for p in (kept.job_dir / "checkpoints").glob("step-*.pt")] == ["step-00000059.pt"]
+    assert [p.name for p in (kept.job_dir / "checkpoints").glob("step-*.pt")] == [
+        "step-00000059.pt"
+    ]
     assert not (gone.job_dir / "checkpoints").exists()
     assert (gone.job_dir / "result.json").exists()  # the record stays

@@ -1,12 +1,12 @@
-"""Multi-node jobs: the coordinator on one host, a node agent (`torchpass node`) on each other host running
-its ranks and warm spares, every listener on its host's own address.
+"""Multi-node jobs: the coordinator on one host, a node agent (`torchpass node`) on each other host
+running its ranks and warm spares, every listener on its host's own address.
 
 Hosts are network namespaces on a bridge, each with its own address, made and removed by
-`tests/integration/hosts.py` (or, where namespaces cannot be made, one loopback address each; the test
-prints which). Everything else is real: the node agents are `torchpass node` processes, the ranks real
-torch.distributed processes (gloo over the hosts' addresses), the kills real SIGKILLs, the incidents
-MigrationWorkflows on the real dev server. A migrated run must end bitwise equal to the same job never
-failed, with no completed step recomputed.
+`tests/integration/hosts.py` (or, where namespaces cannot be made, one loopback address each; the
+test prints which). Everything else is real: the node agents are `torchpass node` processes, the
+ranks real torch.distributed processes (gloo over the hosts' addresses), the kills real SIGKILLs,
+the incidents MigrationWorkflows on the real dev server. A migrated run must end bitwise equal to
+the same job never failed, with no completed step recomputed.
 """
 
 from __future__ import annotations
@@ -53,12 +53,27 @@ async def long_reference(client: Client, tmp_path_factory: pytest.TempPathFactor
     return result
 
 
-def node_argv(job: JobSpec, coordinator: str, host: Host, slots: int, spares: int, **kw: Any) -> list[str]:
+def node_argv(
+    job: JobSpec, coordinator: str, host: Host, slots: int, spares: int, **kw: Any
+) -> list[str]:
     argv = [sys.executable, "-m", "torchpass.cli", "node", "--job", kw.get("job_id", job.job_id)]
-    argv += ["--coordinator", coordinator, "--secret-file", kw.get("secret", str(job.job_dir / "secret"))]
+    argv += [
+        "--coordinator",
+        coordinator,
+        "--secret-file",
+        kw.get("secret", str(job.job_dir / "secret")),
+    ]
     argv += ["--host", host.address, "--name", kw.get("name", host.name)]
     argv += ["--coordinator-wait", kw.get("wait", "120")]
-    return [*argv, "--slots", str(slots), "--spares", str(spares), str(SCRIPT), *kw.get("args", ARGS)]
+    return [
+        *argv,
+        "--slots",
+        str(slots),
+        "--spares",
+        str(spares),
+        str(SCRIPT),
+        *kw.get("args", ARGS),
+    ]
 
 
 async def coordinator_of(job: JobSpec) -> str:
@@ -88,14 +103,20 @@ async def test_a_rank_killed_on_a_node_is_replaced_by_the_spare_on_its_own_node(
     job = spec(tmp_path, "mn-kill", args=ARGS, nodes=2, host=hosts.coordinator)
     task = await start_job(client, job)
     address = await coordinator_of(job)
-    assert address.rpartition(":")[0] == hosts.coordinator  # it listens on the job's address, not loopback
+    # it listens on the job's address, not loopback
+    assert address.rpartition(":")[0] == hosts.coordinator
     for h in hosts.hosts:
-        hosts.start(h, node_argv(job, address, h, slots=2, spares=1), str(tmp_path / f"{h.name}.log"))
+        hosts.start(
+            h, node_argv(job, address, h, slots=2, spares=1), str(tmp_path / f"{h.name}.log")
+        )
     kill = wire.Inject(action=wire.InjectAction.KILL, slot=3, after_step=20)
     before: wire.Status | None = None
-    # Both nodes' spares warm before the kill: a rank is replaced on its own node when that node's spare
-    # is ready (on a loaded machine a spare can still be starting at step 20, and then any node's serves).
-    while before is None or len(before.ranks) < 4 or before.state != "training" or before.spares < 2:
+    # Both nodes' spares warm before the kill: a rank is replaced on its own node when that node's
+    # spare is ready (on a loaded machine a spare can still be starting at step 20, and then any
+    # node's serves).
+    while (
+        before is None or len(before.ranks) < 4 or before.state != "training" or before.spares < 2
+    ):
         assert not task.done(), (await task).error
         await asyncio.sleep(0.02)
         before = await status(job)
@@ -111,16 +132,18 @@ async def test_a_rank_killed_on_a_node_is_replaced_by_the_spare_on_its_own_node(
     result = await asyncio.wait_for(task, 150)
 
     moved = {r.slot: r for r in after.ranks}
-    assert moved[3].agent != {r.slot: r.agent for r in before.ranks}[3]  # a new process holds slot 3...
+    # a new process holds slot 3...
+    assert moved[3].agent != {r.slot: r.agent for r in before.ranks}[3]
     assert moved[3].node == placed[3], after  # ...the spare of the node that lost it
     assert result.ok, (result.error, log_of(tmp_path, placed[3]))
     (outcome,) = result.incidents
     assert outcome.disposition is Disposition.MIGRATED and outcome.success, outcome
     assert outcome.lost_slots == (3,) and outcome.failure_domain == placed[3], outcome
-    # Striped: the state came in slices from a replica on each node (slot 0's and slot 2's), each slice
-    # verified against what its donor sent. A survivor still short of the frozen step takes the state too
-    # and serves none (a ring all-reduce ends on the ranks at different moments: the lost rank may have
-    # completed a step that a peer had not), so its node's next replica serves, if it has one.
+    # Striped: the state came in slices from a replica on each node (slot 0's and slot 2's), each
+    # slice verified against what its donor sent. A survivor still short of the frozen step takes
+    # the state too and serves none (a ring all-reduce ends on the ranks at different moments: the
+    # lost rank may have completed a step that a peer had not), so its node's next replica serves,
+    # if it has one.
     assert outcome.proof is not None
     by_slot = {r.slot: r for r in outcome.proof.receivers}
     behind = set(by_slot) - {3}
@@ -128,7 +151,10 @@ async def test_a_rank_killed_on_a_node_is_replaced_by_the_spare_on_its_own_node(
     firsts = (next((s for s in node if s not in behind), None) for node in ((0, 1), (2,)))
     donors = [s for s in firsts if s is not None]  # each node's first replica at the frozen step
     receiver = by_slot[3]
-    assert [s.donor for s in receiver.stripes] == donors and receiver.dropped == (), (behind, receiver)
+    assert [s.donor for s in receiver.stripes] == donors and receiver.dropped == (), (
+        behind,
+        receiver,
+    )
     assert outcome.proof.donor_digests.keys() == set(donors), outcome.proof
     assert outcome.steps_recomputed == 0 == result.steps_recomputed
     assert result.final_digest == long_reference.final_digest
@@ -137,17 +163,22 @@ async def test_a_rank_killed_on_a_node_is_replaced_by_the_spare_on_its_own_node(
 async def test_a_donor_lost_as_the_state_moves_leaves_the_other_nodes_replica_to_serve(
     client: Client, tmp_path: Path, hosts: Fabric, long_reference: JobResult
 ) -> None:
-    """Two nodes of two ranks and a warm spare each. Rank 1 is killed; of the two donors (one replica per
-    node: slots 0 and 2) slot 0 is killed as the transfer starts. The receiver takes every slice from
-    slot 2, slot 0 becomes one more loss of the same incident and gets the other node's spare and the
-    state in turn: migrated live, both slots moved, bitwise equal, nothing recomputed."""
+    """Two nodes of two ranks and a warm spare each. Rank 1 is killed; of the two donors (one
+    replica per node: slots 0 and 2) slot 0 is killed as the transfer starts. The receiver takes
+    every slice from slot 2, slot 0 becomes one more loss of the same incident and gets the other
+    node's spare and the state in turn: migrated live, both slots moved, bitwise equal, nothing
+    recomputed."""
     job = spec(tmp_path, "mn-donor", args=ARGS, nodes=2, host=hosts.coordinator)
     task = await start_job(client, job)
     address = await coordinator_of(job)
     for h in hosts.hosts:
-        hosts.start(h, node_argv(job, address, h, slots=2, spares=1), str(tmp_path / f"{h.name}.log"))
+        hosts.start(
+            h, node_argv(job, address, h, slots=2, spares=1), str(tmp_path / f"{h.name}.log")
+        )
     before: wire.Status | None = None
-    while before is None or len(before.ranks) < 4 or before.state != "training" or before.spares < 2:
+    while (
+        before is None or len(before.ranks) < 4 or before.state != "training" or before.spares < 2
+    ):
         assert not task.done(), (await task).error
         await asyncio.sleep(0.02)
         before = await status(job)
@@ -165,7 +196,8 @@ async def test_a_donor_lost_as_the_state_moves_leaves_the_other_nodes_replica_to
     assert outcome.lost_slots == (0, 1), outcome
     assert outcome.proof is not None and outcome.proof.lost_during == (0,), outcome.proof
     for r in outcome.proof.receivers:
-        assert {s.donor for s in r.stripes} == {2}, r  # slot 0 never served: all from the other node
+        # slot 0 never served: all from the other node
+        assert {s.donor for s in r.stripes} == {2}, r
     assert outcome.steps_recomputed == 0 == result.steps_recomputed
     assert result.final_digest == long_reference.final_digest
 
@@ -184,7 +216,9 @@ async def test_nodes_that_do_not_belong_are_refused_and_the_job_runs_on(
     a, b = hosts.hosts
 
     def attempt(log: str, host: Host, **kw: str) -> subprocess.Popen[bytes]:
-        return hosts.start(host, node_argv(job, address, host, 2, 0, **kw), str(tmp_path / f"{log}.log"))
+        return hosts.start(
+            host, node_argv(job, address, host, 2, 0, **kw), str(tmp_path / f"{log}.log")
+        )
 
     strangers = {
         "wrong-secret": attempt("wrong-secret", a, secret=str(wrong), name="intruder"),
@@ -192,7 +226,9 @@ async def test_nodes_that_do_not_belong_are_refused_and_the_job_runs_on(
     }
     for name, p in strangers.items():
         assert await asyncio.to_thread(p.wait, 60) == EXIT_REFUSED, log_of(tmp_path, name)
-    assert "refused" in log_of(tmp_path, "wrong-secret") and "some-other-job" in log_of(tmp_path, "other-job")
+    assert "refused" in log_of(tmp_path, "wrong-secret") and "some-other-job" in log_of(
+        tmp_path, "other-job"
+    )
     first = hosts.start(a, node_argv(job, address, a, 2, 1), str(tmp_path / "node0.log"))
     deadline = time.monotonic() + 30
     while "joined job" not in log_of(tmp_path, "node0"):
@@ -202,8 +238,9 @@ async def test_nodes_that_do_not_belong_are_refused_and_the_job_runs_on(
     assert await asyncio.to_thread(twice.wait, 60) == EXIT_REFUSED
     assert "already joined" in log_of(tmp_path, "twice")
     hosts.start(b, node_argv(job, address, b, 2, 1), str(tmp_path / "node1.log"))
-    # The job has all its nodes once node1 joined: a node coming then is late (asked as soon as that, the
-    # late agent reads the job's secret well before a loaded machine could finish the job and remove it).
+    # The job has all its nodes once node1 joined: a node coming then is late (asked as soon as
+    # that, the late agent reads the job's secret well before a loaded machine could finish the job
+    # and remove it).
     while "joined job" not in log_of(tmp_path, "node1"):
         assert not task.done(), (await task).error
         await asyncio.sleep(0.05)
@@ -237,17 +274,25 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
     how: signal.Signals,
 ) -> None:
     """Two nodes of two ranks and a spare node with two warm spares. One training node's agent is
-    SIGKILLed, its ranks die with it (their parent-death signal): every report of that loss folds into one
-    incident whose lost slots are both of the node's, the spare node takes them, the state comes from the
-    other node's replicas, and the run ends bitwise equal. Losing the node of rank 0 is no different.
+    SIGKILLed, its ranks die with it (their parent-death signal): every report of that loss folds
+    into one incident whose lost slots are both of the node's, the spare node takes them, the state
+    comes from the other node's replicas, and the run ends bitwise equal. Losing the node of rank 0
+    is no different.
 
-    A hung node (its agent and ranks SIGSTOPped: nothing on it can act or answer) is the same loss: its
-    node is unheard past the node timeout, and all of it is fenced without its help: the coordinator shuts
-    its connections, the survivors cut their side of the group (a collective waiting on a stopped peer
-    would otherwise block until its timeout). Resumed after the run, its agent finds its coordinator gone
-    and stops its processes, none of which rejoined."""
+    A hung node (its agent and ranks SIGSTOPped: nothing on it can act or answer) is the same loss:
+    its node is unheard past the node timeout, and all of it is fenced without its help: the
+    coordinator shuts its connections, the survivors cut their side of the group (a collective
+    waiting on a stopped peer would otherwise block until its timeout). Resumed after the run, its
+    agent finds its coordinator gone and stops its processes, none of which rejoined."""
     hosts = three_hosts
-    job = spec(tmp_path, f"mn-node-{lost}-{how}", args=ARGS, nodes=2, host=hosts.coordinator, node_timeout=3)
+    job = spec(
+        tmp_path,
+        f"mn-node-{lost}-{how}",
+        args=ARGS,
+        nodes=2,
+        host=hosts.coordinator,
+        node_timeout=3,
+    )
     task = await start_job(client, job)
     address = await coordinator_of(job)
     a, b, spare = hosts.hosts
@@ -255,7 +300,8 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
     # The spare node first (it holds no slot), then node0 (slots 0 and 1) and node1 (slots 2 and 3).
     for h, held, spares in ((spare, 0, 2), (a, 2, 0), (b, 2, 0)):
         log = str(tmp_path / f"{h.name}.log")
-        # A hung node, resumed after the job: its agent waits 2 s for a coordinator, then stops its ranks.
+        # A hung node, resumed after the job: its agent waits 2 s for a coordinator, then stops its
+        # ranks.
         agents[h.name] = hosts.start(h, node_argv(job, address, h, held, spares, wait="2"), log)
         deadline = time.monotonic() + 30
         while "joined job" not in log_of(tmp_path, h.name):
@@ -264,7 +310,9 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
     before = await status(job)
     # Lost once the world trains (a rank lost while the first group forms is another case).
     while (
-        before.state != "training" or before.spares < 2 or min((r.step for r in before.ranks), default=0) < 3
+        before.state != "training"
+        or before.spares < 2
+        or min((r.step for r in before.ranks), default=0) < 3
     ):
         assert not task.done(), (await task).error
         await asyncio.sleep(0.05)
@@ -280,21 +328,33 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
         after = await status(job)
     result = await asyncio.wait_for(task, 150)
     if how == signal.SIGSTOP:
-        hosts.stop(agents[victim], signal.SIGCONT)  # the host is back: its agent leaves, ending its ranks
+        # the host is back: its agent leaves, ending its ranks
+        hosts.stop(agents[victim], signal.SIGCONT)
         assert agents[victim].wait(30) == EXIT_COORDINATOR_LOST, log_of(tmp_path, victim)
 
-    assert {r.slot: r.node for r in after.ranks if r.slot in slots} == dict.fromkeys(slots, "node2"), after
+    assert {r.slot: r.node for r in after.ranks if r.slot in slots} == dict.fromkeys(
+        slots, "node2"
+    ), after
     assert result.ok, result.error
     (outcome,) = result.incidents  # one incident for the node, however many reports it made
     assert outcome.disposition is Disposition.MIGRATED and outcome.success, outcome
     assert outcome.lost_slots == slots and outcome.failure_domain == victim, outcome
-    # The node's own loss and its ranks' exits (those not fenced first), one incident: the brief's "entire
-    # node failure". A hung node's ranks may be found hung before the node is: then the incident is a hang.
+    # The node's own loss and its ranks' exits (those not fenced first), one incident: the brief's
+    # "entire node failure". A hung node's ranks may be found hung before the node is: then the
+    # incident is a hang.
     hung = how == signal.SIGSTOP
-    assert outcome.kind is FailureKind.NODE_FAILURE or (hung and outcome.kind is FailureKind.HANG), outcome
+    assert outcome.kind is FailureKind.NODE_FAILURE or (
+        hung and outcome.kind is FailureKind.HANG
+    ), outcome
     # Both rows qualify: a node lost is the host row, a hang the interruption row.
-    expected = Category.HOST_GPU_FABRIC if outcome.kind is FailureKind.NODE_FAILURE else Category.INTERRUPTION
-    assert outcome.classification.category is expected and outcome.classification.qualifying, outcome
+    expected = (
+        Category.HOST_GPU_FABRIC
+        if outcome.kind is FailureKind.NODE_FAILURE
+        else Category.INTERRUPTION
+    )
+    assert outcome.classification.category is expected and outcome.classification.qualifying, (
+        outcome
+    )
     assert outcome.steps_recomputed == 0 == result.steps_recomputed
     assert result.final_digest == long_reference.final_digest
 
@@ -302,17 +362,23 @@ async def test_a_node_lost_whole_is_one_incident_and_the_spare_node_takes_its_sl
 async def test_a_node_lost_with_no_spare_anywhere_is_disqualified_and_restarts_from_the_checkpoint(
     client: Client, tmp_path: Path, hosts: Fabric, long_reference: JobResult
 ) -> None:
-    """Two nodes of two ranks, no warm spare anywhere: a node lost whole is the brief's "spare resources
-    not available" (disqualified, recorded), and the job falls back to a checkpoint restart on the node
-    left, which ends bitwise equal with the recomputed steps counted."""
+    """Two nodes of two ranks, no warm spare anywhere: a node lost whole is the brief's "spare
+    resources not available" (disqualified, recorded), and the job falls back to a checkpoint
+    restart on the node left, which ends bitwise equal with the recomputed steps counted."""
     job = spec(tmp_path, "mn-no-spare", args=ARGS, nodes=2, host=hosts.coordinator, spares=0)
     task = await start_job(client, job)
     address = await coordinator_of(job)
     agents = {}
     for h in hosts.hosts:
-        agents[h.name] = hosts.start(h, node_argv(job, address, h, 2, 0), str(tmp_path / f"{h.name}.log"))
+        agents[h.name] = hosts.start(
+            h, node_argv(job, address, h, 2, 0), str(tmp_path / f"{h.name}.log")
+        )
     before = await status(job)
-    while before.state != "training" or len(before.ranks) < 4 or min(r.step for r in before.ranks) < 30:
+    while (
+        before.state != "training"
+        or len(before.ranks) < 4
+        or min(r.step for r in before.ranks) < 30
+    ):
         assert not task.done(), (await task).error
         await asyncio.sleep(0.05)
         before = await status(job)

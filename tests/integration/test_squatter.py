@@ -1,9 +1,9 @@
-"""A workflow pre-created at the id of a job's next incident by anyone who can reach Temporal (a squatter):
-well-formed, but sending the job's activities to another task queue, it would hold the job's own report
-where nothing ever acts on it. The job asks the run that got its report whose incident it is, sees it is
-not its own, and moves the incident to a fresh id nobody can guess, where it is migrated live,
-and its outcome reaches the contract's ledger once. The real Temporal dev server, the real control
-worker, real ranks and a real SIGKILL."""
+"""A workflow pre-created at the id of a job's next incident by anyone who can reach Temporal (a
+squatter): well-formed, but sending the job's activities to another task queue, it would hold the
+job's own report where nothing ever acts on it. The job asks the run that got its report whose
+incident it is, sees it is not its own, and moves the incident to a fresh id nobody can guess, where
+it is migrated live, and its outcome reaches the contract's ledger once. The real Temporal dev
+server, the real control worker, real ranks and a real SIGKILL."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migra
     job = spec(tmp_path, "squatted", args=ARGS, contract=contract)
     task = await start_job(client, job)
     try:
-        status = await asyncio.to_thread(wait_until_ready, job.state_dir, job.job_id, timedelta(seconds=60))
+        status = await asyncio.to_thread(
+            wait_until_ready, job.state_dir, job.job_id, timedelta(seconds=60)
+        )
         agent = next(r.agent for r in status.ranks if r.slot == 2)
         domain = f"{socket.gethostname()}/{agent}"  # what the job will name rank 2's failure domain
         squatted = incident_workflow_id(job.job_id, domain, status.generation)
@@ -45,18 +47,24 @@ async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migra
             detail="a squatter's claim",
             observed_at=datetime.now(UTC),
         )
-        start = FailureReport(evidence=forged, job_task_queue="torchpass-job-elsewhere", generation=0)
+        start = FailureReport(
+            evidence=forged, job_task_queue="torchpass-job-elsewhere", generation=0
+        )
         squatter = await client.start_workflow(
             WorkflowName.MIGRATION, start, id=squatted, task_queue=CONTROL_TASK_QUEUE
         )
         at = max(r.step for r in status.ranks) + 10
         kill = wire.Inject(action=wire.InjectAction.KILL, slot=2, after_step=at)
-        assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)
+        assert isinstance(
+            await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok
+        )
         result = await asyncio.wait_for(asyncio.shield(task), 120)
     finally:
         if not task.done():
             task.cancel()
-    reference = await start_job(client, spec(tmp_path / "ref", "squatted-reference", spares=0, args=ARGS))
+    reference = await start_job(
+        client, spec(tmp_path / "ref", "squatted-reference", spares=0, args=ARGS)
+    )
     assert_migrated_live(result, await asyncio.wait_for(reference, 120), 1)
     (o,) = result.incidents
     moved, _, _ = o.incident_id.partition("/")

@@ -1,7 +1,8 @@
-"""Ctrl-C at a terminal running `torchpass run`: the whole foreground process group gets SIGINT, as here
-(the real CLI as a subprocess in a session of its own, the real dev server, real ranks). The job stops the
-orderly way: its result is written with why, its registration and secret are removed, and no rank is left
-behind. On the previous main the interrupt left no result, the job registered and its secret on disk."""
+"""Ctrl-C at a terminal running `torchpass run`: the whole foreground process group gets SIGINT, as
+here (the real CLI as a subprocess in a session of its own, the real dev server, real ranks). The
+job stops the orderly way: its result is written with why, its registration and secret are removed,
+and no rank is left behind. On the previous main the interrupt left no result, the job registered
+and its secret on disk."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def _ranks_of(state_dir: Path) -> list[int]:
         except OSError:
             continue
         # Started cold, its environment names the state directory; forked, its command line the job.
-        if b"train_dp.py" in cmd and (str(state_dir).encode() in env or b"[torchpass stop-me/" in cmd):
+        if b"train_dp.py" in cmd and (
+            str(state_dir).encode() in env or b"[torchpass stop-me/" in cmd
+        ):
             found.append(int(pid))
     return found
 
@@ -52,7 +55,12 @@ async def test_ctrl_c_stops_the_job_in_order_and_records_it(client: Client, tmp_
     ]
     env = {**os.environ, "TORCHPASS_STATE_DIR": str(tmp_path)}
     proc = subprocess.Popen(
-        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         await asyncio.to_thread(wait_until_ready, tmp_path, job_id, timedelta(seconds=90))

@@ -1,8 +1,8 @@
-"""An unmodified torchrun script (`examples/torchrun_ddp.py`, no torchpass import) under `torchpass run
---no-agent`: torchrun's environment, a real rank SIGKILLed, the failure an incident with its workflow,
-classified "not configured for live migration" (disqualifying: never counted, live or not), and the whole
-job restarted from the script's own checkpoint, the restart count and the steps recomputed (measured from
-the optimizer's own step count) in the result."""
+"""An unmodified torchrun script (`examples/torchrun_ddp.py`, no torchpass import) under `torchpass
+run --no-agent`: torchrun's environment, a real rank SIGKILLed, the failure an incident with its
+workflow, classified "not configured for live migration" (disqualifying: never counted, live or
+not), and the whole job restarted from the script's own checkpoint, the restart count and the steps
+recomputed (measured from the optimizer's own step count) in the result."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ SCRIPT = ROOT / "examples" / "torchrun_ddp.py"
 async def test_a_kill_restarts_the_whole_job_from_the_scripts_checkpoint_and_is_recorded(
     client: Client, tmp_path: Path, save: str
 ) -> None:
-    """The script's checkpoint saved by rank 0 with `torch.save` to a path or to a file it opened, or by
-    every rank with `torch.distributed.checkpoint.save` (seen once the script imports it) or its
-    `async_save` (counted once its upload completed): each is found, and the restart's recomputed steps
-    measured from it."""
+    """The script's checkpoint saved by rank 0 with `torch.save` to a path or to a file it opened,
+    or by every rank with `torch.distributed.checkpoint.save` (seen once the script imports it) or
+    its `async_save` (counted once its upload completed): each is found, and the restart's
+    recomputed steps measured from it."""
     ckpt = str(tmp_path / "ckpt.pt")
     args = ("--steps", "40", "--width", "64", "--ckpt", ckpt, "--ckpt-every", "5", "--save", save)
-    # The default hang timeout (10 s), not the tests' 1.5 s: on a loaded 2-core machine a rank saving the
-    # last checkpoint could miss heartbeats that long, a hang this test is not about.
+    # The default hang timeout (10 s), not the tests' 1.5 s: on a loaded 2-core machine a rank
+    # saving the last checkpoint could miss heartbeats that long, a hang this test is not about.
     job = spec(
         tmp_path,
         f"unmodified-kill-{save}",
@@ -46,20 +46,30 @@ async def test_a_kill_restarts_the_whole_job_from_the_scripts_checkpoint_and_is_
     assert result.steps_completed == 40 and result.restarts == 1
     [o] = result.incidents
     assert o.disposition is Disposition.FALLBACK_RESTART and not o.success
-    assert o.classification.category is Category.UNABLE_TO_RECOVER and not o.classification.qualifying
+    assert (
+        o.classification.category is Category.UNABLE_TO_RECOVER and not o.classification.qualifying
+    )
     assert NO_AGENT_REASON in o.classification.reason
     assert o.fallback is not None and o.fallback.restored_step in (14, 19)  # the script's last save
-    # The kill lands as rank 2 enters step 17 (so the job had completed 16, perhaps 17): the steps from
-    # the checkpoint's up to there ran twice, as the restarted ranks' optimizers counted them.
+    # The kill lands as rank 2 enters step 17 (so the job had completed 16, perhaps 17): the steps
+    # from the checkpoint's up to there ran twice, as the restarted ranks' optimizers counted them.
     fb = o.fallback
-    assert fb.failed_at_step in (16, 17) and o.steps_recomputed == fb.failed_at_step - fb.restored_step, o
+    assert (
+        fb.failed_at_step in (16, 17) and o.steps_recomputed == fb.failed_at_step - fb.restored_step
+    ), o
 
 
 async def test_max_restarts_bounds_the_restarts(client: Client, tmp_path: Path) -> None:
     """With --max-restarts 0 the first failure ends the job, recorded, instead of restarting it."""
     args = ("--steps", "40", "--width", "64", "--ckpt", str(tmp_path / "ckpt.pt"))
     job = spec(
-        tmp_path, "unmodified-bounded", spares=0, script=SCRIPT, args=args, agent=False, max_restarts=0
+        tmp_path,
+        "unmodified-bounded",
+        spares=0,
+        script=SCRIPT,
+        args=args,
+        agent=False,
+        max_restarts=0,
     )
     result = await run_with(client, job, [("kill", 1, 8)])
     assert not result.ok and result.restarts == 0

@@ -1,10 +1,10 @@
 """Environment validation of a real running job, recorded on a real ContractWorkflow.
 
-The job is a real 4-rank gloo job with one warm spare (tests/integration/conftest.py) whose coordinator's
-worker serves the real `describe_job`. EnvironmentValidationWorkflow, the real control-side activities and
-the real ContractWorkflow run on a worker of this test against the real dev server. No scheduler runs on
-this machine: the scheduler check is waived by the explicit local-development override, which covers the
-job on a development contract only.
+The job is a real 4-rank gloo job with one warm spare (tests/integration/conftest.py) whose
+coordinator's worker serves the real `describe_job`. EnvironmentValidationWorkflow, the real
+control-side activities and the real ContractWorkflow run on a worker of this test against the real
+dev server. No scheduler runs on this machine: the scheduler check is waived by the explicit
+local-development override, which covers the job on a development contract only.
 """
 
 from __future__ import annotations
@@ -34,7 +34,13 @@ from torchpass.contract.rules import add_months
 from torchpass.contract.terms import ContractPurpose, ContractTerms
 from torchpass.ids import WorkflowName, job_task_queue
 from torchpass.job import JobResult, JobState
-from torchpass.validation.report import Check, CheckStatus, ReportStatus, ValidateInput, ValidationReport
+from torchpass.validation.report import (
+    Check,
+    CheckStatus,
+    ReportStatus,
+    ValidateInput,
+    ValidationReport,
+)
 from workers import contract_client as cc
 from workers.job import run_job
 from workflows.contract import CONTRACT_WORKFLOWS
@@ -93,7 +99,9 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
         renewal_date=add_months(today, 12),
         annual_fee=Money(amount=Decimal("120000.00"), currency="USD"),
     )
-    dev_terms = terms.model_copy(update={"contract_id": "c-dev", "purpose": ContractPurpose.DEVELOPMENT})
+    dev_terms = terms.model_copy(
+        update={"contract_id": "c-dev", "purpose": ContractPurpose.DEVELOPMENT}
+    )
     ledger = LedgerActivities(client)  # the real checks: reports from the real validation workflow
     acts: list[Callable[..., Any]] = [
         *validation_activities(ValidationSettings(allow_local=True)),
@@ -103,7 +111,10 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
     task = asyncio.create_task(run_job(job, client))
     try:
         async with Worker(
-            client, task_queue=queue, workflows=[*VALIDATION_WORKFLOWS, *CONTRACT_WORKFLOWS], activities=acts
+            client,
+            task_queue=queue,
+            workflows=[*VALIDATION_WORKFLOWS, *CONTRACT_WORKFLOWS],
+            activities=acts,
         ):
             contract = await cc.create_contract(client, terms, task_queue=queue)
             dev_contract = await cc.create_contract(client, dev_terms, task_queue=queue)
@@ -114,7 +125,9 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
             standing = await cc.get_standing(client, customer, "c-1")
             dev_report = await validate(client, queue, customer, "c-dev", job.job_id)
             dev_standing = await cc.get_standing(client, customer, "c-dev")
-            unrecorded = await validate(client, queue, f"nobody-{uuid.uuid4().hex[:8]}", "c-1", job.job_id)
+            unrecorded = await validate(
+                client, queue, f"nobody-{uuid.uuid4().hex[:8]}", "c-1", job.job_id
+            )
             await contract.terminate("test over")
             await dev_contract.terminate("test over")
     finally:
@@ -123,7 +136,9 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
 
     checks = {c.name: c for c in report.checks}
     # Every check passed but the scheduler's, which was waived: not a pass.
-    assert report.status is ReportStatus.PASSED_WITH_WAIVERS, [c for c in report.checks if not c.passed]
+    assert report.status is ReportStatus.PASSED_WITH_WAIVERS, [
+        c for c in report.checks if not c.passed
+    ]
     assert not report.passed and report.waived == (Check.SCHEDULER,)
     assert checks[Check.SCHEDULER].status is CheckStatus.WAIVED
     assert "4 of 4 rank slots" in checks[Check.AGENT].detail
@@ -134,8 +149,13 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
     assert "server 1." in checks[Check.TEMPORAL].detail
     # A customer contract does not accept a waived check; a development contract does.
     assert standing.covered_jobs == ()
-    assert dev_report.status is ReportStatus.PASSED_WITH_WAIVERS and dev_report.waived == (Check.SCHEDULER,)
-    assert dev_standing.covered_jobs == (job.job_id,) and dev_standing.purpose is ContractPurpose.DEVELOPMENT
+    assert dev_report.status is ReportStatus.PASSED_WITH_WAIVERS and dev_report.waived == (
+        Check.SCHEDULER,
+    )
+    assert (
+        dev_standing.covered_jobs == (job.job_id,)
+        and dev_standing.purpose is ContractPurpose.DEVELOPMENT
+    )
 
     assert not unrecorded.passed
     assert [c.name for c in unrecorded.checks if c.status is CheckStatus.FAILED] == [Check.RECORDED]

@@ -1,8 +1,8 @@
 """A data-parallel script that builds its model before seeding it the same on every rank (pass
 `--seeded` for the fix): each rank starts from its own weights. With `--stream-per-rank` (and
-`--seeded`) the model is one, but a random stream it tracks is seeded per rank. With `--prefetch` (and
-`--seeded`) it fetches its batches ahead, as nanoGPT does: the first before the loop, each next one in the
-step before."""
+`--seeded`) the model is one, but a random stream it tracks is seeded per rank. With `--prefetch`
+(and `--seeded`) it fetches its batches ahead, as nanoGPT does: the first before the loop, each next
+one in the step before."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What the Kubernetes API means, for the stub API server (stub_apiserver): the resources it serves, Status
-errors, label and field selectors, merge, strategic merge and JSON patches, and the cordon taint."""
+"""What the Kubernetes API means, for the stub API server (stub_apiserver): the resources it serves,
+Status errors, label and field selectors, merge, strategic merge and JSON patches, and the cordon
+taint."""
 
 from __future__ import annotations
 
@@ -55,15 +56,36 @@ RESOURCES = (
 BY_NAME = {r.name: r for r in RESOURCES}
 BY_KIND = {(r.group_version, r.kind): r for r in RESOURCES}
 _FIELDS = {  # the field selectors the real server takes beyond metadata.name and metadata.namespace
-    "pods": {"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-             "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"},
-    "nodes": {"spec.unschedulable"}, "namespaces": {"status.phase"}, "secrets": {"type"},
-    "events": {"involvedObject.kind", "involvedObject.name", "involvedObject.namespace", "reason", "type"},
-}  # fmt: skip
-# A strategic merge patch merges these lists by this key (and any list of objects that all have a name, by
-# name); other lists it replaces, as a JSON merge patch does.
-_MERGE_KEYS = {"conditions": "type", "taints": "key", "addresses": "type", "ownerReferences": "uid",
-               "volumeMounts": "mountPath"}  # fmt: skip
+    "pods": {
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    },
+    "nodes": {"spec.unschedulable"},
+    "namespaces": {"status.phase"},
+    "secrets": {"type"},
+    "events": {
+        "involvedObject.kind",
+        "involvedObject.name",
+        "involvedObject.namespace",
+        "reason",
+        "type",
+    },
+}
+# A strategic merge patch merges these lists by this key (and any list of objects that all have a
+# name, by name); other lists it replaces, as a JSON merge patch does.
+_MERGE_KEYS = {
+    "conditions": "type",
+    "taints": "key",
+    "addresses": "type",
+    "ownerReferences": "uid",
+    "volumeMounts": "mountPath",
+}
 
 
 class ApiError(Exception):
@@ -71,7 +93,12 @@ class ApiError(Exception):
 
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
-        self.status: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+        self.status: Obj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+        }
         self.status.update(message=message, reason=reason, code=code)
 
 
@@ -80,17 +107,24 @@ def now() -> str:
 
 
 def label_matcher(expr: str) -> Callable[[Obj], bool]:
-    """``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``; commas join (AND)."""
+    """``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``; commas join
+    (AND)."""
     terms: list[tuple[str, str, set[str]]] = []  # (op, key, values)
     for term in (t.strip() for t in re.split(r",(?![^(]*\))", expr) if t.strip()):
-        m = re.fullmatch(r"(!?)([\w./-]+)\s*(?:(==|=|!=)\s*([\w.-]*)|\s+(in|notin)\s*\(([^)]*)\))?", term)
+        m = re.fullmatch(
+            r"(!?)([\w./-]+)\s*(?:(==|=|!=)\s*([\w.-]*)|\s+(in|notin)\s*\(([^)]*)\))?", term
+        )
         if not m or (m[1] and (m[3] or m[5])):
             raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
         if m[3]:  # k=v, k==v, k!=v
             terms.append(("=" if m[3] == "==" else m[3], m[2], {m[4]}))
         else:  # !k, k, k in (...), k notin (...)
             terms.append(
-                ("!" if m[1] else m[5] or "exists", m[2], {v.strip() for v in (m[6] or "").split(",")})
+                (
+                    "!" if m[1] else m[5] or "exists",
+                    m[2],
+                    {v.strip() for v in (m[6] or "").split(",")},
+                )
             )
 
     def holds(op: str, key: str, values: set[str], labels: dict[str, str]) -> bool:
@@ -109,7 +143,8 @@ def _field(obj: Obj, path: str) -> str:
 
 
 def field_matcher(expr: str, res: Resource) -> Callable[[Obj], bool]:
-    """``path=value``, ``path==value``, ``path!=value`` on the fields the real server supports for ``res``."""
+    """``path=value``, ``path==value``, ``path!=value`` on the fields the real server supports for
+    ``res``."""
     terms: list[tuple[str, bool, str]] = []
     for term in (t.strip() for t in expr.split(",") if t.strip()):
         m = re.fullmatch(r"([\w.]+)(==|!=|=)(.*)", term)
@@ -118,7 +153,9 @@ def field_matcher(expr: str, res: Resource) -> Callable[[Obj], bool]:
         if m[1] not in {"metadata.name", "metadata.namespace"} | _FIELDS.get(res.name, set()):
             raise ApiError(400, "BadRequest", f'field label not supported: {m[1]} for "{res.kind}"')
         terms.append((m[1], m[2] == "!=", m[3]))
-    return lambda obj: all((_field(obj, path) == value) != negated for path, negated, value in terms)
+    return lambda obj: all(
+        (_field(obj, path) == value) != negated for path, negated, value in terms
+    )
 
 
 def _keyed(items: list[Any], key: str) -> bool:
@@ -126,8 +163,8 @@ def _keyed(items: list[Any], key: str) -> bool:
 
 
 def _merge(target: Any, patch: Any, strategic: bool) -> Any:
-    """An RFC 7386 merge patch; ``strategic``: lists of objects merged by key, ``$patch`` honoured, other
-    ``$`` directives ignored."""
+    """An RFC 7386 merge patch; ``strategic``: lists of objects merged by key, ``$patch`` honoured,
+    other ``$`` directives ignored."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = dict(target) if isinstance(target, dict) and patch.get("$patch") != "replace" else {}
@@ -159,12 +196,17 @@ def _json_patch(doc: Obj, ops: Any) -> Obj:
     doc = copy.deepcopy(doc)
     for op in ops:
         try:
-            *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+            *parents, last = [
+                p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
+            ]
             target: Any = doc
             for part in parents:
                 target = target[int(part)] if isinstance(target, list) else target[part]
-            key: Any = (len(target) if last == "-" else int(last)) if isinstance(target, list) else last
-            current = target[key] if op["op"] in ("replace", "remove", "test") else None  # must be there
+            key: Any = (
+                (len(target) if last == "-" else int(last)) if isinstance(target, list) else last
+            )
+            # must be there
+            current = target[key] if op["op"] in ("replace", "remove", "test") else None
             if op["op"] == "add" and isinstance(target, list):
                 target.insert(key, op["value"])
             elif op["op"] in ("add", "replace"):
@@ -190,11 +232,14 @@ def patched(old: Obj, body: Any, content_type: str) -> Obj:
 
 
 def as_stored(res: Resource, obj: Obj) -> None:
-    """What the cluster makes of an object written to it, beyond the writer's say: a Secret's write-only
-    ``stringData`` goes into ``data`` (base64); a Node's ``spec.unschedulable`` brings the unschedulable taint
-    (the node controller's part of a cordon) and its clearing takes the taint away."""
+    """What the cluster makes of an object written to it, beyond the writer's say: a Secret's
+    write-only ``stringData`` goes into ``data`` (base64); a Node's ``spec.unschedulable`` brings
+    the unschedulable taint (the node controller's part of a cordon) and its clearing takes the
+    taint away."""
     if res.name == "secrets" and "stringData" in obj:
-        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
+        encoded = {
+            k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()
+        }
         obj["data"] = {**(obj.get("data") or {}), **encoded}
     if res.name != "nodes":
         return

@@ -1,24 +1,24 @@
 """A stub Kubernetes API server for tests, in standard-library Python.
 
-It stands for the kube-apiserver's REST semantics that the torchpass detectors and deploy files use: Nodes,
-Pods and what ``kubectl apply`` of a typical manifest sends (Namespaces, ConfigMaps, Secrets,
+It stands for the kube-apiserver's REST semantics that the torchpass detectors and deploy files use:
+Nodes, Pods and what ``kubectl apply`` of a typical manifest sends (Namespaces, ConfigMaps, Secrets,
 ServiceAccounts, Services, Deployments, DaemonSets, PodTemplates, RBAC, Leases), in memory:
-list/get/create/replace/patch/ delete and pod eviction, label and field selectors, chunked watch streams
-from a resourceVersion with BOOKMARKs and the 410 "Expired" of a compacted history, ``Status`` errors, and
-the discovery documents kubectl reads. A stub because no kube-apiserver, kind, k3s, kwok or envtest binary
-can run on the machines the tests run on (the project's testing notes, "Kubernetes: no API server can run
-here"): the real ``kubernetes`` client and ``kubectl`` talk to this instead. What the API means (selectors,
-patches) is in ``api_semantics``.
+list/get/create/replace/patch/ delete and pod eviction, label and field selectors, chunked watch
+streams from a resourceVersion with BOOKMARKs and the 410 "Expired" of a compacted history,
+``Status`` errors, and the discovery documents kubectl reads. A stub because no kube-apiserver,
+kind, k3s, kwok or envtest binary can run on the machines the tests run on (the project's testing
+notes, "Kubernetes: no API server can run here"): the real ``kubernetes`` client and ``kubectl``
+talk to this instead. What the API means (selectors, patches) is in ``api_semantics``.
 
-Faithful where code could pass here and fail on a cluster: a write to an object leaves its status alone and
-a write to ``/status`` changes only the status; a no-op write keeps the resourceVersion; a selector watch sees
-an object leave the selector as DELETED; list items carry no kind/apiVersion; an unsupported field selector
-is a 400; a namespaced create needs its Namespace; cordon adds the ``node.kubernetes.io/unschedulable``
-NoSchedule taint (the node controller's work). Not modelled: authentication and authorization (any token
-passes; ``requests`` logs each call as an RBAC verb, to check a Role covers it), admission and name
-validation, graceful deletion (a pod goes at once), controllers and garbage collection, PodDisruptionBudgets,
-server-side apply, protobuf, pagination (``limit`` is ignored), OpenAPI (404: ``kubectl apply
---validate=false``).
+Faithful where code could pass here and fail on a cluster: a write to an object leaves its status
+alone and a write to ``/status`` changes only the status; a no-op write keeps the resourceVersion; a
+selector watch sees an object leave the selector as DELETED; list items carry no kind/apiVersion; an
+unsupported field selector is a 400; a namespaced create needs its Namespace; cordon adds the
+``node.kubernetes.io/unschedulable`` NoSchedule taint (the node controller's work). Not modelled:
+authentication and authorization (any token passes; ``requests`` logs each call as an RBAC verb, to
+check a Role covers it), admission and name validation, graceful deletion (a pod goes at once),
+controllers and garbage collection, PodDisruptionBudgets, server-side apply, protobuf, pagination
+(``limit`` is ignored), OpenAPI (404: ``kubectl apply --validate=false``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ __all__ = ["UNSCHEDULABLE_TAINT", "ApiError", "Call", "StubApiServer"]
 
 @dataclass(frozen=True)
 class Call:
-    """One resource request: the RBAC verb and what a rule must name to allow it (group "": core)."""
+    """One resource request: the RBAC verb and what a rule must name to allow it (group "":
+    core)."""
 
     verb: str
     group: str
@@ -76,8 +77,9 @@ class StubApiServer:
     """``start()``/``stop()``, or ``with StubApiServer() as server``; ``url``; ``kubeconfig(path)``.
 
     Seeding and inspection: ``add``, ``get``, ``objects``, ``remove``, ``set_node_condition``, and
-    ``requests`` (every resource call, in order). Hooks: ``compact()`` (any older resourceVersion is now too
-    old: 410), ``close_watches()`` (ends every open watch), ``send_bookmarks()`` (a BOOKMARK, if allowed).
+    ``requests`` (every resource call, in order). Hooks: ``compact()`` (any older resourceVersion is
+    now too old: 410), ``close_watches()`` (ends every open watch), ``send_bookmarks()`` (a
+    BOOKMARK, if allowed).
     """
 
     def __init__(self, *, bookmark_interval: float = 2.0, history_limit: int = 10_000) -> None:
@@ -88,7 +90,8 @@ class StubApiServer:
         self._objects: dict[tuple[str, str, str], Obj] = {}  # by (resource, namespace, name)
         # (rv, type, resource, object, the object before): objects in here never change
         self._history: list[tuple[int, str, Resource, Obj, Obj | None]] = []
-        self._rv = self._compacted = 0  # a watch from a resourceVersion older than _compacted gets 410
+        # a watch from a resourceVersion older than _compacted gets 410
+        self._rv = self._compacted = 0
         self._closes = self._bookmarks = 0
         self._stopped = False
         self._httpd: _HTTPServer | None = None
@@ -101,7 +104,8 @@ class StubApiServer:
     def start(self) -> StubApiServer:
         self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.stub = self
-        serve = functools.partial(self._httpd.serve_forever, poll_interval=0.05)  # stop() waits for a poll
+        # stop() waits for a poll
+        serve = functools.partial(self._httpd.serve_forever, poll_interval=0.05)
         self._thread = threading.Thread(target=serve, name="stub-apiserver", daemon=True)
         self._thread.start()
         return self
@@ -131,11 +135,17 @@ class StubApiServer:
         self.stop()
 
     def kubeconfig(self, path: str | Path) -> Path:
-        """A kubeconfig for ``kubectl --kubeconfig`` and ``load_kube_config``: plain http, a bearer token."""
-        config = {"apiVersion": "v1", "kind": "Config", "current-context": "stub", "preferences": {},
-                  "clusters": [{"name": "stub", "cluster": {"server": self.url}}],
-                  "users": [{"name": "stub", "user": {"token": "stub-token"}}],
-                  "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub"}}]}  # fmt: skip
+        """A kubeconfig for ``kubectl --kubeconfig`` and ``load_kube_config``: plain http, a bearer
+        token."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "stub",
+            "preferences": {},
+            "clusters": [{"name": "stub", "cluster": {"server": self.url}}],
+            "users": [{"name": "stub", "user": {"token": "stub-token"}}],
+            "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub"}}],
+        }
         Path(path).write_text(json.dumps(config, indent=2))
         return Path(path)
 
@@ -144,7 +154,8 @@ class StubApiServer:
         return str(self._rv)
 
     def add(self, obj: Obj) -> Obj:
-        """Store ``obj`` as given, status included (namespace "default" if none): ADDED, or MODIFIED."""
+        """Store ``obj`` as given, status included (namespace "default" if none): ADDED, or
+        MODIFIED."""
         res = BY_KIND.get((obj["apiVersion"], obj["kind"]))
         if res is None:
             raise ValueError(f"no resource for {obj['apiVersion']} {obj['kind']}")
@@ -155,26 +166,34 @@ class StubApiServer:
         with self._cond:
             old = self._objects.get((res.name, meta.get("namespace", ""), meta["name"]))
             meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"] if old else now())
+            meta.setdefault(
+                "creationTimestamp", old["metadata"]["creationTimestamp"] if old else now()
+            )
             as_stored(res, obj)
             return self._commit(res, "MODIFIED" if old else "ADDED", obj, old)
 
     def get(self, resource: str, name: str, namespace: str = "") -> Obj:
-        """A copy of the stored object (``resource`` as in URLs: "nodes", "pods"); KeyError if none."""
+        """A copy of the stored object (``resource`` as in URLs: "nodes", "pods"); KeyError if
+        none."""
         with self._cond:
             return copy.deepcopy(self._objects[(resource, namespace, name)])
 
     def objects(self, resource: str, namespace: str | None = None) -> list[Obj]:
         with self._cond:
             items = sorted(self._objects.items())
-            return [copy.deepcopy(o) for (r, ns, _), o in items if r == resource and namespace in (None, ns)]
+            return [
+                copy.deepcopy(o)
+                for (r, ns, _), o in items
+                if r == resource and namespace in (None, ns)
+            ]
 
     def remove(self, resource: str, name: str, namespace: str = "") -> Obj:
         with self._cond:
             return self._delete(BY_NAME[resource], namespace, name)
 
     def set_node_condition(self, name: str, type_: str, status: str, reason: str = "") -> Obj:
-        """Set a Node's condition (``type_`` "Ready"; ``status`` "True", "False" or "Unknown"): MODIFIED."""
+        """Set a Node's condition (``type_`` "Ready"; ``status`` "True", "False" or "Unknown"):
+        MODIFIED."""
         with self._cond:
             old = self._existing(BY_NAME["nodes"], "", name)
             node = copy.deepcopy(old)
@@ -184,7 +203,9 @@ class StubApiServer:
                 conditions.append(cond := {"type": type_})
             if cond.get("status") != status:
                 cond["lastTransitionTime"] = now()
-            cond.update(status=status, reason=reason or f"Stub{type_}{status}", lastHeartbeatTime=now())
+            cond.update(
+                status=status, reason=reason or f"Stub{type_}{status}", lastHeartbeatTime=now()
+            )
             return self._commit(BY_NAME["nodes"], "MODIFIED", node, old)
 
     def compact(self) -> None:
@@ -229,17 +250,24 @@ class StubApiServer:
     def _create(self, res: Resource, ns: str, obj: Obj) -> Obj:
         meta = obj.setdefault("metadata", {})
         if res.namespaced and meta.setdefault("namespace", ns) != ns:
-            raise ApiError(400, "BadRequest", "the namespace of the object does not match the request's")
+            raise ApiError(
+                400, "BadRequest", "the namespace of the object does not match the request's"
+            )
         if res.namespaced and ("namespaces", "", ns) not in self._objects:
             raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+            meta["name"] = meta["generateName"] + "".join(
+                random.choices("bcdfghjklmnpqrstvwxz2456789", k=5)
+            )
         if not meta.get("name"):
-            raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+            raise ApiError(
+                422, "Invalid", "metadata.name: Required value: name or generateName is required"
+            )
         if (res.name, ns, meta["name"]) in self._objects:
             raise ApiError(409, "AlreadyExists", f'{res.name} "{meta["name"]}" already exists')
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now())
-        if res.has_status and res.name != "nodes":  # the server sets its status (a Node brings its own)
+        # the server sets its status (a Node brings its own)
+        if res.has_status and res.name != "nodes":
             phase = {"pods": "Pending", "namespaces": "Active"}.get(res.name)
             obj["status"] = {"phase": phase} if phase else {}
         as_stored(res, obj)
@@ -249,15 +277,25 @@ class StubApiServer:
         old = self._existing(res, ns, name)
         meta, rv = obj.setdefault("metadata", {}), old["metadata"]["resourceVersion"]
         if meta.get("name", name) != name:
-            raise ApiError(400, "BadRequest", f"the object's name ({meta['name']}) does not match the URL")
+            raise ApiError(
+                400, "BadRequest", f"the object's name ({meta['name']}) does not match the URL"
+            )
         if meta.get("resourceVersion", rv) != rv:
-            message = f'Operation cannot be fulfilled on {res.name} "{name}": the object has been modified'
-            raise ApiError(409, "Conflict", message + "; please apply your changes to the latest version")
+            message = (
+                f'Operation cannot be fulfilled on {res.name} "{name}": '
+                "the object has been modified"
+            )
+            raise ApiError(
+                409, "Conflict", message + "; please apply your changes to the latest version"
+            )
         if sub == "status":
             obj = {**copy.deepcopy(old), "status": obj.get("status", {})}
         else:
             kept = ("name", "namespace", "uid", "creationTimestamp")
-            obj["metadata"] = {**meta, **{k: old["metadata"][k] for k in kept if k in old["metadata"]}}
+            obj["metadata"] = {
+                **meta,
+                **{k: old["metadata"][k] for k in kept if k in old["metadata"]},
+            }
             if res.has_status:  # status changes only through /status
                 obj["status"] = copy.deepcopy(old.get("status"))
             obj = {k: v for k, v in obj.items() if v is not None}
@@ -268,21 +306,27 @@ class StubApiServer:
 
     def _delete(self, res: Resource, ns: str, name: str) -> Obj:
         old = self._existing(res, ns, name)
-        for r, o_ns, o_name in [k for k in self._objects if res.name == "namespaces" and k[1] == name]:
+        for r, o_ns, o_name in [
+            k for k in self._objects if res.name == "namespaces" and k[1] == name
+        ]:
             self._delete(BY_NAME[r], o_ns, o_name)
         return self._commit(res, "DELETED", copy.deepcopy(old), old)
 
     def _list(self, res: Resource, ns: str, query: dict[str, str]) -> list[Obj]:
         labels = label_matcher(query.get("labelSelector", ""))
         fields = field_matcher(query.get("fieldSelector", ""), res)
-        items = sorted((k, o) for k, o in self._objects.items() if k[0] == res.name and ns in ("", k[1]))
+        items = sorted(
+            (k, o) for k, o in self._objects.items() if k[0] == res.name and ns in ("", k[1])
+        )
         return [o for _, o in items if labels(o) and fields(o)]
 
     # Requests.
     def _route(self, path: str) -> tuple[Resource, str, str, str]:
         """(resource, namespace, name, subresource) of a resource path; 404 for anything else."""
         parts = [p for p in path.split("/") if p]
-        gv, rest = ("v1", parts[2:]) if parts[:2] == ["api", "v1"] else ("/".join(parts[1:3]), parts[3:])
+        gv, rest = (
+            ("v1", parts[2:]) if parts[:2] == ["api", "v1"] else ("/".join(parts[1:3]), parts[3:])
+        )
         rest = rest if parts[:1] in (["api"], ["apis"]) else []
         ns = rest[1] if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] != "status" else ""
         rest = rest[2:] if ns else rest
@@ -299,42 +343,65 @@ class StubApiServer:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return res, ns, name, sub
 
-    def _handle(self, method: str, path: str, query: dict[str, str], body: Any, ct: str) -> tuple[int, Obj]:
+    def _handle(
+        self, method: str, path: str, query: dict[str, str], body: Any, ct: str
+    ) -> tuple[int, Obj]:
         res, ns, name, sub = self._route(path)
         if method in ("POST", "PUT", "PATCH") and not isinstance(body, dict | list):
             raise ApiError(400, "BadRequest", "the request has no JSON body")
         with self._cond:
             if method == "GET" and not name:
                 strip = ("kind", "apiVersion")  # as the real server's list items
-                items = [{k: v for k, v in o.items() if k not in strip} for o in self._list(res, ns, query)]
+                items = [
+                    {k: v for k, v in o.items() if k not in strip}
+                    for o in self._list(res, ns, query)
+                ]
                 out = {"kind": f"{res.kind}List", "apiVersion": res.group_version, "items": items}
                 return 200, {**out, "metadata": {"resourceVersion": str(self._rv)}}
             if method == "GET":
                 return 200, copy.deepcopy(self._existing(res, ns, name))
             if method == "POST" and sub == "eviction":
                 if body.get("metadata", {}).get("name", name) != name:
-                    raise ApiError(400, "BadRequest", "the name of the Eviction does not match the pod's")
+                    raise ApiError(
+                        400, "BadRequest", "the name of the Eviction does not match the pod's"
+                    )
                 self._delete(res, ns, name)
                 return 201, {**_SUCCESS, "code": 201}
             if method == "POST" and not name:
                 return 201, self._create(res, ns, body)
             if method in ("PUT", "PATCH") and name:
-                new = patched(self._existing(res, ns, name), body, ct) if method == "PATCH" else body
+                new = (
+                    patched(self._existing(res, ns, name), body, ct) if method == "PATCH" else body
+                )
                 return 200, self._update(res, ns, name, sub, new)
             if method == "DELETE" and name and not sub:
                 gone = self._delete(res, ns, name)
-                details = {"name": name, "group": res.group, "kind": res.name, "uid": gone["metadata"]["uid"]}
-                return 200, gone if res.name in ("pods", "namespaces") else {**_SUCCESS, "details": details}
+                details = {
+                    "name": name,
+                    "group": res.group,
+                    "kind": res.name,
+                    "uid": gone["metadata"]["uid"],
+                }
+                return 200, gone if res.name in ("pods", "namespaces") else {
+                    **_SUCCESS,
+                    "details": details,
+                }
             if method == "DELETE" and not sub:
-                items = [self._delete(res, ns, o["metadata"]["name"]) for o in self._list(res, ns, query)]
-                return 200, {"kind": f"{res.kind}List", "apiVersion": res.group_version, "items": items}
+                items = [
+                    self._delete(res, ns, o["metadata"]["name"]) for o in self._list(res, ns, query)
+                ]
+                return 200, {
+                    "kind": f"{res.kind}List",
+                    "apiVersion": res.group_version,
+                    "items": items,
+                }
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
 
     def _watch(self, res: Resource, ns: str, query: dict[str, str]) -> Iterator[Obj]:
-        """Checks the request now (an error is a plain response), then returns the stream of events: the
-        current objects as ADDED (no resourceVersion, or "0"), or every event after the resourceVersion (410
-        if compacted), then each as it comes, BOOKMARKs if allowed, until timeoutSeconds, ``close_watches`` or
-        ``stop``."""
+        """Checks the request now (an error is a plain response), then returns the stream of events:
+        the current objects as ADDED (no resourceVersion, or "0"), or every event after the
+        resourceVersion (410 if compacted), then each as it comes, BOOKMARKs if allowed, until
+        timeoutSeconds, ``close_watches`` or ``stop``."""
         labels = label_matcher(query.get("labelSelector", ""))
         fields = field_matcher(query.get("fieldSelector", ""), res)
         start = query.get("resourceVersion", "")
@@ -363,30 +430,43 @@ class StubApiServer:
                             message = f"too old resource version: {last} ({self._compacted})"
                             gone = ApiError(410, "Expired", message).status
                             events.append({"type": "ERROR", "object": gone})
-                        end = bool(events) or self._stopped or self._closes != closes or now >= deadline
+                        end = (
+                            bool(events)
+                            or self._stopped
+                            or self._closes != closes
+                            or now >= deadline
+                        )
                         if not end:
                             events, last = self._events(res, ns, match, last), self._rv
                         if not end and bookmarks and (now >= next_mark or self._bookmarks != marks):
                             marks, next_mark = self._bookmarks, now + self.bookmark_interval
                             meta = {"resourceVersion": str(last)}
-                            mark = {"kind": res.kind, "apiVersion": res.group_version, "metadata": meta}
+                            mark = {
+                                "kind": res.kind,
+                                "apiVersion": res.group_version,
+                                "metadata": meta,
+                            }
                             events.append({"type": "BOOKMARK", "object": mark})
                         if not events and not end:
-                            self._cond.wait(min(deadline, next_mark if bookmarks else deadline) - now)
+                            self._cond.wait(
+                                min(deadline, next_mark if bookmarks else deadline) - now
+                            )
                 yield from events
 
         return stream(last, marks)
 
     def _events(self, res: Resource, ns: str, match: Callable[[Obj], bool], last: int) -> list[Obj]:
-        """The events after ``last`` a watch of (res, ns, selector) sees: an object that comes into the
-        selector as ADDED, one that leaves it as DELETED."""
+        """The events after ``last`` a watch of (res, ns, selector) sees: an object that comes into
+        the selector as ADDED, one that leaves it as DELETED."""
         events = []
         first = bisect.bisect_right(self._history, last, key=lambda e: e[0])
         for _, kind, r, obj, before in self._history[first:]:
             if r != res or ns not in ("", obj["metadata"].get("namespace")):
                 continue
             now_in, was_in = match(obj), before is not None and match(before)
-            shown = kind if kind != "MODIFIED" or now_in == was_in else "ADDED" if now_in else "DELETED"
+            shown = (
+                kind if kind != "MODIFIED" or now_in == was_in else "ADDED" if now_in else "DELETED"
+            )
             if now_in or (was_in and shown == "DELETED"):
                 events.append({"type": shown, "object": obj})
         return events
@@ -397,24 +477,57 @@ class StubApiServer:
         groups: list[Obj] = []
         for gv in gvs[1:]:  # gvs[0]: "v1", the core group, is /api's
             version = {"groupVersion": gv, "version": gv.split("/")[1]}
-            groups.append({"name": gv.split("/")[0], "versions": [version], "preferredVersion": version})
+            groups.append(
+                {"name": gv.split("/")[0], "versions": [version], "preferredVersion": version}
+            )
         if path == "/version":
-            return {"major": "1", "minor": "32", "gitVersion": "v1.32.0-stub", "platform": "linux/amd64"}
+            return {
+                "major": "1",
+                "minor": "32",
+                "gitVersion": "v1.32.0-stub",
+                "platform": "linux/amd64",
+            }
         if path == "/api":
-            address = [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url.removeprefix("http://")}]
-            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": address}
+            address = [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": self.url.removeprefix("http://")}
+            ]
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": address,
+            }
         if path == "/apis":
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
         if path.startswith("/apis/") and path.count("/") == 2:
             named = [g for g in groups if g["name"] == path[6:]]
             return {"kind": "APIGroup", "apiVersion": "v1", **named[0]} if named else None
-        gv = "v1" if path == "/api/v1" else path.removeprefix("/apis/") if path.startswith("/apis/") else ""
+        gv = (
+            "v1"
+            if path == "/api/v1"
+            else path.removeprefix("/apis/")
+            if path.startswith("/apis/")
+            else ""
+        )
         if gv not in gvs:
             return None
         resources: list[Obj] = []
         for r in (r for r in RESOURCES if r.group_version == gv):
-            verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-            one = {"name": r.name, "singularName": r.kind.lower(), "namespaced": r.namespaced, "kind": r.kind}
+            verbs = [
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ]
+            one = {
+                "name": r.name,
+                "singularName": r.kind.lower(),
+                "namespaced": r.namespaced,
+                "kind": r.kind,
+            }
             resources.append({**one, "verbs": verbs, "shortNames": list(r.short_names)})
             if r.has_status:
                 status_verbs = ["get", "patch", "update"]
@@ -422,9 +535,19 @@ class StubApiServer:
                     {**one, "name": f"{r.name}/status", "singularName": "", "verbs": status_verbs}
                 )
         if gv == "v1":  # kubectl drain evicts (rather than deletes) when it finds this
-            eviction = {"name": "pods/eviction", "singularName": "", "namespaced": True, "kind": "Eviction"}
+            eviction = {
+                "name": "pods/eviction",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "Eviction",
+            }
             resources.append({**eviction, "group": "policy", "version": "v1", "verbs": ["create"]})
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": gv,
+            "resources": resources,
+        }
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -441,7 +564,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # else 40 ms a request
+        # else 40 ms a request
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.stub._connections.add(self.connection)
 
     def finish(self) -> None:
@@ -469,7 +593,11 @@ class _Handler(BaseHTTPRequestHandler):
             if watch:
                 return self._stream(stub._watch(res, ns, query))
             body = json.loads(raw) if raw else None
-            self._send(*stub._handle(self.command, url.path, query, body, self.headers["Content-Type"] or ""))
+            self._send(
+                *stub._handle(
+                    self.command, url.path, query, body, self.headers["Content-Type"] or ""
+                )
+            )
         except ApiError as e:
             self._send(e.status["code"], e.status)
         except (ValueError, KeyError, TypeError, AttributeError) as e:

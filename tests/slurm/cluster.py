@@ -1,16 +1,18 @@
 """A real Slurm cluster on one machine, started by tests.
 
-Everything is real: a private `munged` (own key and socket), a real `slurmctld` and one real `slurmd -N nodeX`
-per node, all Debian's slurm-wlm 22.05 binaries, talking over 127.0.0.1 on free ports picked at start. Jobs
-run for real through `sbatch`/`srun` (several slurmd on one host share the machine's cores; each node claims
-`cpus` CPUs through `SlurmdParameters=config_overrides`). Config, key, sockets, spool, state, logs and pid
-files all live under the `root` given (a pytest tmp dir), so concurrent sessions cannot clash.
+Everything is real: a private `munged` (own key and socket), a real `slurmctld` and one real `slurmd
+-N nodeX` per node, all Debian's slurm-wlm 22.05 binaries, talking over 127.0.0.1 on free ports
+picked at start. Jobs run for real through `sbatch`/`srun` (several slurmd on one host share the
+machine's cores; each node claims `cpus` CPUs through `SlurmdParameters=config_overrides`). Config,
+key, sockets, spool, state, logs and pid files all live under the `root` given (a pytest tmp dir),
+so concurrent sessions cannot clash.
 
     with SlurmCluster(tmp_path) as cluster:
         cluster.drain("node2", "xid 79")
         assert cluster.node_states()["node2"].flags == ("DRAIN",)
 
-Run `tests/slurm/install.sh` (or call `available()`) to install slurm-wlm and munge where they are missing.
+Run `tests/slurm/install.sh` (or call `available()`) to install slurm-wlm and munge where they are
+missing.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "slurmstepd")
 CLIENTS = ("scontrol", "sinfo", "squeue", "sbatch", "srun", "scancel")
 START_TIMEOUT = 20.0
 SLURM_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SLURMD_")
-# A unix socket path must fit in 108 bytes; slurmd puts `<node>_<job>.<step>` sockets in its spool dir.
+# A unix socket path must fit in 108 bytes; slurmd puts `<node>_<job>.<step>` sockets in its spool
+# dir.
 MAX_ROOT_LEN = 60
 
 
@@ -83,7 +86,8 @@ class SlurmStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class NodeState:
-    """One node as `sinfo --json` reports it: base state (`IDLE`, `DOWN`...), flags (`DRAIN`...), reason."""
+    """One node as `sinfo --json` reports it: base state (`IDLE`, `DOWN`...), flags (`DRAIN`...),
+    reason."""
 
     state: str
     flags: tuple[str, ...]
@@ -158,8 +162,9 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         """Environment for Slurm clients: merge into os.environ for subprocesses.
 
-        The munge socket reaches clients through `AuthInfo=socket=...` in slurm.conf, so `SLURM_CONF`
-        is all they need; `MUNGE_SOCKET` is for scripts calling `munge -S "$MUNGE_SOCKET"` themselves.
+        The munge socket reaches clients through `AuthInfo=socket=...` in slurm.conf, so
+        `SLURM_CONF` is all they need; `MUNGE_SOCKET` is for scripts calling `munge -S
+        "$MUNGE_SOCKET"` themselves.
         """
         return {"SLURM_CONF": str(self.conf), "MUNGE_SOCKET": str(self.munge_socket)}
 
@@ -178,15 +183,19 @@ class SlurmCluster:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
     def start(self) -> None:
         """Start munged, slurmctld and every slurmd; return once `sinfo` shows every node idle.
 
-        On failure everything started is stopped and SlurmStartError carries the daemons' log tails. A port
-        taken between choosing it and binding it (another session's client, say) gets one retry.
+        On failure everything started is stopped and SlurmStartError carries the daemons' log tails.
+        A port taken between choosing it and binding it (another session's client, say) gets one
+        retry.
         """
         reason = available()
         if reason:
@@ -207,10 +216,13 @@ class SlurmCluster:
     def _start_daemons(self, deadline: float) -> None:
         self._layout()
         self._start_munge()
-        self._spawn("slurmctld", [which("slurmctld") or "slurmctld", "-D", "-c", "-f", str(self.conf)])
+        self._spawn(
+            "slurmctld", [which("slurmctld") or "slurmctld", "-D", "-c", "-f", str(self.conf)]
+        )
         for node in self.all_nodes:
             self._spawn(
-                f"slurmd-{node}", [which("slurmd") or "slurmd", "-D", "-N", node, "-f", str(self.conf)]
+                f"slurmd-{node}",
+                [which("slurmd") or "slurmd", "-D", "-N", node, "-f", str(self.conf)],
             )
         self._wait_idle(deadline)
 
@@ -246,9 +258,12 @@ class SlurmCluster:
     def _start_munge(self) -> None:
         key = self.base / "munge" / "munge.key"
         if not key.exists():
-            subprocess.run([which("mungekey") or "mungekey", "-c", "-k", str(key)], check=True, timeout=10)
-        # As root with --force: pytest's tmp dirs are root-only (0700), which the munge user cannot reach,
-        # and munged refuses a socket in a dir others cannot enter ("Socket is inaccessible") without it.
+            subprocess.run(
+                [which("mungekey") or "mungekey", "-c", "-k", str(key)], check=True, timeout=10
+            )
+        # As root with --force: pytest's tmp dirs are root-only (0700), which the munge user cannot
+        # reach, and munged refuses a socket in a dir others cannot enter ("Socket is inaccessible")
+        # without it.
         argv = [which("munged") or "munged", "-F", "--force", "-S", str(self.munge_socket)]
         argv += ["--key-file", str(key), "--seed-file", str(self.base / "munge" / "munged.seed")]
         argv += ["--log-file", str(self.base / "log" / "munged.log"), "--num-threads", "4"]
@@ -292,7 +307,8 @@ class SlurmCluster:
         raise SlurmStartError(f"nodes not idle after {START_TIMEOUT} s; last sinfo:\n{last}")
 
     def stop(self) -> None:
-        """Cancel jobs, `scontrol shutdown`, then kill whatever is left (job steps and munged included).
+        """Cancel jobs, `scontrol shutdown`, then kill whatever is left (job steps and munged
+        included).
 
         Safe to call twice and after a start that failed half-way.
         """
@@ -317,7 +333,8 @@ class SlurmCluster:
             self._link = None
 
     def _cancel_all_jobs(self, timeout: float = 10) -> None:
-        """scancel every job and wait (bounded) until squeue lists none, so steps end through Slurm."""
+        """scancel every job and wait (bounded) until squeue lists none, so steps end through
+        Slurm."""
         self.run("scancel", "--full", "--quiet", f"--user={os.getuid()}", check=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -327,10 +344,12 @@ class SlurmCluster:
             time.sleep(0.1)
 
     def processes(self) -> list[int]:
-        """Pids of this cluster's live processes: daemons, slurmstepd, job tasks, prologs and epilogs.
+        """Pids of this cluster's live processes: daemons, slurmstepd, job tasks, prologs and
+        epilogs.
 
-        Daemons carry TORCHPASS_SLURM_CLUSTER=<name> (slurmstepd inherits it); job tasks, prologs and
-        epilogs carry this cluster's SLURM_CONF and a SLURM_JOB_ID. Clients started by tests do not count.
+        Daemons carry TORCHPASS_SLURM_CLUSTER=<name> (slurmstepd inherits it); job tasks, prologs
+        and epilogs carry this cluster's SLURM_CONF and a SLURM_JOB_ID. Clients started by tests do
+        not count.
         """
         daemon = f"TORCHPASS_SLURM_CLUSTER={self.name}".encode()
         conf = f"SLURM_CONF={self.conf}".encode()
@@ -349,7 +368,8 @@ class SlurmCluster:
         return found
 
     def _kill_leftovers(self) -> None:
-        """SIGKILL every process of this cluster still alive: slurmstepd and job tasks outlive slurmd."""
+        """SIGKILL every process of this cluster still alive: slurmstepd and job tasks outlive
+        slurmd."""
         for _ in range(5):
             found = self.processes()
             if not found:
@@ -364,10 +384,11 @@ class SlurmCluster:
     def run(
         self, *argv: str, timeout: float = 10, check: bool = True, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client (`scontrol`, `sinfo`, `squeue`, `sbatch`, `srun`, `scancel`) on this cluster.
+        """Run a Slurm client (`scontrol`, `sinfo`, `squeue`, `sbatch`, `srun`, `scancel`) on this
+        cluster.
 
-        Runs in `root/jobs` unless `cwd` is given, so a job's default `slurm-%j.out` lands there. Raises
-        SlurmCommandError (with stderr) on a non-zero exit when `check`.
+        Runs in `root/jobs` unless `cwd` is given, so a job's default `slurm-%j.out` lands there.
+        Raises SlurmCommandError (with stderr) on a non-zero exit when `check`.
         """
         cmd = [which(argv[0]) or argv[0], *argv[1:]]
         done = subprocess.run(
@@ -393,7 +414,8 @@ class SlurmCluster:
         self.run("scontrol", "update", f"nodename={node}", "state=resume")
 
     def node_states(self) -> dict[str, NodeState]:
-        """Every node's base state, flags and reason, from `sinfo --json` (22.05: `state` is a string)."""
+        """Every node's base state, flags and reason, from `sinfo --json` (22.05: `state` is a
+        string)."""
         data = json.loads(self.run("sinfo", "--json").stdout)
         return {
             n["name"]: NodeState(
@@ -403,7 +425,8 @@ class SlurmCluster:
         }
 
     def log_tails(self, lines: int = 15) -> str:
-        """The last lines of every daemon's stderr (which has all its log, and errors before it opened it)."""
+        """The last lines of every daemon's stderr (which has all its log, and errors before it
+        opened it)."""
         parts = []
         for log in sorted((self.root / "log").glob("*.out")):
             text = log.read_text(errors="replace").splitlines()[-lines:]

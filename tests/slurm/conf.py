@@ -30,9 +30,11 @@ def render_config(c: SlurmConfig) -> str:
     """slurm.conf for several slurmd on one host, everything under `c.base`, nothing on 0.0.0.0."""
     b = c.base
     lines = [
-        # Unique per cluster: it names the state files, and slurmctld refuses state from another cluster.
+        # Unique per cluster: it names the state files, and slurmctld refuses state from another
+        # cluster.
         f"ClusterName={c.cluster}",
-        # slurmctld runs only where its short hostname matches; clients and slurmd reach it at 127.0.0.1.
+        # slurmctld runs only where its short hostname matches; clients and slurmd reach it at
+        # 127.0.0.1.
         f"SlurmctldHost={c.host}(127.0.0.1)",
         f"SlurmctldPort={c.ctld_port}",
         # Bind slurmctld, slurmd and srun to the node address (127.0.0.1), never to every interface.
@@ -53,8 +55,8 @@ def render_config(c: SlurmConfig) -> str:
         f"SlurmdLogFile={b}/log/slurmd-%n.log",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
-        # No cgroups: track a job's processes by parent pid; bind no tasks to CPUs (nodes claim more CPUs
-        # than the host has, and several nodes share them).
+        # No cgroups: track a job's processes by parent pid; bind no tasks to CPUs (nodes claim more
+        # CPUs than the host has, and several nodes share them).
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         # No slurmdbd, no accounting, no PMIx (srun starts plain processes).
@@ -74,10 +76,11 @@ def render_config(c: SlurmConfig) -> str:
         "SchedulerType=sched/backfill",
         # sbatch jobs start at the scheduler's next 1 s tick instead of waiting up to 3 s.
         "SchedulerParameters=batch_sched_delay=0",
-        # Only a node DOWN for not responding comes back by itself (2 would also undo `scontrol ... down`
-        # as soon as that node's slurmd re-registers, e.g. after the killed job's epilog).
+        # Only a node DOWN for not responding comes back by itself (2 would also undo `scontrol ...
+        # down` as soon as that node's slurmd re-registers, e.g. after the killed job's epilog).
         "ReturnToService=1",
-        # 2 s between SIGTERM and SIGKILL on cancel; finished jobs stay in `scontrol show job` for 60 s.
+        # 2 s between SIGTERM and SIGKILL on cancel; finished jobs stay in `scontrol show job` for
+        # 60 s.
         "KillWait=2",
         "MinJobAge=60",
         "InactiveLimit=0",
@@ -87,9 +90,9 @@ def render_config(c: SlurmConfig) -> str:
     if c.epilog is not None:
         lines.append(f"Epilog={c.epilog}")
     if c.prolog is not None and c.prolog_flags:
-        # Alloc: run the prolog on every allocated node when the job starts; without it the prolog runs on
-        # the batch host at start and on the other nodes only at their first srun step. (Contain would
-        # need proctrack/cgroup.)
+        # Alloc: run the prolog on every allocated node when the job starts; without it the prolog
+        # runs on the batch host at start and on the other nodes only at their first srun step.
+        # (Contain would need proctrack/cgroup.)
         lines.append(f"PrologFlags={c.prolog_flags}")
     for node, port in c.node_ports.items():
         lines.append(
@@ -99,6 +102,7 @@ def render_config(c: SlurmConfig) -> str:
     for i, (name, members) in enumerate(c.partitions.items()):
         default = "YES" if i == 0 else "NO"
         lines.append(
-            f"PartitionName={name} Nodes={','.join(members)} Default={default} MaxTime=INFINITE State=UP"
+            f"PartitionName={name} Nodes={','.join(members)} Default={default} MaxTime=INFINITE "
+            "State=UP"
         )
     return "\n".join(lines) + "\n"

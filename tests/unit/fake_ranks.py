@@ -1,11 +1,12 @@
 """In-process fake ranks: a `Launcher` whose processes are threads (no torch, no subprocess).
 
-A fake reads the TORCHPASS_* variables a real rank reads (the real `AgentSettings`), connects with the real
-protocol and secret and sends what `job_agent.rank.agent.RankAgent` sends, in its order: Hello, Ready (the
-same shard for every rank: data parallel), heartbeats; after each Regroup, Joined, then per step Step(k),
-Collective(k) and a lockstep "all-reduce" with the other fakes of that generation, which a peer killed or gone
-breaks: the survivors report Frozen(completed), as real ranks leaving a failed collective do. Its state is a
-function of the step it completed (`digest_of`): donor and receivers agree unless a fault says.
+A fake reads the TORCHPASS_* variables a real rank reads (the real `AgentSettings`), connects with
+the real protocol and secret and sends what `job_agent.rank.agent.RankAgent` sends, in its order:
+Hello, Ready (the same shard for every rank: data parallel), heartbeats; after each Regroup, Joined,
+then per step Step(k), Collective(k) and a lockstep "all-reduce" with the other fakes of that
+generation, which a peer killed or gone breaks: the survivors report Frozen(completed), as real
+ranks leaving a failed collective do. Its state is a function of the step it completed
+(`digest_of`): donor and receivers agree unless a fault says.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class _Gone(Exception):
 
 @dataclass(eq=False)
 class _Group:
-    """One generation of the world: collective number `seq` completes once every slot arrived at it."""
+    """One generation of the world: collective number `seq` completes once every slot arrived at
+    it."""
 
     size: int
     arrived: dict[int, set[int]] = field(default_factory=dict)
@@ -71,19 +73,24 @@ class FakeRank:
 
     def __init__(self, launcher: FakeLauncher, agent_id: str, env: Mapping[str, str]) -> None:
         fields = {k[10:].lower(): v for k, v in env.items() if k.startswith("TORCHPASS_")}
-        self.settings = AgentSettings.model_validate({**fields, "heartbeat_interval": launcher.heartbeat})
+        self.settings = AgentSettings.model_validate(
+            {**fields, "heartbeat_interval": launcher.heartbeat}
+        )
         assert self.settings.agent_id == agent_id
         self.agent_id, self.slot = agent_id, self.settings.slot
         self.code: int | None = None
-        self.errors: list[wire.Error] = []  # the typed error frames the coordinator answered it with
+        # the typed error frames the coordinator answered it with
+        self.errors: list[wire.Error] = []
         self.completed = -1
         self._l = launcher
         self._sock: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
-        self._io = threading.Lock()  # its sockets: closed by the fake, hung up or woken by other threads
+        # its sockets: closed by the fake, hung up or woken by other threads
+        self._io = threading.Lock()
         self._inbox: deque[wire.Frame] = deque()
-        self.running, self._stop = threading.Event(), threading.Event()  # running: not stopped (SIGSTOP)
+        # running: not stopped (SIGSTOP)
+        self.running, self._stop = threading.Event(), threading.Event()
         self.running.set()
         self._group: _Group | None = None
         self._seq, self._skip, self._next_beat = 0, 0, 0.0
@@ -107,7 +114,8 @@ class FakeRank:
             self._wake_w.send(b"\0")
 
     def _leave(self) -> None:
-        """Leave its generation (the caller holds the launcher's lock): a collective it was in fails."""
+        """Leave its generation (the caller holds the launcher's lock): a collective it was in
+        fails."""
         g, self._group = self._group, None
         if g is not None:
             g.members.discard(self)
@@ -121,7 +129,8 @@ class FakeRank:
         except _Gone:
             pass
         except (OSError, ConnectionError, protocol.ProtocolError):
-            self.end(EXIT_COORDINATOR_LOST)  # what a real rank's link does when it loses the coordinator
+            # what a real rank's link does when it loses the coordinator
+            self.end(EXIT_COORDINATOR_LOST)
         finally:
             self.end(TERMINATED)  # unless it ended with a code of its own: as if by SIGTERM
             with self._io:
@@ -171,7 +180,8 @@ class FakeRank:
                 continue
             self._faults(step)
             if self._l.step_seconds:
-                self._pump(self._l.step_seconds)  # a step that takes time: the coordinator's clock moves on
+                # a step that takes time: the coordinator's clock moves on
+                self._pump(self._l.step_seconds)
             self._send(wire.Step(k=step))
             self._send(wire.Collective(k=step))
             if not self._all_reduce():
@@ -183,7 +193,8 @@ class FakeRank:
                 path = f"{s.checkpoint_dir}/step-{step:08d}.fake"
                 self._send(wire.CheckpointSaved(step=step, path=path))
         self._send(wire.Done(step=self.completed, digest=digest_of(self.completed)))
-        while not isinstance(frame := self._next_frame(), wire.Exit):  # a finished rank waits for its word
+        # a finished rank waits for its word
+        while not isinstance(frame := self._next_frame(), wire.Exit):
             pass
         self.end(frame.code)
 
@@ -203,7 +214,8 @@ class FakeRank:
         body = lc.malformed.pop((self.slot, step), None)
         if body is not None:
             assert self._sock is not None
-            protocol.send_body(self._sock, body)  # well tagged: the peer holds the key, the body is bad
+            # well tagged: the peer holds the key, the body is bad
+            protocol.send_body(self._sock, body)
 
     def _all_reduce(self) -> bool:
         self._seq += 1
@@ -231,7 +243,8 @@ class FakeRank:
         self._obey_until_regrouped()
 
     def _check_inbox(self) -> bool:
-        """The commands that came during the step (a Freeze stops it at this boundary); True: regrouped."""
+        """The commands that came during the step (a Freeze stops it at this boundary); True:
+        regrouped."""
         self._pump(0)
         while self._inbox:
             if self._handle(self._inbox.popleft()):
@@ -245,7 +258,8 @@ class FakeRank:
     def _handle(self, frame: wire.Frame) -> bool:
         """Carry out one coordinator command; True once this rank joined a new generation."""
         match frame:
-            case wire.Freeze() if self._group is not None:  # training: it stops at this step boundary
+            # training: it stops at this step boundary
+            case wire.Freeze() if self._group is not None:
                 self._freeze(None, "freeze requested")
                 return True
             case wire.Freeze():
@@ -263,7 +277,9 @@ class FakeRank:
                     g.members.add(self)
                 self._seq = 0
                 self._send(
-                    wire.Joined(generation=generation, completed=self.completed, layout=self._layout())
+                    wire.Joined(
+                        generation=generation, completed=self.completed, layout=self._layout()
+                    )
                 )
                 self._skip = self._l.resume_offset.pop(self.slot, 0)
                 return True
@@ -273,12 +289,13 @@ class FakeRank:
         return False
 
     def _layout(self) -> wire.ShardLayout:
-        """Data parallel (every rank one replica), or with `sharded` each slot a shard of its own (plain
-        FSDP2: no replica)."""
+        """Data parallel (every rank one replica), or with `sharded` each slot a shard of its own
+        (plain FSDP2: no replica)."""
         return wire.ShardLayout(shard=f"fake-shard-{self.slot}") if self._l.sharded else SHARD
 
     def _serve(self, receivers: int, tid: int) -> None:
-        """Serve this rank's state on a made-up port: receivers read the step it holds from the launcher."""
+        """Serve this rank's state on a made-up port: receivers read the step it holds from the
+        launcher."""
         with self._l.lock:
             port = 40000 + len(self._l.offers)
             self._l.offers[port] = self.completed
@@ -286,7 +303,9 @@ class FakeRank:
         self._send(wire.TransferProgress(bytes=STATE_BYTES * receivers))
         digest = digest_of(self.completed)
         self._send(
-            wire.Served(digest=digest, step=self.completed, bytes=STATE_BYTES, seconds=0.001, transfer=tid)
+            wire.Served(
+                digest=digest, step=self.completed, bytes=STATE_BYTES, seconds=0.001, transfer=tid
+            )
         )
 
     def _receive(self, port: int, tid: int) -> None:
@@ -297,7 +316,8 @@ class FakeRank:
             return
         self.completed = step
         stream = installed = digest_of(step)
-        if self._l.take("corrupt", self.slot):  # one character off: what a load that altered a byte shows
+        # one character off: what a load that altered a byte shows
+        if self._l.take("corrupt", self.slot):
             installed = ("0" if installed[0] != "0" else "1") + installed[1:]
         self._send(
             wire.Received(
@@ -311,7 +331,8 @@ class FakeRank:
         )
 
     def _alive(self) -> None:
-        """Returns while the process runs, blocks while it is stopped (a hang), _Gone once it ended."""
+        """Returns while the process runs, blocks while it is stopped (a hang), _Gone once it
+        ended."""
         while not self.running.wait(1.0) and not self._stop.is_set():
             pass
         if self._stop.is_set():
@@ -323,7 +344,8 @@ class FakeRank:
         protocol.send_frame(self._sock, frame)
 
     def _pump(self, timeout: float) -> None:
-        """Up to `timeout` s (less once anything happens): heart-beat and queue the coordinator's frames."""
+        """Up to `timeout` s (less once anything happens): heart-beat and queue the coordinator's
+        frames."""
         end = time.monotonic() + max(0.0, timeout)
         while True:
             self._alive()
@@ -355,7 +377,8 @@ class FakeRank:
             self._inbox.append(frame)
 
     def _next_frame(self) -> wire.Frame:
-        # As a real agent: an unassigned spare waits as long as the job runs; a rank within the timeout.
+        # As a real agent: an unassigned spare waits as long as the job runs; a rank within the
+        # timeout.
         deadline = time.monotonic() + self._l.recovery_timeout
         while not self._inbox:
             if self.slot < 0:
@@ -368,9 +391,12 @@ class FakeRank:
 
 
 class FakeLauncher(Launcher):
-    """Fake ranks in threads, with a fault injector; `poll` reads the exit code a fake ended with."""
+    """Fake ranks in threads, with a fault injector; `poll` reads the exit code a fake ended
+    with."""
 
-    def __init__(self, steps: int = 16, heartbeat: float = 0.1, recovery_timeout: float = 30.0) -> None:
+    def __init__(
+        self, steps: int = 16, heartbeat: float = 0.1, recovery_timeout: float = 30.0
+    ) -> None:
         self.steps, self.heartbeat, self.recovery_timeout = steps, heartbeat, recovery_timeout
         self.lock = threading.Lock()
         self.fakes: dict[str, FakeRank] = {}
@@ -383,7 +409,8 @@ class FakeLauncher(Launcher):
         self.spares_crashing = 0
         self.step_seconds = 0.0
         self.sharded = False  # each slot its own shard, no replica (plain FSDP2)
-        self.environments: dict[int, wire.Environment] = {}  # slot -> what it says instead of ENVIRONMENT
+        # slot -> what it says instead of ENVIRONMENT
+        self.environments: dict[int, wire.Environment] = {}
 
     def fail_at(self, slot: int, step: int) -> None:
         """The rank holding `slot` dies (SIGKILL) as it enters `step`."""
@@ -394,7 +421,8 @@ class FakeLauncher(Launcher):
         self.faults.add(("hang", slot, step))
 
     def drop_connection_at(self, slot: int, step: int) -> None:
-        """The rank holding `slot` loses its connection as it enters `step`; its process lives on."""
+        """The rank holding `slot` loses its connection as it enters `step`; its process lives
+        on."""
         self.faults.add(("drop", slot, step))
 
     def corrupt_receive(self, slot: int) -> None:
@@ -406,19 +434,22 @@ class FakeLauncher(Launcher):
         self.resume_offset[slot] = offset
 
     def spares_die_at_start(self, n: int) -> None:
-        """The next `n` spares launched exit (code 1) before they connect, as a crash at import would."""
+        """The next `n` spares launched exit (code 1) before they connect, as a crash at import
+        would."""
         self.doomed_spares = n
 
     def spares_crash_once_connected(self, n: int) -> None:
-        """The next `n` spares launched connect, then exit (code 1) before they are warm, as a script that
-        fails building its model (a `DistributedSampler` given the spare's rank -1) would."""
+        """The next `n` spares launched connect, then exit (code 1) before they are warm, as a
+        script that fails building its model (a `DistributedSampler` given the spare's rank -1)
+        would."""
         self.spares_crashing = n
 
     def malformed_at(self, slot: int, step: int, body: bytes) -> None:
         """The rank at `slot` sends `body` as one frame as it enters `step`."""
         self.malformed[(slot, step)] = body
 
-    def take(self, kind: str, slot: int, step: int | None = None) -> bool:  # an armed fault fires once
+    # an armed fault fires once
+    def take(self, kind: str, slot: int, step: int | None = None) -> bool:
         with self.lock:
             armed = (kind, slot, step) in self.faults
             self.faults.discard((kind, slot, step))

@@ -1,8 +1,9 @@
-"""The harness of the job side's fast tests: a real Coordinator over fake ranks, driven as MigrationWorkflow.
+"""The harness of the job side's fast tests: a real Coordinator over fake ranks, driven as
+MigrationWorkflow.
 
-`Job` runs a real `Coordinator` with `fake_ranks.FakeLauncher` and, on leaving, checks that the job ended
-and left nothing running; `Migration` calls the job-side activities' `IncidentSteps` directly, in the
-workflow's order, and keeps what each answered.
+`Job` runs a real `Coordinator` with `fake_ranks.FakeLauncher` and, on leaving, checks that the job
+ended and left nothing running; `Migration` calls the job-side activities' `IncidentSteps` directly,
+in the workflow's order, and keeps what each answered.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from torchpass.incident.proof import resume_problems, transfer_problems
 from torchpass.job import JobResult, JobSpec, JobState
 from torchpass.models import Classification, Disposition, FailureReport
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dp.py"  # any script: the fakes ignore it
+# any script: the fakes ignore it
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dp.py"
 STEPS = 16
 WAIT = 10.0  # seconds: the bound on every wait of a test
 T = TypeVar("T")
@@ -40,14 +42,15 @@ Counts = tuple[int, ...]  # Python threads, OS threads, open file descriptors
 
 
 SHARED_PEERS: set[str] = set()
-"""'host:port' of the Temporal servers the session's fixtures hold clients of: their connection pools open
-and close connections whenever they like, so a socket to one is never a job's leak."""
+"""'host:port' of the Temporal servers the session's fixtures hold clients of: their connection
+pools open and close connections whenever they like, so a socket to one is never a job's leak."""
 
 FOREIGN_THREADS = ("tokio-",)
-"""OS thread names of the Temporal client's runtime (Rust, tokio): a client an earlier test made spawns
-blocking threads on demand (name lookups) that live 10 s idle. The job under test never uses Temporal (its
-reports go to a queue), so such a thread is never its leak. Found when a CI run counted two more OS threads
-than Python threads after a test, both gone by the time anyone looked."""
+"""OS thread names of the Temporal client's runtime (Rust, tokio): a client an earlier test made
+spawns blocking threads on demand (name lookups) that live 10 s idle. The job under test never uses
+Temporal (its reports go to a queue), so such a thread is never its leak. Found when a CI run
+counted two more OS threads than Python threads after a test, both gone by the time anyone
+looked."""
 
 
 def os_threads() -> dict[str, str]:
@@ -65,14 +68,16 @@ def counts() -> Counts:
     fds = len(os.listdir("/proc/self/fd"))
     if SHARED_PEERS:
         fds -= sum(
-            1 for what in fd_targets().values() if what.split(" -> ")[-1].split(" ")[0] in SHARED_PEERS
+            1
+            for what in fd_targets().values()
+            if what.split(" -> ")[-1].split(" ")[0] in SHARED_PEERS
         )
     return threading.active_count(), len(os_threads()), fds
 
 
 def fd_targets() -> dict[str, str]:
-    """What each open descriptor is (a socket with its addresses, a pipe, a file): the diagnosis when a
-    test leaks one."""
+    """What each open descriptor is (a socket with its addresses, a pipe, a file): the diagnosis
+    when a test leaks one."""
     out = {}
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
@@ -133,7 +138,8 @@ async def quiet() -> Counts:
 
 
 class Job:
-    """A real coordinator over fake ranks; leaving it, the job has ended and left nothing running."""
+    """A real coordinator over fake ranks; leaving it, the job has ended and left nothing
+    running."""
 
     def __init__(
         self,
@@ -158,7 +164,8 @@ class Job:
             control_plane_wait=0.5,
         )
         self.reports: asyncio.Queue[tuple[str, FailureReport]] = asyncio.Queue()
-        self.local = local  # the job recovers by itself when no step comes, as `torchpass run` wires it
+        # the job recovers by itself when no step comes, as `torchpass run` wires it
+        self.local = local
         self.down = False  # Temporal unreachable: every report fails
         self.attempts = 0
         self.result: JobResult | None = None
@@ -204,13 +211,19 @@ class Job:
             deadline = time.monotonic() + WAIT
             while any(n > m for n, m in zip(counts(), limit, strict=True)):
                 if time.monotonic() >= deadline:
-                    new = {fd: what for fd, what in fd_targets().items() if self._fds.get(fd) != what}
-                    born = sorted(name for tid, name in os_threads().items() if tid not in self._tasks)
+                    new = {
+                        fd: what for fd, what in fd_targets().items() if self._fds.get(fd) != what
+                    }
+                    born = sorted(
+                        name for tid, name in os_threads().items() if tid not in self._tasks
+                    )
                     raise AssertionError(
-                        f"leaked: (threads, tasks, fds) {counts()} > {limit}; new fds {new}; new tasks {born}"
+                        f"leaked: (threads, tasks, fds) {counts()} > {limit}; new fds {new}; new "
+                        f"tasks {born}"
                     )
                 await asyncio.sleep(0.01)
-                gc.collect()  # as `quiet` did before counting: a socket in a reference cycle waits for it
+                # as `quiet` did before counting: a socket in a reference cycle waits for it
+                gc.collect()
 
 
 def _check(problems: list[str]) -> None:
@@ -220,9 +233,10 @@ def _check(problems: list[str]) -> None:
 
 
 class Migration:
-    """MigrationWorkflow's run with its job-side activities called directly: confirm, classify, then reserve,
-    freeze, transfer and rejoin (each proof checked again), or release and restart from the checkpoint;
-    then complete. What each step answered, and the error of the one that failed, are kept."""
+    """MigrationWorkflow's run with its job-side activities called directly: confirm, classify, then
+    reserve, freeze, transfer and rejoin (each proof checked again), or release and restart from the
+    checkpoint; then complete. What each step answered, and the error of the one that failed, are
+    kept."""
 
     def __init__(self, job: Job, workflow_id: str, report: FailureReport) -> None:
         self.steps, self.evidence = job.steps, [report.evidence]
@@ -252,14 +266,18 @@ class Migration:
         else:
             ending = Ending(disposition=Disposition.NOT_A_FAILURE)
         kind, started = c.kind or self.evidence[0].kind, self.started_at
-        outcome = build_outcome(self.incident_id, self.evidence, kind, c, confirm, ending, started, ())
+        outcome = build_outcome(
+            self.incident_id, self.evidence, kind, c, confirm, ending, started, ()
+        )
         await bounded(self.steps.complete(self.ref, outcome))
         return outcome
 
     def _classify(self, confirm: st.ConfirmResult, spare_lost: bool = False) -> Classification:
         return classify(classify_input(tuple(self.evidence), confirm, spare_lost))
 
-    async def _migrate(self, confirm: st.ConfirmResult, c: Classification) -> tuple[Classification, Ending]:
+    async def _migrate(
+        self, confirm: st.ConfirmResult, c: Classification
+    ) -> tuple[Classification, Ending]:
         try:
             self.reserved = await bounded(self.steps.reserve(self.ref))
         except IncidentError as e:
@@ -280,7 +298,8 @@ class Migration:
             _check(resume_problems(self.rejoined.resumed_steps, self.rejoined.resumed_step))
         except IncidentError as e:
             self.failed[step] = e
-            await bounded(self.steps.release(self.ref))  # the compensation, then the classic restart
+            # the compensation, then the classic restart
+            await bounded(self.steps.release(self.ref))
             return c, await self._fall_back(str(e))
         return c, Ending(Disposition.MIGRATED, proof=self.transferred.proof, rejoin=self.rejoined)
 

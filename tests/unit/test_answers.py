@@ -1,5 +1,5 @@
-"""A process's answers to one state-transfer command (`job_agent.coordinator.answers`): each settles its
-own transfer's future, once; an answer numbered for another transfer settles nothing."""
+"""A process's answers to one state-transfer command (`job_agent.coordinator.answers`): each settles
+its own transfer's future, once; an answer numbered for another transfer settles nothing."""
 
 from __future__ import annotations
 

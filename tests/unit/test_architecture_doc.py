@@ -1,7 +1,7 @@
-"""docs/architecture.md is the map of the tree, and the docs name only modules that exist: the page's
-generated parts (the layers from the import contracts, every module with its docstring's first
-sentence) must match the tree, and a module path or dotted name in any doc that names no module fails.
-Regenerate with `python -m tests.architecture_map`."""
+"""docs/architecture.md is the map of the tree, and the docs name only modules that exist: the
+page's generated parts (the layers from the import contracts, every module with its docstring's
+first sentence) must match the tree, and a module path or dotted name in any doc that names no
+module fails. Regenerate with `python -m tests.architecture_map`."""
 
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ def _names_a_module(dotted: str) -> bool:
     parts = dotted.split(".")
     for n in range(len(parts), 0, -1):
         base = ROOT.joinpath(*parts[:n])
-        module = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+        module = (
+            base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+        )
         if module.exists():
             rest = parts[n:]
             return not rest or (len(rest) <= 2 and rest[0] in _defined(module))
@@ -70,12 +72,30 @@ def test_every_module_a_doc_names_exists() -> None:
     assert not stale, stale
 
 
+def test_every_test_a_doc_names_exists() -> None:
+    """`tests/x.py::test_name` in a doc (the events table, the security table) names a real test."""
+    stale = []
+    for doc in DOCS:
+        for path, name in re.findall(r"(tests/[\w/]+\.py)::(\w+)", doc.read_text()):
+            f = ROOT / path
+            tree = ast.parse(f.read_text()) if f.exists() else ast.Module(body=[], type_ignores=[])
+            defined = {
+                n.name
+                for n in ast.walk(tree)
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+            if name not in defined:
+                stale.append(f"{doc.name}: {path}::{name}")
+    assert not stale, stale
+
+
 def test_the_staleness_check_finds_a_moved_module() -> None:
     """It can fail: a path and a dotted name of modules that moved are both caught."""
     assert not _names_a_module("job_agent.steps")
     assert not (ROOT / "job_agent/incident.py").exists()
     assert _names_a_module("job_agent.coordinator.incident.executor.IncidentSteps")
-    assert not _names_a_module("job_agent.coordinator.incident.executor.JobControl")  # imported there
+    # imported there
+    assert not _names_a_module("job_agent.coordinator.incident.executor.JobControl")
     assert PATH.findall("see `job_agent/coordinator/coordinator.py`") == [
         "job_agent/coordinator/coordinator.py"
     ]

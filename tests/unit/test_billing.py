@@ -1,7 +1,7 @@
 """Billing without a network or Temporal: canonical body, signing, verification, answers, settings.
 
-Signatures are checked against HMAC-SHA256 computed here from the documented scheme, so a change to the
-scheme that a billing team's receiver would not follow fails a test.
+Signatures are checked against HMAC-SHA256 computed here from the documented scheme, so a change to
+the scheme that a billing team's receiver would not follow fails a test.
 """
 
 from __future__ import annotations
@@ -174,7 +174,9 @@ def _clear_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(f"TORCHPASS_BILLING_{var}", raising=False)
 
 
-def test_a_url_needs_a_secret_and_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_url_needs_a_secret_and_settings_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _clear_env(monkeypatch)
     with pytest.raises(ValidationError, match="WEBHOOK_SECRET is required"):
         BillingSettings(webhook_url="https://billing.example/credits")

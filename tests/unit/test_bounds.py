@@ -1,5 +1,6 @@
-"""Every size is bounded at the edge: an amount no evaluation can overflow, ids and errors that always fit
-a contract's history. Each case was found breaking a contract or an incident on an unbounded main."""
+"""Every size is bounded at the edge: an amount no evaluation can overflow, ids and errors that
+always fit a contract's history. Each case was found breaking a contract or an incident on an
+unbounded main."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def test_an_absurd_amount_is_refused_with_its_field_named() -> None:
         with pytest.raises(ValidationError, match="amount"):
             Money(amount=Decimal(bad), currency="USD")
     fee = Money(amount=MAX_AMOUNT, currency="USD")
-    assert fee.times(Decimal("0.25")).amount == MAX_AMOUNT / 4  # the credit of the largest fee computes
+    # the credit of the largest fee computes
+    assert fee.times(Decimal("0.25")).amount == MAX_AMOUNT / 4
 
 
 def test_contract_create_refuses_a_fee_no_evaluation_could_compute(

@@ -1,5 +1,5 @@
-"""The coordinator's control channel over real loopback sockets: what reaches its event loop, in what order,
-and at what cost in wake-ups."""
+"""The coordinator's control channel over real loopback sockets: what reaches its event loop, in
+what order, and at what cost in wake-ups."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ PEERS, FRAMES = 8, 300
 async def _serve_peers(
     on_frame_extra: Any = None,
 ) -> tuple[dict[socket.socket, list[object]], int, list[dict[str, Any]]]:
-    """PEERS clients each send FRAMES steps and hang up; returns what each connection's handler saw (in
-    order, its close last), the loop's cross-thread wake-ups and the errors the loop was told of."""
+    """PEERS clients each send FRAMES steps and hang up; returns what each connection's handler saw
+    (in order, its close last), the loop's cross-thread wake-ups and the errors the loop was told
+    of."""
     loop = asyncio.get_running_loop()
     seen: dict[socket.socket, list[object]] = {}
     closed = asyncio.Event()
@@ -69,16 +70,16 @@ async def _serve_peers(
 
 
 async def test_every_frame_reaches_the_loop_in_order_with_far_fewer_wakeups_than_frames() -> None:
-    """Each connection's frames arrive in the order sent, its close after them; and the reader threads
-    wake the loop per batch, not per frame (per frame, 7,000 frames a second at 1,024 ranks filled the
-    loop's self-pipe and the coordinator fell behind for good)."""
+    """Each connection's frames arrive in the order sent, its close after them; and the reader
+    threads wake the loop per batch, not per frame (per frame, 7,000 frames a second at 1,024 ranks
+    filled the loop's self-pipe and the coordinator fell behind for good)."""
     seen, wakeups, errors = await _serve_peers()
     assert not errors
     assert len(seen) == PEERS
     for got in seen.values():
         assert got == [*range(FRAMES), "closed"]
-    # The loop is busy handling while the peers write, so most frames ride on a wake-up already due. One
-    # per frame (PEERS * FRAMES + closes) would fail this.
+    # The loop is busy handling while the peers write, so most frames ride on a wake-up already due.
+    # One per frame (PEERS * FRAMES + closes) would fail this.
     assert wakeups < PEERS * FRAMES / 2, wakeups
 
 

@@ -1,4 +1,5 @@
-"""The classification table against every example in the product brief's two tables, plus its properties."""
+"""The classification table against every example in the product brief's two tables, plus its
+properties."""
 
 from __future__ import annotations
 
@@ -82,11 +83,15 @@ def test_every_failure_kind_has_a_row() -> None:
     assert set(CATEGORY_OF) == set(FailureKind)
 
 
-# --- Qualifying: planned migration via cordon (K8s), DRAIN (Slurm) or another supported signal ----------
+# --- Qualifying: planned migration via cordon (K8s), DRAIN (Slurm) or another supported signal
+# ----------
 
 
 def test_node_cordon_after_rising_gpu_temperature_is_a_planned_migration() -> None:
-    c = run(ev(K.NODE_CORDON, EventSource.KUBERNETES, detail="cordoned: GPU temperature rising"), lost=())
+    c = run(
+        ev(K.NODE_CORDON, EventSource.KUBERNETES, detail="cordoned: GPU temperature rising"),
+        lost=(),
+    )
     assert c.category == Category.PLANNED and c.qualifying
     assert c.reason.startswith(ROW_TITLE[Category.PLANNED])
 
@@ -97,7 +102,9 @@ def test_node_cordon_for_security_patching_is_a_planned_migration() -> None:
 
 
 def test_slurm_drain_is_a_planned_migration() -> None:
-    c = run(ev(K.NODE_DRAIN, EventSource.SLURM, scheduler="slurm", detail="reason=maintenance"), lost=())
+    c = run(
+        ev(K.NODE_DRAIN, EventSource.SLURM, scheduler="slurm", detail="reason=maintenance"), lost=()
+    )
     assert c.category == Category.PLANNED and c.qualifying
 
 
@@ -106,20 +113,24 @@ def test_a_drain_of_node_0_under_slurm_is_still_planned() -> None:
     drain = ev(K.NODE_DRAIN, EventSource.SLURM, slots=(0, 1), scheduler="slurm")
     c = run(drain, lost=(), batch_host="node-2")
     assert c.category == Category.PLANNED and c.qualifying
-    # As the job confirms it: the moving slots are the ones that get new processes (found on a real Slurm
-    # drain of the first node, which was disqualified as a node 0 failure).
+    # As the job confirms it: the moving slots are the ones that get new processes (found on a real
+    # Slurm drain of the first node, which was disqualified as a node 0 failure).
     c = run(drain, lost=(0, 1), batch_host="node-2")
     assert c.category == Category.PLANNED and c.qualifying, c.reason
     c = run(drain, ev(K.PROCESS_EXIT, slots=(0,)), lost=(0, 1), batch_host="node-2")
-    assert c.category == Category.UNABLE_TO_RECOVER and "node 0" in c.reason  # then it failed mid-drain
+    # then it failed mid-drain
+    assert c.category == Category.UNABLE_TO_RECOVER and "node 0" in c.reason
 
 
 def test_a_cordon_with_the_temperature_reading_behind_it_still_qualifies() -> None:
-    c = run(ev(K.NODE_CORDON, EventSource.KUBERNETES), ev(K.GPU_TEMPERATURE, EventSource.NVML), lost=())
+    c = run(
+        ev(K.NODE_CORDON, EventSource.KUBERNETES), ev(K.GPU_TEMPERATURE, EventSource.NVML), lost=()
+    )
     assert c.qualifying and c.category == Category.HOST_GPU_FABRIC
 
 
-# --- Qualifying: job, process or training execution interruption --------------------------------------
+# --- Qualifying: job, process or training execution interruption
+# --------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -147,7 +158,8 @@ def test_a_stuck_rank_seen_as_hang_and_lost_heartbeat_is_named_hang() -> None:
     assert primary_kind(evidence) == K.HANG
 
 
-# --- Qualifying: host, GPU or local fabric failure ------------------------------------------------------
+# --- Qualifying: host, GPU or local fabric failure
+# ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -170,13 +182,18 @@ def test_host_gpu_and_local_fabric_failures_qualify(kind: FailureKind, xid: int 
 
 
 def test_a_node_power_loss_outranks_the_connection_losses_and_exits_it_causes() -> None:
-    evidence = (ev(K.CONNECTION_LOST), ev(K.PROCESS_EXIT), ev(K.NODE_POWER_LOSS, EventSource.KUBERNETES))
+    evidence = (
+        ev(K.CONNECTION_LOST),
+        ev(K.PROCESS_EXIT),
+        ev(K.NODE_POWER_LOSS, EventSource.KUBERNETES),
+    )
     c = run(*evidence)
     assert c.category == Category.HOST_GPU_FABRIC and c.qualifying
     assert primary_kind(evidence) == K.NODE_POWER_LOSS
 
 
-# --- Disqualifying: shared infrastructure failure -------------------------------------------------------
+# --- Disqualifying: shared infrastructure failure
+# -------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -194,7 +211,8 @@ def test_shared_infrastructure_failures_disqualify(kind: FailureKind) -> None:
     assert c.reason.startswith(ROW_TITLE[Category.SHARED_INFRASTRUCTURE]) and kind.value in c.reason
 
 
-# --- Disqualifying: unable to recover -------------------------------------------------------------------
+# --- Disqualifying: unable to recover
+# -------------------------------------------------------------------
 
 
 def test_failures_exceeding_parallelism_redundancy_are_unable_to_recover() -> None:
@@ -248,23 +266,38 @@ def test_a_sharded_job_without_replicas_is_unable_to_recover_after_any_loss() ->
     assert classify(inp).category == Category.UNABLE_TO_RECOVER
 
 
-def test_a_planned_move_of_a_shard_with_no_replica_qualifies_its_leaving_rank_is_the_donor() -> None:
-    """The same job as above, rank 3 drained rather than killed: it stays alive to give its own state, so
-    the drain is planned and qualifying. Named as a failed slot (not leaving), the same drain is not."""
+def test_a_planned_move_of_a_shard_with_no_replica_qualifies_its_leaving_rank_is_the_donor() -> (
+    None
+):
+    """The same job as above, rank 3 drained rather than killed: it stays alive to give its own
+    state, so the drain is planned and qualifying. Named as a failed slot (not leaving), the same
+    drain is not."""
     shards = {s: f"shard-{s}" for s in range(4)}
     drain = ev(K.NODE_DRAIN, EventSource.SLURM, slots=(3,), scheduler="slurm")
     inp = ClassifyInput(
-        evidence=(drain,), lost_slots=(3,), leaving_slots=(3,), world_size=4, redundancy=1, shard_of=shards
+        evidence=(drain,),
+        lost_slots=(3,),
+        leaving_slots=(3,),
+        world_size=4,
+        redundancy=1,
+        shard_of=shards,
     )
     c = classify(inp)
     assert c.category == Category.PLANNED and c.qualifying, c
     c = classify(inp.model_copy(update={"leaving_slots": ()}))
-    assert c.category == Category.UNABLE_TO_RECOVER and "exceeding parallelism redundancy" in c.reason
+    assert (
+        c.category == Category.UNABLE_TO_RECOVER and "exceeding parallelism redundancy" in c.reason
+    )
 
 
 def test_a_failed_classifier_is_unclassified_but_qualifying() -> None:
     c = unclassified("boom")
-    assert c.category == Category.UNCLASSIFIED and c.qualifying and "boom" in c.reason and c.kind is None
+    assert (
+        c.category == Category.UNCLASSIFIED
+        and c.qualifying
+        and "boom" in c.reason
+        and c.kind is None
+    )
 
 
 def test_silent_data_corruption_is_unable_to_recover() -> None:
@@ -274,7 +307,8 @@ def test_silent_data_corruption_is_unable_to_recover() -> None:
 
 
 def test_node_0_failure_with_slurm_is_unable_to_recover() -> None:
-    """node1 is the batch host: it runs the batch script and the coordinator, Slurm ends the job with it."""
+    """node1 is the batch host: it runs the batch script and the coordinator, Slurm ends the job
+    with it."""
     c = run(
         ev(K.NODE_FAILURE, EventSource.SLURM, slots=(2,), scheduler="slurm", domain="node1"),
         batch_host="node1",
@@ -294,8 +328,11 @@ def test_node_0_lost_under_slurm_counts_even_when_no_slot_is_named() -> None:
 
 
 def test_the_node_that_ran_rank_0_is_not_special_under_slurm() -> None:
-    """Slot 0's node fails, but the batch host is another node: the job goes on, rank 0 moves live."""
-    c = run(ev(K.NODE_FAILURE, EventSource.SLURM, slots=(0, 1), scheduler="slurm"), batch_host="node-0")
+    """Slot 0's node fails, but the batch host is another node: the job goes on, rank 0 moves
+    live."""
+    c = run(
+        ev(K.NODE_FAILURE, EventSource.SLURM, slots=(0, 1), scheduler="slurm"), batch_host="node-0"
+    )
     assert c.category == Category.HOST_GPU_FABRIC and c.qualifying, c.reason
 
 
@@ -320,7 +357,8 @@ def test_primary_kind_of_no_evidence_is_an_error() -> None:
         primary_kind(())
 
 
-# --- Properties ------------------------------------------------------------------------------------------
+# --- Properties
+# ------------------------------------------------------------------------------------------
 
 evidences = st.builds(
     ev,
@@ -333,7 +371,11 @@ evidences = st.builds(
 )
 inputs = st.builds(
     lambda evidence, lost, redundancy, spare: ClassifyInput(
-        evidence=tuple(evidence), lost_slots=lost, world_size=8, redundancy=redundancy, spare_available=spare
+        evidence=tuple(evidence),
+        lost_slots=lost,
+        world_size=8,
+        redundancy=redundancy,
+        spare_available=spare,
     ),
     st.lists(evidences, min_size=1, max_size=6),
     st.lists(st.integers(0, 7), max_size=4, unique=True).map(tuple),
@@ -351,10 +393,14 @@ def test_adding_shared_infrastructure_evidence_always_disqualifies(
 
 
 @given(inputs, st.randoms())
-def test_classification_does_not_depend_on_evidence_order(inp: ClassifyInput, rnd: random.Random) -> None:
+def test_classification_does_not_depend_on_evidence_order(
+    inp: ClassifyInput, rnd: random.Random
+) -> None:
     shuffled = list(inp.evidence)
     rnd.shuffle(shuffled)
-    again = inp.model_copy(update={"evidence": tuple(reversed(shuffled)), "lost_slots": inp.lost_slots[::-1]})
+    again = inp.model_copy(
+        update={"evidence": tuple(reversed(shuffled)), "lost_slots": inp.lost_slots[::-1]}
+    )
     assert classify(again) == classify(inp)
     assert primary_kind(again.evidence) == primary_kind(inp.evidence)
 
@@ -373,16 +419,18 @@ def test_without_a_spare_nothing_qualifies(inp: ClassifyInput) -> None:
 
 
 @given(inputs)
-def test_the_primary_kind_belongs_to_the_category_unless_recovery_is_impossible(inp: ClassifyInput) -> None:
+def test_the_primary_kind_belongs_to_the_category_unless_recovery_is_impossible(
+    inp: ClassifyInput,
+) -> None:
     c = classify(inp)
     if c.category is not Category.UNABLE_TO_RECOVER:
         assert CATEGORY_OF[primary_kind(inp.evidence)] is c.category
 
 
 def test_a_failure_of_a_job_without_the_agent_is_not_configured_for_live_migration() -> None:
-    """The brief's "failures on jobs that are not configured to use TorchPass": recorded, disqualifying,
-    so such a job's restarts never count against the guarantee, nor as live migrations; the reason says
-    what would have made it live."""
+    """The brief's "failures on jobs that are not configured to use TorchPass": recorded,
+    disqualifying, so such a job's restarts never count against the guarantee, nor as live
+    migrations; the reason says what would have made it live."""
     inp = ClassifyInput(
         evidence=(ev(K.PROCESS_EXIT),), lost_slots=(2,), world_size=4, redundancy=4, agent=False
     )

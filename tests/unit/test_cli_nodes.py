@@ -1,4 +1,5 @@
-"""`torchpass run --nnodes` and `torchpass node` refuse what cannot work, before they start anything."""
+"""`torchpass run --nnodes` and `torchpass node` refuse what cannot work, before they start
+anything."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def test_run_refuses_a_world_it_cannot_place(
     assert says in err, err
 
 
-def test_a_node_without_the_jobs_secret_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_node_without_the_jobs_secret_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     argv = ["node", "--job", "job-1", "--coordinator", "127.0.0.1:9", "--host", "127.0.0.1"]
     assert main([*argv, "--secret-file", str(tmp_path / "missing"), SCRIPT]) == EXIT_REFUSED
     assert "cannot read the job's secret" in capsys.readouterr().err

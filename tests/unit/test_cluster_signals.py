@@ -1,8 +1,10 @@
-"""What a cluster detector tells a job of its nodes (`wire.NodeEvent`), over the real control channel.
+"""What a cluster detector tells a job of its nodes (`wire.NodeEvent`), over the real control
+channel.
 
-Each test runs the real `Coordinator` against in-process fake ranks speaking the real protocol (`fake_ranks`),
-each on a node of its own; the detector's part is played by `request`, as `workers.detectors.reports` sends
-it. The detectors themselves run against the real cluster clients in `tests/integration`.
+Each test runs the real `Coordinator` against in-process fake ranks speaking the real protocol
+(`fake_ranks`), each on a node of its own; the detector's part is played by `request`, as
+`workers.detectors.reports` sends it. The detectors themselves run against the real cluster clients
+in `tests/integration`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ K = FailureKind
 
 def _event(node: str, kind: FailureKind, key: str, reason: str = "") -> wire.NodeEvent:
     return wire.NodeEvent(
-        node=node, kind=kind, source="kubernetes", reason=reason, key=key, observed_at=datetime.now(UTC)
+        node=node,
+        kind=kind,
+        source="kubernetes",
+        reason=reason,
+        key=key,
+        observed_at=datetime.now(UTC),
     )
 
 
@@ -36,8 +43,9 @@ T = TypeVar("T")
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` in a thread of its own, joined before it returns: the loop's executor would keep a
-    second thread of its own when two calls overlap, which the leak check counts against the job."""
+    """`fn(*args)` in a thread of its own, joined before it returns: the loop's executor would keep
+    a second thread of its own when two calls overlap, which the leak check counts against the
+    job."""
     out: list[T] = []
     thread = threading.Thread(target=lambda: out.append(fn(*args)), name="test-detector")
     thread.start()
@@ -61,15 +69,17 @@ def _node(job: Job, slot: int) -> str:
 
 async def _training_past(job: Job, step: int) -> None:
     c = job.coordinator
-    await until(lambda: min(m.step for m in c.roster.ranks()) >= step, f"every rank past step {step}")
+    await until(
+        lambda: min(m.step for m in c.roster.ranks()) >= step, f"every rank past step {step}"
+    )
 
 
 async def test_a_cordon_moves_the_nodes_rank_live_and_said_again_starts_nothing(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """A cordon of rank 1's node is a planned move: the report carries the cluster's evidence, the rank
-    is moved live to a spare (on another node), and the same cordon heard again (a restarted detector),
-    or a new observation of that node once the rank has left, starts nothing."""
+    """A cordon of rank 1's node is a planned move: the report carries the cluster's evidence, the
+    rank is moved live to a spare (on another node), and the same cordon heard again (a restarted
+    detector), or a new observation of that node once the rank has left, starts nothing."""
     job = Job(tmp_path, allowance, nproc=3, spares=1)
     job.launcher.step_seconds = 0.05
     async with job:
@@ -101,8 +111,8 @@ async def test_a_cordon_moves_the_nodes_rank_live_and_said_again_starts_nothing(
 async def test_a_node_with_no_rank_of_the_job_starts_nothing_and_its_spare_is_not_used(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """A cordon of a node that runs only a spare of the job starts nothing; that spare is never given a
-    slot afterwards: rank 0's loss takes the other spare."""
+    """A cordon of a node that runs only a spare of the job starts nothing; that spare is never
+    given a slot afterwards: rank 0's loss takes the other spare."""
     job = Job(tmp_path, allowance, nproc=3, spares=2)
     job.launcher.step_seconds = 0.05
     async with job:
@@ -110,7 +120,10 @@ async def test_a_node_with_no_rank_of_the_job_starts_nothing_and_its_spare_is_no
         c = job.coordinator
         spare = next(m for m in c.roster.members.values() if m.slot < 0 and m.alive)
         said = await _tell(job, _event(spare.node, K.NODE_CORDON, "uid-s:cordon"))
-        assert said == {"acted": False, "why": f"no rank of job {job.spec.job_id} runs on {spare.node}"}
+        assert said == {
+            "acted": False,
+            "why": f"no rank of job {job.spec.job_id} runs on {spare.node}",
+        }
         assert job.reports.empty()
         job.launcher.fail_at(0, c.roster.at(0).step + 2)  # type: ignore[union-attr]
         m = Migration(job, *await job.report())
@@ -122,9 +135,9 @@ async def test_a_node_with_no_rank_of_the_job_starts_nothing_and_its_spare_is_no
 async def test_not_ready_for_a_node_the_job_still_hears_is_a_planned_move(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """The cluster says rank 2's node is NotReady while its rank still heart-beats to the coordinator: the
-    job listens a moment (a power loss would show by then) and its view wins. Nothing is killed; the rank
-    is moved off as a planned move, and the evidence says why."""
+    """The cluster says rank 2's node is NotReady while its rank still heart-beats to the
+    coordinator: the job listens a moment (a power loss would show by then) and its view wins.
+    Nothing is killed; the rank is moved off as a planned move, and the evidence says why."""
     job = Job(tmp_path, allowance, nproc=3, spares=1)
     job.launcher.step_seconds = 0.05
     async with job:
@@ -133,7 +146,9 @@ async def test_not_ready_for_a_node_the_job_still_hears_is_a_planned_move(
         said = await _tell(job, _event(_node(job, 2), K.NODE_NOT_READY, "uid-2:ready:False"))
         assert said["acted"] is False and "checking" in str(said["why"])
         workflow_id, report = await job.report()
-        assert report.evidence.kind is K.NODE_DRAIN and "still hears from it" in report.evidence.detail
+        assert (
+            report.evidence.kind is K.NODE_DRAIN and "still hears from it" in report.evidence.detail
+        )
         outcome = await Migration(job, workflow_id, report).run()
         assert (outcome.disposition, outcome.kind) == (Disposition.MIGRATED, K.NODE_DRAIN)
         await job.finished()
@@ -142,9 +157,9 @@ async def test_not_ready_for_a_node_the_job_still_hears_is_a_planned_move(
 async def test_not_ready_for_a_node_gone_quiet_fences_its_rank_and_is_migrated_live(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """Rank 1 stops (its node froze); before the job's own hang detection fires, the cluster says its node
-    is NotReady. The job hears nothing from it either, so the claim stands: the rank is fenced and
-    killed, the incident is a node failure of the cluster's kind, migrated live."""
+    """Rank 1 stops (its node froze); before the job's own hang detection fires, the cluster says
+    its node is NotReady. The job hears nothing from it either, so the claim stands: the rank is
+    fenced and killed, the incident is a node failure of the cluster's kind, migrated live."""
     job = Job(tmp_path, allowance, nproc=3, spares=1, hang_timeout=8.0)
     job.launcher.step_seconds = 0.05
     async with job:
@@ -153,7 +168,9 @@ async def test_not_ready_for_a_node_gone_quiet_fences_its_rank_and_is_migrated_l
         job.launcher.hang_at(1, 4)
         victim = c.roster.at(1)
         assert victim is not None
-        await until(lambda: time.monotonic() - victim.last_heartbeat > 0.5, "rank 1's node to go quiet")
+        await until(
+            lambda: time.monotonic() - victim.last_heartbeat > 0.5, "rank 1's node to go quiet"
+        )
         said = await _tell(job, _event(victim.node, K.NODE_NOT_READY, "uid-1:ready:Unknown"))
         assert said == {"acted": True, "slots": [1], "kind": "node_not_ready", "ranks": "failed"}
         workflow_id, report = await job.report()
@@ -172,15 +189,17 @@ async def test_not_ready_for_a_node_gone_quiet_fences_its_rank_and_is_migrated_l
 async def test_not_ready_after_the_ranks_died_is_evidence_of_the_same_incident(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """A power loss as the job sees it: rank 2 exits first (the incident starts), then the cluster says
-    its node is NotReady. The second signal is one more piece of evidence of the same incident (same
-    workflow id), whose kind becomes the most specific: the node's."""
+    """A power loss as the job sees it: rank 2 exits first (the incident starts), then the cluster
+    says its node is NotReady. The second signal is one more piece of evidence of the same incident
+    (same workflow id), whose kind becomes the most specific: the node's."""
     job = Job(tmp_path, allowance, nproc=3, spares=1)
     job.launcher.fail_at(2, 5)
     async with job:
         workflow_id, first = await job.report()
         node = first.evidence.failure_domain
-        said = await _tell(job, _event(node, K.NODE_NOT_READY, "uid-2:ready:Unknown", "kubelet stopped"))
+        said = await _tell(
+            job, _event(node, K.NODE_NOT_READY, "uid-2:ready:Unknown", "kubelet stopped")
+        )
         assert said["acted"] is True and said["slots"] == [2]
         same, second = await job.report()
         assert same == workflow_id and second.evidence.kind is K.NODE_NOT_READY
@@ -195,9 +214,10 @@ async def test_not_ready_after_the_ranks_died_is_evidence_of_the_same_incident(
 async def test_not_ready_after_the_incident_was_recorded_goes_into_its_history_late(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """Rank 2 exits and is migrated; only then does the cluster say its node is NotReady (a real kubelet's
-    silence takes some 40 s). Still that incident's evidence: a late report to its run (open for the
-    job's late window), nothing new started. Said again, already heard; past the window, nothing."""
+    """Rank 2 exits and is migrated; only then does the cluster say its node is NotReady (a real
+    kubelet's silence takes some 40 s). Still that incident's evidence: a late report to its run
+    (open for the job's late window), nothing new started. Said again, already heard; past the
+    window, nothing."""
     job = Job(tmp_path, allowance, nproc=3, spares=1)
     job.launcher.fail_at(2, 5)
     async with job:
@@ -205,8 +225,13 @@ async def test_not_ready_after_the_incident_was_recorded_goes_into_its_history_l
         node = first.evidence.failure_domain
         m = Migration(job, workflow_id, first)
         outcome = await m.run()
-        assert outcome.disposition is Disposition.MIGRATED and job.coordinator.incidents.current is None
-        said = await _tell(job, _event(node, K.NODE_NOT_READY, "uid-2:ready:Unknown", "kubelet stopped"))
+        assert (
+            outcome.disposition is Disposition.MIGRATED
+            and job.coordinator.incidents.current is None
+        )
+        said = await _tell(
+            job, _event(node, K.NODE_NOT_READY, "uid-2:ready:Unknown", "kubelet stopped")
+        )
         assert said["acted"] is True and said["late"] is True and said["incident"] == m.incident_id
         to, late = await job.report()
         assert to == m.incident_id and late.late and late.evidence.kind is K.NODE_NOT_READY
@@ -223,9 +248,10 @@ async def test_not_ready_after_the_incident_was_recorded_goes_into_its_history_l
 async def test_a_detector_tells_every_registered_job_and_one_that_is_gone_is_an_answer_too(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """`workers.detectors.reports.Jobs` over the real registry and control channel: the running job hears a
-    cordon of its rank's node and acts; a job registered but gone (its coordinator's port closed) is answered
-    as not reached, and the detector goes on; a pod's deletion is told only to the pod's job."""
+    """`workers.detectors.reports.Jobs` over the real registry and control channel: the running job
+    hears a cordon of its rank's node and acts; a job registered but gone (its coordinator's port
+    closed) is answered as not reached, and the detector goes on; a pod's deletion is told only to
+    the pod's job."""
     gone = tmp_path / "jobs" / "gone-job"
     gone.mkdir(parents=True)
     (gone / "secret").write_text("00" * 32)
@@ -240,9 +266,15 @@ async def test_a_detector_tells_every_registered_job_and_one_that_is_gone_is_an_
     async with job:
         await _training_past(job, 1)
         jobs, node = Jobs(tmp_path, "kubernetes"), _node(job, 0)
-        pod = await in_thread(jobs.tell, Seen(node, K.POD_DELETED, "p:gone", "pod deleted", job="gone-job"))
-        assert [(t.job_id, t.acted) for t in pod] == [("gone-job", False)] and "not reached" in pod[0].detail
-        told = {t.job_id: t for t in await in_thread(jobs.tell, Seen(node, K.NODE_CORDON, "u0:cordon"))}
+        pod = await in_thread(
+            jobs.tell, Seen(node, K.POD_DELETED, "p:gone", "pod deleted", job="gone-job")
+        )
+        assert [(t.job_id, t.acted) for t in pod] == [("gone-job", False)] and "not reached" in pod[
+            0
+        ].detail
+        told = {
+            t.job_id: t for t in await in_thread(jobs.tell, Seen(node, K.NODE_CORDON, "u0:cordon"))
+        }
         assert told[job.spec.job_id].acted and not told["gone-job"].acted
         m = Migration(job, *await job.report())
         assert (await m.run()).disposition is Disposition.MIGRATED

@@ -1,5 +1,5 @@
-"""The YOCO contract rules (torchpass.contract.rules), without Temporal: the brief's rules and the decided
-cases."""
+"""The YOCO contract rules (torchpass.contract.rules), without Temporal: the brief's rules and the
+decided cases."""
 
 from __future__ import annotations
 
@@ -86,7 +86,9 @@ def outcome(
 
 def report(passed: bool, at: datetime, job: str = "job-a") -> ValidationReport:
     check = CheckResult(name="agent_present", passed=passed)
-    return ValidationReport(contract_id="c-1", job_id=job, passed=passed, checks=(check,), validated_at=at)
+    return ValidationReport(
+        contract_id="c-1", job_id=job, passed=passed, checks=(check,), validated_at=at
+    )
 
 
 def waived_report(at: datetime, job: str = "job-a") -> ValidationReport:
@@ -113,7 +115,8 @@ def fill(book: ContractBook, first: int, month: int, successes: int, failures: i
         book.record_outcome(outcome(first + i, at + timedelta(minutes=i), success=i < successes))
 
 
-# --- dates and windows ---------------------------------------------------------------------------------
+# --- dates and windows
+# ---------------------------------------------------------------------------------
 
 
 def test_months_are_calendar_months_clamped_to_the_month_end() -> None:
@@ -134,7 +137,8 @@ def test_a_first_year_expansion_needs_three_months_measured() -> None:
     assert expansion_measured_enough(START, add_months(START, 12) + timedelta(days=10))
 
 
-# --- the rate and the credit ---------------------------------------------------------------------------
+# --- the rate and the credit
+# ---------------------------------------------------------------------------
 
 
 def test_exactly_ninety_percent_earns_no_credit_and_just_below_does() -> None:
@@ -172,8 +176,12 @@ def test_a_renewal_below_ninety_percent_issues_one_credit_of_a_quarter_of_the_fe
 def test_excluded_events_stay_in_the_ledger_with_their_reason_but_not_in_the_rate() -> None:
     book = covered_book()
     at = T0 + timedelta(days=3)
-    shared = Classification(category=Category.SHARED_INFRASTRUCTURE, qualifying=False, reason="fabric")
-    no_spare = Classification(category=Category.UNABLE_TO_RECOVER, qualifying=False, reason="no spare")
+    shared = Classification(
+        category=Category.SHARED_INFRASTRUCTURE, qualifying=False, reason="fabric"
+    )
+    no_spare = Classification(
+        category=Category.UNABLE_TO_RECOVER, qualifying=False, reason="no spare"
+    )
     book.record_outcome(outcome(1, at, success=False, classification=shared))
     book.record_outcome(outcome(2, at, success=False, classification=no_spare))
     book.record_outcome(outcome(3, at, success=False, disposition=Disposition.NOT_A_FAILURE))
@@ -189,7 +197,8 @@ def test_excluded_events_stay_in_the_ledger_with_their_reason_but_not_in_the_rat
     assert rows["inc-5"].counted and rows["inc-5"].reason is None
 
 
-# --- coverage: opt-in, validation, opt-out -------------------------------------------------------------
+# --- coverage: opt-in, validation, opt-out
+# -------------------------------------------------------------
 
 
 def test_a_job_is_covered_only_between_a_passed_validation_and_an_opt_out() -> None:
@@ -243,7 +252,8 @@ def test_validation_of_an_unknown_job_or_another_contract_is_refused() -> None:
         ContractBook(terms()).jobs.opt_out("job-never", T0)
 
 
-# --- waived checks, customer and development contracts -------------------------------------------------
+# --- waived checks, customer and development contracts
+# -------------------------------------------------
 
 
 def test_a_waived_check_does_not_cover_a_job_on_a_customer_contract() -> None:
@@ -259,7 +269,9 @@ def test_a_waived_check_does_not_cover_a_job_on_a_customer_contract() -> None:
     book.record_outcome(outcome(2, at, success=True))
     assert entry.status is EntryStatus.VALIDATION_WAIVED and book.jobs.covered(at) == ()
     s = book.standing(at)
-    assert (s.qualifying, s.successful) == (0, 0) and s.excluded == {EntryStatus.VALIDATION_WAIVED: 2}
+    assert (s.qualifying, s.successful) == (0, 0) and s.excluded == {
+        EntryStatus.VALIDATION_WAIVED: 2
+    }
     assert s.purpose is ContractPurpose.CUSTOMER and DEVELOPMENT_BANNER not in format_standing(s)
     rows = book.ledger_page(LedgerPageInput()).rows
     reason = EXCLUSION_REASON[EntryStatus.VALIDATION_WAIVED]
@@ -272,7 +284,10 @@ def test_a_waived_check_does_not_cover_a_job_on_a_customer_contract() -> None:
 
 def with_failed_check(r: ValidationReport) -> ValidationReport:
     return build_report(
-        r.contract_id, r.job_id, (*r.checks, CheckResult(name="spare_pool", passed=False)), r.validated_at
+        r.contract_id,
+        r.job_id,
+        (*r.checks, CheckResult(name="spare_pool", passed=False)),
+        r.validated_at,
     )
 
 
@@ -307,7 +322,9 @@ def test_a_development_contract_never_issues_a_credit() -> None:
     fill(book, 0, 1, successes=8, failures=2)  # 80%: a customer contract earns 30,000
     fill(book, 10, 4, successes=1, failures=4)
     assert book.standing(T0 + timedelta(days=200)).projected_credit is None
-    exp = book.expand(ExpandInput(on=add_months(START, 5), annual_fee=FEE), day_start(add_months(START, 5)))
+    exp = book.expand(
+        ExpandInput(on=add_months(START, 5), annual_fee=FEE), day_start(add_months(START, 5))
+    )
     assert exp.evaluated and (exp.qualifying, exp.successful) == (15, 9) and exp.credit is None
     assert "development contract never issues a credit notice" in exp.note
     book.term.renew(RenewInput())
@@ -329,7 +346,8 @@ def test_old_terms_without_a_purpose_are_a_customer_contract() -> None:
         terms(purpose="demo")
 
 
-# --- duplicates and late outcomes ----------------------------------------------------------------------
+# --- duplicates and late outcomes
+# ----------------------------------------------------------------------
 
 
 def test_a_duplicate_incident_is_recorded_as_such_and_counted_once() -> None:
@@ -354,11 +372,14 @@ def test_a_late_outcome_never_reopens_an_evaluation_but_counts_in_later_windows(
     assert book.evaluations.closed[0] == ev  # closed: unchanged
     renewal = book.close_term(day_start(book.term.renewal_date))
     assert (renewal.qualifying, renewal.successful) == (11, 10)
-    on_time, _ = book.record_outcome(outcome(100, day_start(book.term.renewal_date) + timedelta(days=1)))
+    on_time, _ = book.record_outcome(
+        outcome(100, day_start(book.term.renewal_date) + timedelta(days=1))
+    )
     assert not on_time.late
 
 
-# --- expansions ----------------------------------------------------------------------------------------
+# --- expansions
+# ----------------------------------------------------------------------------------------
 
 
 def test_an_expansion_in_month_two_is_recorded_but_not_evaluated() -> None:
@@ -374,10 +395,12 @@ def test_at_most_one_credit_per_contract_year_across_expansions_and_renewal() ->
     book = covered_book()
     fill(book, 0, 1, successes=1, failures=9)
     first = book.expand(
-        ExpandInput(on=add_months(START, 4), annual_fee=usd("150000")), day_start(add_months(START, 4))
+        ExpandInput(on=add_months(START, 4), annual_fee=usd("150000")),
+        day_start(add_months(START, 4)),
     )
     second = book.expand(
-        ExpandInput(on=add_months(START, 6), annual_fee=usd("200000")), day_start(add_months(START, 6))
+        ExpandInput(on=add_months(START, 6), annual_fee=usd("200000")),
+        day_start(add_months(START, 6)),
     )
     book.term.renew(RenewInput())
     renewal = book.close_term(day_start(book.term.renewal_date))
@@ -385,14 +408,15 @@ def test_at_most_one_credit_per_contract_year_across_expansions_and_renewal() ->
     assert "already issued" in second.note and "already issued" in renewal.note
     fill(book, 100, 13, successes=0, failures=3)  # the next contract year earns its own credit
     nxt = book.expand(
-        ExpandInput(on=add_months(START, 15), annual_fee=usd("200000")), day_start(add_months(START, 15))
+        ExpandInput(on=add_months(START, 15), annual_fee=usd("200000")),
+        day_start(add_months(START, 15)),
     )
     assert nxt.credit is not None and nxt.term == 1
 
 
 def _credited_year_zero() -> ContractBook:
-    """The reviewer's contract: 100,000 a year; the year ends at 80/100, 3 of the failures in its first
-    days, so that a window 9 days later measures 80/97 without one new failure."""
+    """The reviewer's contract: 100,000 a year; the year ends at 80/100, 3 of the failures in its
+    first days, so that a window 9 days later measures 80/97 without one new failure."""
     book = ContractBook(terms(annual_fee=usd("100000.00")))
     book.jobs.opt_in("job-a", T0)
     book.jobs.record_validation(report(True, T0))
@@ -411,10 +435,13 @@ def test_a_shortfall_already_credited_is_not_credited_again_in_the_next_year() -
     on = renewal + timedelta(days=9)
     assert book.standing(day_start(on) - timedelta(hours=1)).projected_credit is None
     ev = book.expand(ExpandInput(on=on, annual_fee=usd("110000.00")), day_start(on))
-    # The trailing window still shows the shortfall: 80/97. But every one of its failures was measured by
-    # the renewal that paid for it; nothing since then can earn a credit.
+    # The trailing window still shows the shortfall: 80/97. But every one of its failures was
+    # measured by the renewal that paid for it; nothing since then can earn a credit.
     assert ev.evaluated and ev.term == 1 and (ev.qualifying, ev.successful) == (97, 80)
-    assert ev.credit_period_start == renewal and (ev.credit_qualifying, ev.credit_successful) == (0, 0)
+    assert ev.credit_period_start == renewal and (ev.credit_qualifying, ev.credit_successful) == (
+        0,
+        0,
+    )
     assert ev.credit is None and "no qualifying failure since the last credit" in ev.note
     pending = book.evaluations.pending_credits
     assert len(pending) == 1 and pending[0].period_end == renewal  # only the renewal's credit
@@ -425,7 +452,9 @@ def test_new_failures_after_the_credited_period_earn_the_next_years_credit() -> 
     renewal = book.term.start
     fill(book, 200, 13, successes=2, failures=3)  # a month into year 1
     month15 = add_months(START, 15)
-    assert book.standing(day_start(month15) - timedelta(hours=1)).projected_credit == usd("25000.00")
+    assert book.standing(day_start(month15) - timedelta(hours=1)).projected_credit == usd(
+        "25000.00"
+    )
     ev = book.expand(ExpandInput(on=month15, annual_fee=usd("110000.00")), day_start(month15))
     assert (ev.qualifying, ev.successful) == (102, 82)  # the trailing window, as shown
     assert ev.credit is not None and ev.term == 1 and ev.credit.amount == usd("25000.00")
@@ -442,7 +471,8 @@ def test_outcomes_since_the_last_credit_must_be_below_ninety_on_their_own() -> N
     fill(book, 200, 13, successes=10, failures=0)
     month15 = add_months(START, 15)
     ev = book.expand(ExpandInput(on=month15, annual_fee=usd("110000.00")), day_start(month15))
-    assert (ev.qualifying, ev.successful) == (107, 90)  # 84%: below, but all its failures were paid for
+    # 84%: below, but all its failures were paid for
+    assert (ev.qualifying, ev.successful) == (107, 90)
     assert (ev.credit_qualifying, ev.credit_successful) == (10, 10)
     assert ev.credit is None and "meets 90%" in ev.note
 
@@ -456,7 +486,8 @@ def test_the_trailing_year_must_still_be_below_ninety_for_a_credit() -> None:
     fill(book, 200, 13, successes=0, failures=1)  # since the credit: 0/1
     month14 = add_months(START, 14)
     ev = book.expand(ExpandInput(on=month14, annual_fee=usd("150000")), day_start(month14))
-    assert (ev.qualifying, ev.successful) == (86, 85) and ev.credit is None  # the brief's measure: 98.8%
+    # the brief's measure: 98.8%
+    assert (ev.qualifying, ev.successful) == (86, 85) and ev.credit is None
 
 
 def test_the_credit_uses_the_fee_in_force_over_the_measured_period() -> None:
@@ -474,10 +505,13 @@ def test_a_second_expansion_on_an_evaluated_date_is_not_evaluated_again() -> Non
     month4 = add_months(START, 4)
     book.expand(ExpandInput(on=month4, annual_fee=usd("150000")), day_start(month4))
     again = book.expand(ExpandInput(on=month4, annual_fee=usd("160000")), day_start(month4))
-    assert not again.evaluated and "already evaluated" in again.note and book.term.fee == usd("160000")
+    assert (
+        not again.evaluated and "already evaluated" in again.note and book.term.fee == usd("160000")
+    )
 
 
-# --- bad input -----------------------------------------------------------------------------------------
+# --- bad input
+# -----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -495,7 +529,8 @@ def test_a_bad_expansion_is_refused_with_its_rule(
     book = covered_book()
     with pytest.raises(ContractRuleError) as e:
         book.check_expand(
-            ExpandInput(on=add_months(START, on_month), annual_fee=usd(fee)), add_months(START, today_month)
+            ExpandInput(on=add_months(START, on_month), annual_fee=usd(fee)),
+            add_months(START, today_month),
         )
     assert e.value.error_type == kind
 
@@ -523,9 +558,15 @@ def test_a_renewal_cannot_move_the_next_renewal_backwards() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"annual_fee": {"amount": "-5", "currency": "USD"}}, {"renewal_date": START}, {"contract_id": ""}],
+    [
+        {"annual_fee": {"amount": "-5", "currency": "USD"}},
+        {"renewal_date": START},
+        {"contract_id": ""},
+    ],
 )
-def test_terms_with_a_negative_fee_or_dates_out_of_order_do_not_validate(bad: dict[str, object]) -> None:
+def test_terms_with_a_negative_fee_or_dates_out_of_order_do_not_validate(
+    bad: dict[str, object],
+) -> None:
     with pytest.raises(ValidationError):
         terms(**bad)
 
@@ -538,7 +579,12 @@ def test_a_contract_that_is_not_renewed_is_evaluated_and_lapses_after_the_grace(
     # Evaluated exactly as before; the credit applies to whatever the customer buys next.
     assert ev.credit is not None and ev.credit.apply_to == "next renewal or expansion"
     term = book.term
-    assert not term.lapsed and term.awaiting_renewal and term.number == 0 and term.renewal_date == renewal
+    assert (
+        not term.lapsed
+        and term.awaiting_renewal
+        and term.number == 0
+        and term.renewal_date == renewal
+    )
     grace_ends = renewal + timedelta(days=60)
     s = book.standing(day_start(renewal) + timedelta(days=1))
     assert s.awaiting_renewal and s.renewal_grace_ends == grace_ends and s.next_evaluation is None
@@ -585,7 +631,9 @@ def test_a_late_renewal_starts_the_next_term_from_the_renewal_date() -> None:
     assert term.renew(RenewInput(annual_fee=usd("150000")), today) == add_months(renewal, 12)
     assert not term.awaiting_renewal and term.renewal is None
     assert (term.number, term.start, term.renewal_date) == (1, renewal, add_months(renewal, 12))
-    assert term.fee == usd("150000") and not term.lapse_if_unrenewed(day_start(today) + timedelta(days=90))
+    assert term.fee == usd("150000") and not term.lapse_if_unrenewed(
+        day_start(today) + timedelta(days=90)
+    )
     s = book.standing(day_start(today))
     assert not s.awaiting_renewal and s.next_evaluation == add_months(renewal, 12)
     # The next renewal counts the days before the late `renew`, in the new term; no credit twice.
@@ -614,11 +662,14 @@ def test_the_ledger_keeps_the_recovery_time_to_the_millisecond() -> None:
     rows = book.ledger_page(LedgerPageInput()).rows
     assert [r.recovery_seconds for r in rows] == [41.235, None]
     # A state carried before the field existed (6-element entries) still loads.
-    old = ContractState.model_validate({**book.to_state().model_dump(mode="json"), "ledger": [list(e)[:6]]})
+    old = ContractState.model_validate(
+        {**book.to_state().model_dump(mode="json"), "ledger": [list(e)[:6]]}
+    )
     assert old.ledger[0].recovery_seconds is None
 
 
-# --- state: continue-as-new and pruning ----------------------------------------------------------------
+# --- state: continue-as-new and pruning
+# ----------------------------------------------------------------
 
 
 def test_state_round_trips_through_json_and_keeps_the_standing() -> None:
@@ -626,7 +677,8 @@ def test_state_round_trips_through_json_and_keeps_the_standing() -> None:
     fill(book, 0, 1, successes=7, failures=3)
     book.record_outcome(outcome(0, T0))
     book.expand(
-        ExpandInput(on=add_months(START, 4), annual_fee=usd("150000")), day_start(add_months(START, 4))
+        ExpandInput(on=add_months(START, 4), annual_fee=usd("150000")),
+        day_start(add_months(START, 4)),
     )
     inp = ContractInput(terms=book.terms, state=book.to_state())
     again = ContractInput.model_validate_json(inp.model_dump_json())
@@ -682,7 +734,8 @@ def test_pruning_drops_only_what_no_future_window_counts() -> None:
     ends = (today - timedelta(days=31), today, book.term.renewal_date)
     before = [tally(book.entries.values(), *window_for(START, end)) for end in ends]
     dropped = book.prune(today)
-    assert dropped == 5 and book.pruned == 5  # month 1's outcomes: before any window ending after today-31d
+    # month 1's outcomes: before any window ending after today-31d
+    assert dropped == 5 and book.pruned == 5
     # every window a future evaluation can have still sees what it saw before
     assert [tally(book.entries.values(), *window_for(START, end)) for end in ends] == before
     assert before[0].qualifying == 5
@@ -697,7 +750,8 @@ def test_the_ledger_is_paged() -> None:
     assert (last.next_offset, len(last.rows)) == (None, 5)
 
 
-# --- properties ----------------------------------------------------------------------------------------
+# --- properties
+# ----------------------------------------------------------------------------------------
 
 _kinds = st.sampled_from(
     [
@@ -708,12 +762,19 @@ _kinds = st.sampled_from(
     ]
 )
 _outcomes = st.lists(
-    st.tuples(st.integers(0, 40), st.integers(0, 500), _kinds, st.sampled_from(["job-a", "job-b", "job-z"])),
+    st.tuples(
+        st.integers(0, 40),
+        st.integers(0, 500),
+        _kinds,
+        st.sampled_from(["job-a", "job-b", "job-z"]),
+    ),
     max_size=60,
 )
 
 
-def _materialise(raw: list[tuple[int, int, tuple[bool, bool, Disposition], str]]) -> list[MigrationOutcome]:
+def _materialise(
+    raw: list[tuple[int, int, tuple[bool, bool, Disposition], str]],
+) -> list[MigrationOutcome]:
     out = []
     for n, day, (success, qualifying, disposition), job in raw:
         cls = (
@@ -724,7 +785,9 @@ def _materialise(raw: list[tuple[int, int, tuple[bool, bool, Disposition], str]]
             )
         )
         at = T0 + timedelta(days=day)
-        out.append(outcome(n, at, success=success, job=job, classification=cls, disposition=disposition))
+        out.append(
+            outcome(n, at, success=success, job=job, classification=cls, disposition=disposition)
+        )
     return out
 
 
@@ -758,7 +821,8 @@ def test_recording_twice_changes_nothing_but_the_duplicate_count(raw: list) -> N
 @given(_outcomes, st.randoms(use_true_random=False))
 def test_the_tally_does_not_depend_on_arrival_order(raw: list, rnd: random.Random) -> None:
     outcomes = _materialise(raw)
-    # distinct incidents only: for a duplicated id the first record wins, which is order by definition
+    # distinct incidents only: for a duplicated id the first record wins, which is order by
+    # definition
     unique = list({o.incident_id: o for o in outcomes}.values())
     shuffled = unique[:]
     rnd.shuffle(shuffled)
@@ -786,27 +850,35 @@ def test_every_evaluation_instant_is_midnight_utc() -> None:
 
 
 def _busy_year(book: ContractBook, per_day: int, days: int, long_ids: bool = False) -> None:
-    """`per_day` outcomes a day for `days` days from T0, one in ten failed; ids as long as allowed."""
+    """`per_day` outcomes a day for `days` days from T0, one in ten failed; ids as long as
+    allowed."""
     pad = "x" * (1000 if long_ids else 0)
     for d in range(days):
         for i in range(per_day):
             n = d * per_day + i
             o = outcome(n, T0 + timedelta(days=d, minutes=i), success=n % 10 != 0)
-            book.record_outcome(o.model_copy(update={"incident_id": f"torchpass-incident:{pad}{n}/run"}))
+            book.record_outcome(
+                o.model_copy(update={"incident_id": f"torchpass-incident:{pad}{n}/run"})
+            )
 
 
 def test_past_its_budget_the_ledger_rolls_old_days_up_and_every_window_counts_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The carried ledger must fit one continue-as-new payload: past its budget the oldest days become counts
-    per day and status. Every tally (standing, evaluation) is what the whole ledger would give, also after
-    the state travels; an outcome of a rolled-up day is refused (who was counted is no longer known)."""
+    """The carried ledger must fit one continue-as-new payload: past its budget the oldest days
+    become counts per day and status. Every tally (standing, evaluation) is what the whole ledger
+    would give, also after the state travels; an outcome of a rolled-up day is refused (who was
+    counted is no longer known)."""
     whole = covered_book()
     _busy_year(whole, per_day=12, days=40)
     monkeypatch.setattr(ledger, "LEDGER_BUDGET", 100)
     rolled = covered_book()
     _busy_year(rolled, per_day=12, days=40)
-    assert len(rolled.entries) <= 100 and rolled.ledger.rollups and rolled.ledger.rolled_through is not None
+    assert (
+        len(rolled.entries) <= 100
+        and rolled.ledger.rollups
+        and rolled.ledger.rolled_through is not None
+    )
     assert sum(r.entries for r in rolled.ledger.rollups.values()) + len(rolled.entries) == 480
     now = T0 + timedelta(days=41)
     assert rolled.standing(now).model_dump() == whole.standing(now).model_dump()
@@ -823,9 +895,9 @@ def test_past_its_budget_the_ledger_rolls_old_days_up_and_every_window_counts_th
 
 
 def test_a_years_ledger_of_the_longest_ids_fits_one_payload() -> None:
-    """30 failures a day for a year, each incident id 1,000 characters: without roll-ups the state is
-    ~40 MB (Temporal refuses a payload over 2 MB and the contract would be stuck); with them it stays
-    under the budget."""
+    """30 failures a day for a year, each incident id 1,000 characters: without roll-ups the state
+    is ~40 MB (Temporal refuses a payload over 2 MB and the contract would be stuck); with them it
+    stays under the budget."""
     book = covered_book()
     _busy_year(book, per_day=30, days=365, long_ids=True)
     size = len(book.to_state().model_dump_json())

@@ -34,12 +34,12 @@ ROUND = CostInputs(mttf_hours=Decimal("7.3"))
 
 
 def test_the_vendors_assumptions_cost_about_307k_a_month() -> None:
-    # Per failure, 1,024 GPUs x $3/GPU-hour = $3,072 per job-hour:
-    #   replace 10 min = 512, restart 5 min = 256, restore 5 min = 256, recompute 1.5 h / 2 = 2,304;
-    #   3,328 in all. 730 h / 7.9 h = 7300/79 = 92.405... failures a month.
-    # Exactly: provisioning 3,737,600/79 = 47,311.392..., restart and restore 1,868,800/79 = 23,655.696...
-    # each, recompute 16,819,200/79 = 212,901.265...; total 24,294,400/79 = 307,524.0506...
-    # Rounded per line: 47,311.39 + 23,655.70 + 23,655.70 + 212,901.27 = 307,524.06.
+    # Per failure, 1,024 GPUs x $3/GPU-hour = $3,072 per job-hour: replace 10 min = 512, restart 5
+    # min = 256, restore 5 min = 256, recompute 1.5 h / 2 = 2,304; 3,328 in all. 730 h / 7.9 h =
+    # 7300/79 = 92.405... failures a month. Exactly: provisioning 3,737,600/79 = 47,311.392...,
+    # restart and restore 1,868,800/79 = 23,655.696... each, recompute 16,819,200/79 =
+    # 212,901.265...; total 24,294,400/79 = 307,524.0506... Rounded per line: 47,311.39 + 23,655.70
+    # + 23,655.70 + 212,901.27 = 307,524.06.
     cost = monthly_cost(CostInputs())
     before = cost.without_migration
     assert cost.per_failure.amount == Decimal("3328.00")
@@ -55,7 +55,8 @@ def test_the_vendors_assumptions_cost_about_307k_a_month() -> None:
 
 
 def test_live_migration_at_the_defaults_leaves_a_tenth_of_the_failures_and_a_minute_each() -> None:
-    # Migrated: 0.9 x 92.405 x 3,072 x 60/3600 = 4,258.03; fallen back: 0.1 x 307,524.05 in four lines.
+    # Migrated: 0.9 x 92.405 x 3,072 x 60/3600 = 4,258.03; fallen back: 0.1 x 307,524.05 in four
+    # lines.
     cost = monthly_cost(CostInputs())
     after = cost.with_migration
     assert after.migrating.amount == Decimal("4258.03")
@@ -68,8 +69,18 @@ def test_every_line_doubles_with_the_gpus() -> None:
     one = monthly_cost(ROUND)
     two = monthly_cost(ROUND.model_copy(update={"gpus": 2 * ROUND.gpus}))
     assert one.without_migration.total.amount == Decimal("332800.00")
-    for a, b in ((one.without_migration, two.without_migration), (one.with_migration, two.with_migration)):
-        for line in ("provisioning", "restarting", "restoring", "recomputing", "migrating", "total"):
+    for a, b in (
+        (one.without_migration, two.without_migration),
+        (one.with_migration, two.with_migration),
+    ):
+        for line in (
+            "provisioning",
+            "restarting",
+            "restoring",
+            "recomputing",
+            "migrating",
+            "total",
+        ):
             assert getattr(b, line).amount == 2 * getattr(a, line).amount, line
 
 
@@ -124,7 +135,9 @@ def test_amounts_carry_the_currency_of_the_price() -> None:
         ("currency", "dollars", "should match pattern"),
     ],
 )
-def test_bad_inputs_are_rejected_with_the_field_named(field: str, value: object, message: str) -> None:
+def test_bad_inputs_are_rejected_with_the_field_named(
+    field: str, value: object, message: str
+) -> None:
     with pytest.raises(ValidationError) as e:
         CostInputs(**{field: value})
     assert e.value.errors()[0]["loc"] == (field,)
@@ -185,7 +198,8 @@ def test_the_total_is_the_sum_of_its_lines(rate: Decimal, seconds: Decimal) -> N
     assert abs(Fraction(cost.without_migration.total.amount) - exact_without) <= Fraction(2, 100)
 
 
-# --- measured on real outcomes -------------------------------------------------------------------------
+# --- measured on real outcomes
+# -------------------------------------------------------------------------
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -207,7 +221,8 @@ def outcome(
         evidence_count=1,
         classification=Classification(category=category, qualifying=qualifying, reason="r"),
         covered=True,
-        disposition=disposition or (Disposition.MIGRATED if success else Disposition.FALLBACK_RESTART),
+        disposition=disposition
+        or (Disposition.MIGRATED if success else Disposition.FALLBACK_RESTART),
         success=success,
         detected_at=T0,
         recovery_seconds=seconds,
@@ -244,7 +259,9 @@ def test_without_a_timed_migration_the_assumed_time_stays() -> None:
 
 def test_nothing_qualifying_is_nothing_to_measure() -> None:
     with pytest.raises(NoQualifyingOutcomes, match="no qualifying failures"):
-        inputs_from_outcomes(CostInputs(), [outcome(1, success=False, category=Category.UNABLE_TO_RECOVER)])
+        inputs_from_outcomes(
+            CostInputs(), [outcome(1, success=False, category=Category.UNABLE_TO_RECOVER)]
+        )
 
 
 def row(n: int, status: ES, seconds: float | None = None) -> LedgerRow:
@@ -272,10 +289,13 @@ def test_the_ledger_without_timed_migrations_keeps_the_assumed_time() -> None:
     measured = inputs_from_ledger(base, [row(1, ES.SUCCESS), row(2, ES.FAILURE)])
     assert (measured.success_rate, measured.migration_seconds) == (Decimal("0.5"), Decimal(42))
     with pytest.raises(NoQualifyingOutcomes, match="no qualifying failures"):
-        inputs_from_ledger(CostInputs(), [row(1, ES.UNABLE_TO_RECOVER), row(2, ES.AWAITING_VALIDATION)])
+        inputs_from_ledger(
+            CostInputs(), [row(1, ES.UNABLE_TO_RECOVER), row(2, ES.AWAITING_VALIDATION)]
+        )
 
 
-# --- the command ---------------------------------------------------------------------------------------
+# --- the command
+# ---------------------------------------------------------------------------------------
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -284,7 +304,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return p.parse_args(["cost", *argv])
 
 
-def test_the_command_prints_the_four_costs_and_the_savings(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_prints_the_four_costs_and_the_savings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert run(parse()) == 0
     out = capsys.readouterr().out
     for text in (
@@ -305,7 +327,15 @@ def test_the_command_prints_the_four_costs_and_the_savings(capsys: pytest.Captur
 
 def test_the_command_answers_json_with_the_inputs_given(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse(
-        "--gpus", "2048", "--gpu-hour-usd", "2.5", "--mttf-hours", "7.3", "--success-rate", "1", "--json"
+        "--gpus",
+        "2048",
+        "--gpu-hour-usd",
+        "2.5",
+        "--mttf-hours",
+        "7.3",
+        "--success-rate",
+        "1",
+        "--json",
     )
     assert run(args) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -22,7 +22,9 @@ def confirm(confirmed: bool = True) -> ConfirmResult:
 
 
 def classification(category: Category) -> Classification:
-    return Classification(category=category, qualifying=category in QUALIFYING_CATEGORIES, reason="r")
+    return Classification(
+        category=category, qualifying=category in QUALIFYING_CATEGORIES, reason="r"
+    )
 
 
 @pytest.mark.parametrize("category", sorted(QUALIFYING_CATEGORIES))
@@ -37,4 +39,6 @@ def test_a_confirmed_disqualified_failure_falls_back_to_a_restart(category: Cate
 
 @pytest.mark.parametrize("category", list(Category))
 def test_an_unconfirmed_report_changes_nothing(category: Category) -> None:
-    assert plan_recovery(classification(category), confirm(confirmed=False)) is RecoveryAction.NOTHING
+    assert (
+        plan_recovery(classification(category), confirm(confirmed=False)) is RecoveryAction.NOTHING
+    )

@@ -1,6 +1,6 @@
-"""What a running job says of itself for environment validation (`job_agent.coordinator.describe`): the
-real coordinator over fake ranks, each saying in its hello what its own torch offers. The coordinator
-imports no torch, so nothing of its own host can stand in for the ranks'."""
+"""What a running job says of itself for environment validation (`job_agent.coordinator.describe`):
+the real coordinator over fake ranks, each saying in its hello what its own torch offers. The
+coordinator imports no torch, so nothing of its own host can stand in for the ranks'."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from torchpass.validation.report import Check
 async def test_the_ranks_say_their_environment_and_a_host_without_nccl_fails_the_backend_check(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """Two ranks on CPU hosts, one on a GPU host whose torch has no NCCL: the description groups them by
-    what they said, and the backend check fails naming the odd rank alone."""
+    """Two ranks on CPU hosts, one on a GPU host whose torch has no NCCL: the description groups
+    them by what they said, and the backend check fails naming the odd rank alone."""
     gpu = wire.Environment(
         torch_version="2.13.0+cu128", backend="nccl", backend_available=False, cuda_available=True
     )

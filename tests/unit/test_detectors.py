@@ -1,6 +1,6 @@
 """What the cluster detectors read off the scheduler's objects, table-driven, and the one subprocess
-function every Slurm command goes through (real processes). The detectors run end to end against the stub
-API server and the real Slurm daemons in `tests/integration`."""
+function every Slurm command goes through (real processes). The detectors run end to end against the
+stub API server and the real Slurm daemons in `tests/integration`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ T0 = datetime(2026, 12, 6, 5, 0, tzinfo=UTC)
 
 def _node(unschedulable: bool = False, taint: bool = False, ready: str = "True") -> k.V1Node:
     taints = [k.V1Taint(key=UNSCHEDULABLE_TAINT, effect="NoSchedule")] if taint else None
-    cond = k.V1NodeCondition(type="Ready", status=ready, last_transition_time=T0, reason="KubeletNotReady")
+    cond = k.V1NodeCondition(
+        type="Ready", status=ready, last_transition_time=T0, reason="KubeletNotReady"
+    )
     return k.V1Node(
         metadata=k.V1ObjectMeta(name="gpu-7", uid="u7"),
         spec=k.V1NodeSpec(unschedulable=unschedulable, taints=taints),
@@ -47,7 +49,8 @@ def test_a_nodes_state_says_what_the_jobs_hear(node: k.V1Node, kinds: list[Failu
 
 
 def test_the_same_node_state_read_twice_has_one_key_and_a_new_transition_another() -> None:
-    """A re-list gives the same keys (nothing starts twice); NotReady again after a recovery is new."""
+    """A re-list gives the same keys (nothing starts twice); NotReady again after a recovery is
+    new."""
     assert node_seen(_node(ready="False")) == node_seen(_node(ready="False"))
     later = _node(ready="False")
     assert later.status is not None and later.status.conditions
@@ -55,7 +58,9 @@ def test_the_same_node_state_read_twice_has_one_key_and_a_new_transition_another
     assert node_seen(later)[0].key != node_seen(_node(ready="False"))[0].key
 
 
-def _pod(deleting: bool = False, phase: str = "Running", reason: str | None = None, **kw: object) -> k.V1Pod:
+def _pod(
+    deleting: bool = False, phase: str = "Running", reason: str | None = None, **kw: object
+) -> k.V1Pod:
     labels = kw.get("labels", {"torchpass.io/job": "job-1"})
     meta = k.V1ObjectMeta(name="job-1-node-2", namespace="ml", uid="p2", labels=labels)
     meta.deletion_timestamp = T0 if deleting else None
@@ -84,7 +89,11 @@ def test_a_jobs_pod_gone_is_an_interruption_of_that_job_on_its_node(
     if says is None:
         assert seen is None
         return
-    assert seen is not None and (seen.kind, seen.node, seen.job) == (K.POD_DELETED, "gpu-7", "job-1")
+    assert seen is not None and (seen.kind, seen.node, seen.job) == (
+        K.POD_DELETED,
+        "gpu-7",
+        "job-1",
+    )
     assert says in seen.reason
 
 
@@ -113,12 +122,14 @@ def test_a_slurm_nodes_state_says_what_the_jobs_hear(state: str, kind: FailureKi
 
 
 def test_every_slurm_command_is_bounded_and_its_failure_is_typed() -> None:
-    """Real processes: a command that hangs is stopped at its timeout, one that fails says why in its own
-    words, one that is not installed is the same typed error."""
+    """Real processes: a command that hangs is stopped at its timeout, one that fails says why in
+    its own words, one that is not installed is the same typed error."""
     with pytest.raises(SlurmError, match="timed out"):
         slurm.slurm([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.3)
     with pytest.raises(SlurmError, match="exit 3: no such node"):
-        slurm.slurm([sys.executable, "-c", "import sys; sys.stderr.write('no such node'); sys.exit(3)"])
+        slurm.slurm(
+            [sys.executable, "-c", "import sys; sys.stderr.write('no such node'); sys.exit(3)"]
+        )
     with pytest.raises(SlurmError, match="scontrol-not-here"):
         slurm.slurm(["scontrol-not-here", "show", "node"])
     assert slurm.slurm([sys.executable, "-c", "print('ok')"]) == "ok\n"

@@ -1,5 +1,6 @@
-"""A job's end: replicas that end with different states make it fail, naming the odd ones out, where it
-used to finish "ok" with no digest; shards of a sharded model are compared within their own replicas."""
+"""A job's end: replicas that end with different states make it fail, naming the odd ones out, where
+it used to finish "ok" with no digest; shards of a sharded model are compared within their own
+replicas."""
 
 from __future__ import annotations
 
@@ -28,12 +29,17 @@ def test_shards_are_compared_within_their_replicas() -> None:
     assert diverged(ranks) is None
     ranks[3].digest = "c"
     why = diverged(ranks)
-    assert why is not None and "rank(s) 1, 3 differ" not in why and ("rank(s) 1" in why or "rank(s) 3" in why)
+    assert (
+        why is not None
+        and "rank(s) 1, 3 differ" not in why
+        and ("rank(s) 1" in why or "rank(s) 3" in why)
+    )
 
 
 def test_a_data_parallel_jobs_final_digest_is_its_replicas_one_digest() -> None:
     assert final_digest([_rank(s, "a") for s in range(4)]) == "a"
-    assert final_digest([_rank(0, "a"), _rank(1, "b")]) is None  # replicas that disagree have no one state
+    # replicas that disagree have no one state
+    assert final_digest([_rank(0, "a"), _rank(1, "b")]) is None
     assert final_digest([_rank(0, "a"), _rank(1, "")]) is None  # a rank that reported none
 
 
@@ -50,8 +56,9 @@ def test_a_sharded_jobs_final_digest_covers_every_shard_in_slot_order() -> None:
 
 
 def test_a_rank_restored_at_the_jobs_end_came_back_when_it_said_it_was_done() -> None:
-    """A restart from the checkpoint of the last step leaves the ranks nothing to train: each resumes by
-    finishing, and the recovery's end is that moment (once the epoch, 1970, for want of a step)."""
+    """A restart from the checkpoint of the last step leaves the ranks nothing to train: each
+    resumes by finishing, and the recovery's end is that moment (once the epoch, 1970, for want of a
+    step)."""
     m = _rank(0, "")
     m.observe(wire.Done(step=-1, digest=""), now=5.0, wall=1_800_000_000.0)
     assert m.step_wall == 1_800_000_000.0

@@ -1,6 +1,7 @@
 """Many nodes lost at once is the brief's "switch / fabric-wide outage" (shared infrastructure,
-disqualifying), not a run of host failures: `Detector.node_lost` over the job's own record of where each
-slot ran (a stand-in roster answering `home(slot)`, the one thing it reads), then the real classifier."""
+disqualifying), not a run of host failures: `Detector.node_lost` over the job's own record of where
+each slot ran (a stand-in roster answering `home(slot)`, the one thing it reads), then the real
+classifier."""
 
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ def test_nodes_lost_together_are_a_fabric_outage(
     assert seen == kinds
 
 
-def test_nodes_lost_further_apart_than_the_window_are_each_a_host_failure(clock: SimulatedClock) -> None:
+def test_nodes_lost_further_apart_than_the_window_are_each_a_host_failure(
+    clock: SimulatedClock,
+) -> None:
     d = _detector(2, clock)
     assert d.node_lost("node0", 0.0, 4).kind is K.NODE_FAILURE  # type: ignore[union-attr]
     clock.skip(FABRIC_WINDOW.total_seconds() + 1)
@@ -70,6 +73,12 @@ def test_an_incident_with_a_fabric_outage_in_it_is_disqualified(clock: Simulated
     d = _detector(2, clock)
     first, second = d.node_lost("node0", 0.0, 4), d.node_lost("node1", 0.0, 4)
     assert first is not None and second is not None and "2 of the job's 2 nodes" in second.detail
-    inp: Any = ClassifyInput(evidence=(first, second), lost_slots=(0, 1, 2, 3), world_size=4, redundancy=4)
+    inp: Any = ClassifyInput(
+        evidence=(first, second), lost_slots=(0, 1, 2, 3), world_size=4, redundancy=4
+    )
     c = classify(inp)
-    assert (c.category, c.qualifying, c.kind) == (Category.SHARED_INFRASTRUCTURE, False, K.FABRIC_OUTAGE)
+    assert (c.category, c.qualifying, c.kind) == (
+        Category.SHARED_INFRASTRUCTURE,
+        False,
+        K.FABRIC_OUTAGE,
+    )

@@ -1,7 +1,7 @@
-"""The fork server (`job_agent.launch.forkserver`): a real server process, real forks. What a forked process
-sees is what `python -u SCRIPT ARGS` would give it (its argv, its script's directory first on the path, its
-own environment and nothing of the server's, stdin empty), its exit code is the interpreter's, and a signal
-that ends it is reported as `Popen` reports one."""
+"""The fork server (`job_agent.launch.forkserver`): a real server process, real forks. What a forked
+process sees is what `python -u SCRIPT ARGS` would give it (its argv, its script's directory first
+on the path, its own environment and nothing of the server's, stdin empty), its exit code is the
+interpreter's, and a signal that ends it is reported as `Popen` reports one."""
 
 from __future__ import annotations
 
@@ -45,16 +45,25 @@ def test_a_forked_script_sees_what_python_script_would(server: ForkServer, tmp_p
 
 def test_a_module_runs_as_python_m_would(server: ForkServer, tmp_path: Path) -> None:
     out = tmp_path / "argv.json"
-    proc = server.start("rank0-2", ["-m", "json.tool", "--no-ensure-ascii", os.devnull, str(out)], {"A": "b"})
+    proc = server.start(
+        "rank0-2", ["-m", "json.tool", "--no-ensure-ascii", os.devnull, str(out)], {"A": "b"}
+    )
     assert proc.wait(60) == 1  # json.tool on an empty file: its own error, its own exit code
     assert proc.poll() == 1
 
 
 @pytest.mark.parametrize(
     ("body", "code"),
-    [("pass", 0), ("raise SystemExit(3)", 3), ("raise ValueError('bug')", 1), ("import os; os._exit(7)", 7)],
+    [
+        ("pass", 0),
+        ("raise SystemExit(3)", 3),
+        ("raise ValueError('bug')", 1),
+        ("import os; os._exit(7)", 7),
+    ],
 )
-def test_exit_codes_are_the_interpreters(server: ForkServer, tmp_path: Path, body: str, code: int) -> None:
+def test_exit_codes_are_the_interpreters(
+    server: ForkServer, tmp_path: Path, body: str, code: int
+) -> None:
     script = tmp_path / "end.py"
     script.write_text(body + "\n")
     assert server.start("rank0-3", [str(script)], {}).wait(60) == code
@@ -74,10 +83,13 @@ def test_a_signal_that_ends_it_is_reported_negative_and_ids_may_repeat(
     assert first.wait(30) == -signal.SIGKILL and second.wait(30) == -signal.SIGTERM
     first.kill()  # reaped: nothing is sent to a pid the kernel may have given to another process
     marked, started = tmp_path / "marked.py", tmp_path / "started"
-    marked.write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\n")
+    marked.write_text(
+        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\n"
+    )
     ctrl_c = server.start("rank0-1", [str(marked)], {})
     poll_until(started.exists, "the forked script to start", timeout=30)
-    ctrl_c.send_signal(signal.SIGINT)  # the server ignores a Ctrl-C; what it forks acts on it as python does
+    # the server ignores a Ctrl-C; what it forks acts on it as python does
+    ctrl_c.send_signal(signal.SIGINT)
     assert ctrl_c.wait(30) == -signal.SIGINT
 
 
@@ -96,9 +108,9 @@ def test_forked_processes_do_not_share_a_random_stream(server: ForkServer, tmp_p
 
 
 def test_a_server_of_another_environment_is_stopped_once_idle(tmp_path: Path) -> None:
-    """A process whose environment changes from job to job (pytest names the running test in it) once
-    kept a warm server, its own torch included, for each: the one of another environment is stopped when
-    nothing it forked runs, and kept while something does."""
+    """A process whose environment changes from job to job (pytest names the running test in it)
+    once kept a warm server, its own torch included, for each: the one of another environment is
+    stopped when nothing it forked runs, and kept while something does."""
     base = {"PATH": os.environ.get("PATH", "")}
     script = tmp_path / "wait.py"
     script.write_text("import time\ntime.sleep(60)\n")
@@ -111,7 +123,8 @@ def test_a_server_of_another_environment_is_stopped_once_idle(tmp_path: Path) ->
     poll_until(lambda: not first._procs, "the first server to say its process ended", timeout=30)
     third = ForkServer.shared((), {**base, "JOB": "3"})
     assert first.gone and second.gone and not third.gone
-    assert first._proc.wait(30) == 0 and second._proc.wait(30) == 0  # they exited, having nothing to wait for
+    # they exited, having nothing to wait for
+    assert first._proc.wait(30) == 0 and second._proc.wait(30) == 0
     with pytest.raises(RuntimeError, match="stopped"):
         first.start("rank0-2", [str(script)], {})
     assert ForkServer.shared((), {**base, "JOB": "1"}) is not first  # asked again: a fresh one

@@ -1,5 +1,6 @@
-"""`bench/gpu_check.py`, the script a session with a GPU runs for the CUDA and NCCL paths, dry-run on the
-CPU (part 2 on gloo) so that it still runs when a GPU is lent: this checks the script, not the GPU paths."""
+"""`bench/gpu_check.py`, the script a session with a GPU runs for the CUDA and NCCL paths, dry-run
+on the CPU (part 2 on gloo) so that it still runs when a GPU is lent: this checks the script, not
+the GPU paths."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 No GPU (and so no NVIDIA driver) exists on the machines that run these tests. The fake library
 (`tests/nvml/fake_nvml.c`, built here with gcc) stands for the driver's NVML: the same entry points,
 signatures and return codes the bindings call, its facts (devices, temperatures, ECC counts, row
-remapping, lost GPUs, XID events) read from a state file each test writes. What is tested is our use of
-the real bindings: which NVML facts become which signal, once.
+remapping, lost GPUs, XID events) read from a state file each test writes. What is tested is our use
+of the real bindings: which NVML facts become which signal, once.
 """
 
 from __future__ import annotations
@@ -71,7 +71,12 @@ def test_each_critical_xid_is_a_failure_of_its_gpu_reported_once(
 ) -> None:
     node.xid(2, xid)
     [signal] = health.poll(wait_ms=500)
-    assert (signal.gpu, signal.kind, signal.planned, signal.xid) == (2, CRITICAL_XIDS[xid][0], False, xid)
+    assert (signal.gpu, signal.kind, signal.planned, signal.xid) == (
+        2,
+        CRITICAL_XIDS[xid][0],
+        False,
+        xid,
+    )
     assert f"XID {xid}" in signal.detail
     assert health.poll(wait_ms=50) == []  # the same event is not read twice
 
@@ -97,7 +102,9 @@ def test_a_temperature_ramp_warns_once_at_the_threshold_and_again_after_it_coole
     assert seen == [[], [], [], warning, [], [], [], warning]
 
 
-def test_rising_uncorrectable_ecc_and_pending_remaps_are_warnings(health: GpuHealth, node: Node) -> None:
+def test_rising_uncorrectable_ecc_and_pending_remaps_are_warnings(
+    health: GpuHealth, node: Node
+) -> None:
     health.poll()  # the counts as the detector starts: its baseline
     node.set("ecc 3 2")
     [rose] = health.poll()
@@ -120,7 +127,9 @@ def test_a_lost_gpu_is_a_failure_reported_once(health: GpuHealth, node: Node) ->
     assert health.poll() == []
 
 
-def test_a_restarted_reader_does_not_report_the_past_events_again(fake_nvml: Path, node: Node) -> None:
+def test_a_restarted_reader_does_not_report_the_past_events_again(
+    fake_nvml: Path, node: Node
+) -> None:
     first = GpuHealth(library=str(fake_nvml))
     node.xid(0, 79)
     assert [s.xid for s in first.poll(wait_ms=500)] == [79]
@@ -139,8 +148,8 @@ def test_no_driver_means_no_gpus_and_no_error(fake_nvml: Path, node: Node) -> No
 
 
 def test_no_nvml_library_means_no_gpus_and_no_error() -> None:
-    """The bindings failing to load the library (a host without the driver) as they do here; loading it is
-    made to fail, so that a host with a real driver tests the same."""
+    """The bindings failing to load the library (a host without the driver) as they do here; loading
+    it is made to fail, so that a host with a real driver tests the same."""
     code = (
         "import pynvml\n"
         "def missing(*a, **k): raise OSError('libnvidia-ml.so.1: cannot open shared object file')\n"
@@ -153,9 +162,11 @@ def test_no_nvml_library_means_no_gpus_and_no_error() -> None:
     assert out.stdout.startswith("[] no GPUs"), out.stdout
 
 
-def test_a_reading_a_gpu_does_not_offer_leaves_the_others_read(health: GpuHealth, node: Node) -> None:
-    """No ECC on the board, no row remapper before Ampere: NVML says NOT_SUPPORTED for those, and the
-    temperature is still watched."""
+def test_a_reading_a_gpu_does_not_offer_leaves_the_others_read(
+    health: GpuHealth, node: Node
+) -> None:
+    """No ECC on the board, no row remapper before Ampere: NVML says NOT_SUPPORTED for those, and
+    the temperature is still watched."""
     node.set("unsupported 2 ecc", "unsupported 2 remap")
     assert health.poll() == []
     node.set("temp 2 91")
@@ -188,7 +199,11 @@ def test_a_report_of_a_kind_that_is_not_a_gpus_is_refused() -> None:
 
     fields = {"gpu": 0, "agent_ids": ("rank0-1", "rank0-1"), "detail": "", "planned": False}
     assert wire.GpuReport(kind=K.GPU_FELL_OFF_BUS, **fields).agent_ids == ("rank0-1",)
-    for kind, planned in ((K.FABRIC_OUTAGE, False), (K.SILENT_DATA_CORRUPTION, False), (K.GPU_LOST, True)):
+    for kind, planned in (
+        (K.FABRIC_OUTAGE, False),
+        (K.SILENT_DATA_CORRUPTION, False),
+        (K.GPU_LOST, True),
+    ):
         with pytest.raises(ValidationError, match="a GPU"):
             wire.GpuReport(kind=kind, **{**fields, "planned": planned})
 

@@ -1,6 +1,6 @@
-"""Which failures a node's host conditions explain (`job_agent.coordinator.detect.conditions`), on the real
-incident tracker with a reporter that signals nothing (what reaches Temporal is the integration tests'
-business)."""
+"""Which failures a node's host conditions explain (`job_agent.coordinator.detect.conditions`), on
+the real incident tracker with a reporter that signals nothing (what reaches Temporal is the
+integration tests' business)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ def failure(kind: FailureKind, node: str, slot: int) -> Evidence:
 
 
 def full(active: bool = True) -> wire.HostReport:
-    return wire.HostReport(kind=K.FILESYSTEM_FULL, active=active, detail="/ckpt: 0 bytes free", path="/ckpt")
+    return wire.HostReport(
+        kind=K.FILESYSTEM_FULL, active=active, detail="/ckpt: 0 bytes free", path="/ckpt"
+    )
 
 
 def add(c: HostConditions, incidents: IncidentTracker, ev: Evidence) -> list[FailureKind]:
@@ -58,7 +60,10 @@ async def test_a_condition_alone_starts_nothing_and_joins_a_process_exit_of_its_
     c, incidents = tracked()
     c.heard("n0", full())
     assert incidents.current is None  # a full disk is not a failure of the job
-    assert add(c, incidents, failure(K.PROCESS_EXIT, "n0", 0)) == [K.PROCESS_EXIT, K.FILESYSTEM_FULL]
+    assert add(c, incidents, failure(K.PROCESS_EXIT, "n0", 0)) == [
+        K.PROCESS_EXIT,
+        K.FILESYSTEM_FULL,
+    ]
     assert add(c, incidents, failure(K.CONNECTION_LOST, "n0", 1)) == [
         K.PROCESS_EXIT,
         K.FILESYSTEM_FULL,
@@ -73,15 +78,22 @@ async def test_it_explains_no_failure_of_another_node_nor_a_gpu_or_a_power_loss(
     c2, incidents2 = tracked()
     c2.heard("n0", full())
     assert add(c2, incidents2, failure(K.GPU_FELL_OFF_BUS, "n0", 0)) == [K.GPU_FELL_OFF_BUS]
-    assert add(c2, incidents2, failure(K.NODE_FAILURE, "n0", 1)) == [K.GPU_FELL_OFF_BUS, K.NODE_FAILURE]
+    assert add(c2, incidents2, failure(K.NODE_FAILURE, "n0", 1)) == [
+        K.GPU_FELL_OFF_BUS,
+        K.NODE_FAILURE,
+    ]
 
 
-async def test_a_report_after_the_exit_joins_the_incident_and_an_oom_kill_names_its_own_process() -> None:
+async def test_a_report_after_the_exit_joins_the_incident_and_an_oom_kill_names_its_process() -> (
+    None
+):
     c, incidents = tracked()
     add(c, incidents, failure(K.PROCESS_EXIT, "n0", 0))
     kill = wire.HostReport(kind=K.OOM_KILL, detail="r-1 OOM-killed", agent_ids=("r-1",))
     c.heard("n0", kill)  # rank 1's kill explains nothing of rank 0's exit
-    assert incidents.current is not None and [e.kind for e in incidents.current.evidence] == [K.PROCESS_EXIT]
+    assert incidents.current is not None and [e.kind for e in incidents.current.evidence] == [
+        K.PROCESS_EXIT
+    ]
     c.heard("n0", kill.model_copy(update={"agent_ids": ("r-0",)}))
     (oom,) = incidents.current.evidence[1:]
     assert oom.kind is K.OOM_KILL and oom.slots == (0,) and oom.source is EventSource.NODE_AGENT
@@ -95,7 +107,10 @@ async def test_an_ended_condition_explains_failures_for_a_window_only(
     c, incidents = tracked()
     c.heard("n0", full())
     c.heard("n0", full(active=False))
-    assert add(c, incidents, failure(K.PROCESS_EXIT, "n0", 0)) == [K.PROCESS_EXIT, K.FILESYSTEM_FULL]
+    assert add(c, incidents, failure(K.PROCESS_EXIT, "n0", 0)) == [
+        K.PROCESS_EXIT,
+        K.FILESYSTEM_FULL,
+    ]
     c2, incidents2 = tracked()
     monkeypatch.setattr(conditions, "WINDOW", conditions.timedelta(0))
     c2.heard("n0", full())

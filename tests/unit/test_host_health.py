@@ -1,11 +1,11 @@
 """The node agent's reading of its own host (`job_agent.node.host_health`).
 
-Filesystems are real: a tmpfs of 1 MiB mounted for the test (this needs root and CAP_SYS_ADMIN, which the
-project's CI machine has; elsewhere that one test is skipped with the reason), filled and unmounted for
-real, and plain directories checked with the real `statvfs`. The kernel's memory counters are files in
-the format of /proc/meminfo, /proc/vmstat and cgroup v2's memory.events, under a directory the test
-writes: an OOM kill cannot be caused safely on a shared machine, and the agent reads these files and
-nothing else.
+Filesystems are real: a tmpfs of 1 MiB mounted for the test (this needs root and CAP_SYS_ADMIN,
+which the project's CI machine has; elsewhere that one test is skipped with the reason), filled and
+unmounted for real, and plain directories checked with the real `statvfs`. The kernel's memory
+counters are files in the format of /proc/meminfo, /proc/vmstat and cgroup v2's memory.events, under
+a directory the test writes: an OOM kill cannot be caused safely on a shared machine, and the agent
+reads these files and nothing else.
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ from torchpass.models import FailureKind
 K = FailureKind
 
 
-def fake_proc(root: Path, total_kb: int = 16 << 20, available_kb: int = 8 << 20, oom_kills: int = 0) -> Path:
+def fake_proc(
+    root: Path, total_kb: int = 16 << 20, available_kb: int = 8 << 20, oom_kills: int = 0
+) -> Path:
     proc = root / "proc"
     proc.mkdir(exist_ok=True)
     (proc / "meminfo").write_text(
-        f"MemTotal:       {total_kb} kB\nMemFree:         1000 kB\nMemAvailable:   {available_kb} kB\n"
+        f"MemTotal:       {total_kb} kB\nMemFree:         1000 kB\nMemAvailable:   {available_kb} "
+        "kB\n"
     )
     (proc / "vmstat").write_text(f"nr_free_pages 1000\npgfault 12345\noom_kill {oom_kills}\n")
     return proc
@@ -38,7 +41,9 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "mnt"
     where.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=False, capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+        check=False,
+        capture_output=True,
     )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
@@ -66,7 +71,9 @@ def test_a_real_filesystem_filling_up_then_unmounted(tmpfs: Path, tmp_path: Path
     assert ended.kind is K.FILESYSTEM_FULL and not ended.active
     subprocess.run(["umount", str(tmpfs)], check=True)
     (gone,) = health.poll()
-    assert gone.kind is K.FILESYSTEM_UNMOUNTED and gone.active and "no longer mounted" in gone.detail, gone
+    assert (
+        gone.kind is K.FILESYSTEM_UNMOUNTED and gone.active and "no longer mounted" in gone.detail
+    ), gone
     assert health.poll() == []
 
 
@@ -93,13 +100,17 @@ def test_a_watched_directory_removed_is_unmounted_and_a_minimum_above_what_is_fr
     assert healthy.poll() == []
 
 
-def test_memory_under_the_minimum_is_the_host_out_of_memory_until_it_recovers(tmp_path: Path) -> None:
+def test_memory_under_the_minimum_is_the_host_out_of_memory_until_it_recovers(
+    tmp_path: Path,
+) -> None:
     proc = fake_proc(tmp_path, available_kb=8 << 20)
     health = HostHealth(min_free_memory=0.02, proc=proc)
     assert health.poll() == []
     fake_proc(tmp_path, available_kb=100 << 10)  # 100 MiB of 16 GiB
     (low,) = health.poll()
-    assert low.kind is K.HOST_MEMORY_EXHAUSTED and low.active and "100 MiB available" in low.detail, low
+    assert (
+        low.kind is K.HOST_MEMORY_EXHAUSTED and low.active and "100 MiB available" in low.detail
+    ), low
     assert health.poll() == []
     fake_proc(tmp_path, available_kb=4 << 20)
     (back,) = health.poll()
@@ -113,12 +124,15 @@ def test_a_sigkill_is_an_oom_kill_only_when_the_kernel_counted_one(tmp_path: Pat
     fake_proc(tmp_path, oom_kills=4)
     oom = health.oom_killed("process r-2")
     assert oom == HostCondition(
-        K.HOST_MEMORY_EXHAUSTED, "process r-2 was OOM-killed: the host ran out of memory (not enough memory)"
+        K.HOST_MEMORY_EXHAUSTED,
+        "process r-2 was OOM-killed: the host ran out of memory (not enough memory)",
     )
     assert health.oom_killed("process r-3") is None  # that kill was counted already
 
 
-def test_an_oom_kill_at_the_cgroups_own_limit_is_the_containers_not_the_hosts(tmp_path: Path) -> None:
+def test_an_oom_kill_at_the_cgroups_own_limit_is_the_containers_not_the_hosts(
+    tmp_path: Path,
+) -> None:
     proc = fake_proc(tmp_path, oom_kills=0)
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()

@@ -33,7 +33,11 @@ def test_incident_ids_are_injective_and_hold_no_slash(
 
 @given(st.text(max_size=20))
 def test_id_parts_are_encoded_exactly_as_urllib_quotes_them(text: str) -> None:
-    """Ids already in Temporal were made with `urllib.parse.quote(safe="")`: they must not change."""
+    """Ids already in Temporal were made with `urllib.parse.quote(safe="")`: they must not
+    change."""
     from urllib.parse import quote
 
-    assert contract_workflow_id(text or "x", "k") == f"torchpass-contract:{quote(text or 'x', safe='')}:k"
+    assert (
+        contract_workflow_id(text or "x", "k")
+        == f"torchpass-contract:{quote(text or 'x', safe='')}:k"
+    )

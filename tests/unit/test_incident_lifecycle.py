@@ -1,5 +1,5 @@
-"""The job-side incident's lifecycle (`job_agent.coordinator.incident.lifecycle`): one state at a time,
-moved by one function that refuses what the steps' order does not allow, and who drives it."""
+"""The job-side incident's lifecycle (`job_agent.coordinator.incident.lifecycle`): one state at a
+time, moved by one function that refuses what the steps' order does not allow, and who drives it."""
 
 from __future__ import annotations
 
@@ -31,7 +31,14 @@ NOT_A_FAILURE = [S.COMPLETED]
 
 @pytest.mark.parametrize(
     "walk",
-    [LIVE, LOST_AFTER_THE_STATE_MOVED, NO_SPARE, TRANSFER_FAILED, PROOF_FAILED_AFTER_REJOIN, FREEZE_RETRIED],
+    [
+        LIVE,
+        LOST_AFTER_THE_STATE_MOVED,
+        NO_SPARE,
+        TRANSFER_FAILED,
+        PROOF_FAILED_AFTER_REJOIN,
+        FREEZE_RETRIED,
+    ],
 )
 def test_every_order_the_workflow_takes_is_a_legal_walk(walk: list[IncidentState]) -> None:
     inc = Incident("wf")
@@ -47,7 +54,8 @@ def test_every_order_the_workflow_takes_is_a_legal_walk(walk: list[IncidentState
         ([], S.MOVED),  # a transfer before the freeze
         ([S.FREEZING], S.TRAINING),  # a rejoin before the state moved
         ([S.FREEZING, S.FROZEN, S.MOVED, S.TRAINING], S.FREEZING),  # frozen again once training
-        ([S.RESTARTING, S.RESTARTED], S.FREEZING),  # a migration after the fallback restarted the job
+        # a migration after the fallback restarted the job
+        ([S.RESTARTING, S.RESTARTED], S.FREEZING),
         ([S.RESTARTING], S.MOVED),
         (NOT_A_FAILURE, S.FREEZING),  # any step after the outcome
         (LIVE, S.COMPLETED),  # recorded twice
@@ -93,7 +101,12 @@ def test_the_table_is_the_only_authority_and_covers_every_pair() -> None:
 def test_recovering_and_past_freeze_follow_the_state() -> None:
     inc = Incident("wf")
     assert not inc.past_freeze and not inc.recovering
-    for to, recovering in [(S.FREEZING, True), (S.FROZEN, True), (S.MOVED, True), (S.TRAINING, False)]:
+    for to, recovering in [
+        (S.FREEZING, True),
+        (S.FROZEN, True),
+        (S.MOVED, True),
+        (S.TRAINING, False),
+    ]:
         inc.move(to)
         assert inc.past_freeze and inc.recovering is recovering
     inc.move(S.COMPLETED)
@@ -101,8 +114,8 @@ def test_recovering_and_past_freeze_follow_the_state() -> None:
 
 
 def test_who_drives_it() -> None:
-    """A workflow step makes it the workflow's; none in time makes it the job's, for good; a squatter's
-    step, once the incident moves to a fresh id, counted for nothing."""
+    """A workflow step makes it the workflow's; none in time makes it the job's, for good; a
+    squatter's step, once the incident moves to a fresh id, counted for nothing."""
     inc = Incident("wf")
     inc.drive(D.WORKFLOW)
     inc.drive(D.WAITING)  # rekeyed

@@ -1,8 +1,8 @@
-"""The delivery of an incident's reports (`job_agent.coordinator.incident.tracker.IncidentTracker`): the
-report of the evidence that names the incident's workflow is delivered first, whatever the others do, so the
-workflow is started by it and its id is the one the ledger's check derives from its start input
-(`torchpass.contract.verify`). Two ranks lost at once, the first report slow to reach Temporal, used to start
-the workflow with the second's."""
+"""The delivery of an incident's reports (`job_agent.coordinator.incident.tracker.IncidentTracker`):
+the report of the evidence that names the incident's workflow is delivered first, whatever the
+others do, so the workflow is started by it and its id is the one the ledger's check derives from
+its start input (`torchpass.contract.verify`). Two ranks lost at once, the first report slow to
+reach Temporal, used to start the workflow with the second's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A job-side step heartbeats each second while it runs, so that a job worker or a Temporal server lost
-mid-step is noticed within the step's short heartbeat timeout (a restart once cost 21-22 s of waiting out
-timeouts). temporalio's ActivityEnvironment: the real activity context, no server."""
+"""A job-side step heartbeats each second while it runs, so that a job worker or a Temporal server
+lost mid-step is noticed within the step's short heartbeat timeout (a restart once cost 21-22 s of
+waiting out timeouts). temporalio's ActivityEnvironment: the real activity context, no server."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ async def test_a_slow_step_heartbeats_each_second_with_its_details_and_stops_whe
     sent = _BytesSent()
 
     async def slow_transfer() -> int:
-        # A step that takes three beats' time, its progress moving half-way: the scenario, not a wait.
+        # A step that takes three beats' time, its progress moving half-way: the scenario, not a
+        # wait.
         sent(10)
         await asyncio.sleep(1.5 * BEAT_EVERY)
         sent(2048)
@@ -47,7 +48,9 @@ def test_every_job_step_has_a_heartbeat_timeout_well_above_its_beat() -> None:
         if name == JobActivity.DESCRIBE_JOB:  # validation's own short bound
             continue
         hb = ACTIVITY_TIMEOUTS[name].heartbeat
-        assert hb is not None and timedelta(seconds=3 * BEAT_EVERY) <= hb <= timedelta(seconds=5), name
+        assert hb is not None and timedelta(seconds=3 * BEAT_EVERY) <= hb <= timedelta(seconds=5), (
+            name
+        )
 
 
 def test_the_job_worker_serves_every_job_activity_under_todays_names_and_the_old_ones() -> None:
@@ -61,6 +64,9 @@ def test_the_job_worker_serves_every_job_activity_under_todays_names_and_the_old
     today = {getattr(JobActivity, n) for n in dir(JobActivity) if n.isupper()}
     old = {getattr(JobActivityV0, n) for n in dir(JobActivityV0) if n.isupper()}
     assert served == today | old
-    assert ACTIVITY_TIMEOUTS[JobActivityV0.RESERVE_SPARE] == ACTIVITY_TIMEOUTS[JobActivity.RESERVE_SPARES]
+    assert (
+        ACTIVITY_TIMEOUTS[JobActivityV0.RESERVE_SPARE]
+        == ACTIVITY_TIMEOUTS[JobActivity.RESERVE_SPARES]
+    )
     fetch = ACTIVITY_TIMEOUTS[JobActivity.FETCH_LOCAL_RECORD]
     assert ACTIVITY_TIMEOUTS[JobActivityV0.RECORDED_OUTCOME] == fetch

@@ -46,7 +46,9 @@ def test_a_link_planted_at_the_secret_is_never_written_through(tmp_path: Path) -
     assert not (job_dir / "secret").is_symlink() and target.read_text() == "precious"
 
 
-def test_a_job_id_already_running_here_is_refused_and_a_dead_ones_secret_replaced(tmp_path: Path) -> None:
+def test_a_job_id_already_running_here_is_refused_and_a_dead_ones_secret_replaced(
+    tmp_path: Path,
+) -> None:
     job_dir = tmp_path / "j3"
     register_job(job_dir, b"a" * 32, "127.0.0.1:1", 2)
     info = json.loads((job_dir / "job.json").read_text())
@@ -61,7 +63,9 @@ def test_a_job_id_already_running_here_is_refused_and_a_dead_ones_secret_replace
 def test_a_checkpoint_is_readable_by_its_owner_only(tmp_path: Path) -> None:
     state = TrackedState(torch.nn.Linear(2, 2))
     state.save_checkpoint(tmp_path / "ckpt" / "step-00000001.pt", 1)
-    assert _mode(tmp_path / "ckpt") == 0o700 and _mode(tmp_path / "ckpt" / "step-00000001.pt") == 0o600
+    assert (
+        _mode(tmp_path / "ckpt") == 0o700 and _mode(tmp_path / "ckpt" / "step-00000001.pt") == 0o600
+    )
 
 
 def test_ranks_inherit_the_users_environment_but_none_of_torchpass_settings(tmp_path: Path) -> None:
@@ -73,19 +77,27 @@ def test_ranks_inherit_the_users_environment_but_none_of_torchpass_settings(tmp_
     }
     assert inherited_env(parent) == {"PATH": parent["PATH"], "MY_DATASET": "/data/x"}
     script, out = tmp_path / "dump.py", tmp_path / "env.json"
-    script.write_text(f"import json, os\nopen({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))\n")
+    script.write_text(
+        f"import json, os\nopen({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+    )
     launcher = LocalLauncher(str(script), (), base_env=parent)
     launcher.spawn("rank0-1", {"TORCHPASS_JOB_ID": "j"})
-    poll_until(lambda: launcher.poll("rank0-1") is not None, "the rank to write its environment and exit", 30)
+    poll_until(
+        lambda: launcher.poll("rank0-1") is not None,
+        "the rank to write its environment and exit",
+        30,
+    )
     launcher.shutdown(timedelta(seconds=5))
     seen = json.loads(out.read_text())
     assert seen["MY_DATASET"] == "/data/x" and seen["TORCHPASS_JOB_ID"] == "j"
-    assert "TORCHPASS_TEMPORAL_API_KEY" not in seen and "TORCHPASS_BILLING_WEBHOOK_SECRET" not in seen
+    assert (
+        "TORCHPASS_TEMPORAL_API_KEY" not in seen and "TORCHPASS_BILLING_WEBHOOK_SECRET" not in seen
+    )
 
 
 def test_nothing_starts_once_the_launcher_shuts_down(tmp_path: Path) -> None:
-    """A spare replaced while the job stopped used to start during shutdown (and change the process list
-    shutdown was walking): it was left running after the job."""
+    """A spare replaced while the job stopped used to start during shutdown (and change the process
+    list shutdown was walking): it was left running after the job."""
     script = tmp_path / "sleep.py"
     script.write_text("import time\ntime.sleep(60)\n")
     launcher = LocalLauncher(str(script), (), base_env={"PATH": os.environ.get("PATH", "")})
@@ -107,12 +119,17 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.skipif(not die_with_parent(), reason="needs Linux and util-linux's setpriv")
 @pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "cold"])
-def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_path: Path, fork: str) -> None:
-    """A stand-in coordinator (a real process using the real LocalLauncher) starts a rank, forked from the
-    fork server or started cold, the rank is stopped as a hang stops it, and the coordinator is SIGKILLed:
-    the kernel kills the rank too (forked: the server dies with the coordinator, the rank with it)."""
+def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(
+    tmp_path: Path, fork: str
+) -> None:
+    """A stand-in coordinator (a real process using the real LocalLauncher) starts a rank, forked
+    from the fork server or started cold, the rank is stopped as a hang stops it, and the
+    coordinator is SIGKILLed: the kernel kills the rank too (forked: the server dies with the
+    coordinator, the rank with it)."""
     rank, started = tmp_path / "rank.py", tmp_path / "started"
-    rank.write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(120)\n")
+    rank.write_text(
+        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(120)\n"
+    )
     coordinator = tmp_path / "coordinator.py"
     coordinator.write_text(
         "import sys, time\n"
@@ -136,7 +153,9 @@ def test_a_killed_coordinator_leaves_no_rank_behind_not_even_a_stopped_one(tmp_p
         os.kill(child, signal.SIGSTOP)  # hung
         parent.kill()
         parent.wait(10)
-        poll_until(lambda: not _running(child), "the rank to die with its coordinator (it outlived it)")
+        poll_until(
+            lambda: not _running(child), "the rank to die with its coordinator (it outlived it)"
+        )
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)

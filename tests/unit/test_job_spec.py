@@ -1,4 +1,5 @@
-"""What a job without the agent (an unmodified torchrun script) is refused, before anything starts."""
+"""What a job without the agent (an unmodified torchrun script) is refused, before anything
+starts."""
 
 from __future__ import annotations
 

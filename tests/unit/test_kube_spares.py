@@ -1,7 +1,7 @@
-"""The Kubernetes spare-node keeper (`workers.detectors.kube_spares`): the real `kubernetes` client against
-the stub API server (`tests/kube`: no API server can run on these machines), the jobs' wishes and status given
-directly. Which Node it reserves, what Pod it creates there, what it refuses, its bound. It runs end to end on
-real node agents in `tests/integration/test_kube.py`."""
+"""The Kubernetes spare-node keeper (`workers.detectors.kube_spares`): the real `kubernetes` client
+against the stub API server (`tests/kube`: no API server can run on these machines), the jobs'
+wishes and status given directly. Which Node it reserves, what Pod it creates there, what it
+refuses, its bound. It runs end to end on real node agents in `tests/integration/test_kube.py`."""
 
 from __future__ import annotations
 
@@ -23,12 +23,19 @@ pytestmark = pytest.mark.timeout(60)
 NS, LABEL = "torchpass", "torchpass.io/spare-node=true"
 
 
-def _node(name: str, spare: bool = True, ready: str = "True", cordoned: bool = False) -> dict[str, Any]:
+def _node(
+    name: str, spare: bool = True, ready: str = "True", cordoned: bool = False
+) -> dict[str, Any]:
     labels = {"torchpass.io/spare-node": "true"} if spare else {}
     cond = {"type": "Ready", "status": ready}
     meta = {"name": name, "labels": labels}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": {"unschedulable": cordoned},
-            "status": {"conditions": [cond]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": meta,
+        "spec": {"unschedulable": cordoned},
+        "status": {"conditions": [cond]},
+    }
 
 
 def _template(job: str) -> dict[str, Any]:
@@ -43,8 +50,16 @@ def _template(job: str) -> dict[str, Any]:
 
 
 def _wanted(job: str, nodes: tuple[str, ...] = ("t1", "t2"), idle: tuple[str, ...] = ()) -> Wanted:
-    status = wire.Status(job_id=job, state="training", generation=0, world_size=4, ranks=(), spares=2,
-                         nodes=nodes, idle_nodes=idle)  # fmt: skip
+    status = wire.Status(
+        job_id=job,
+        state="training",
+        generation=0,
+        world_size=4,
+        ranks=(),
+        spares=2,
+        nodes=nodes,
+        idle_nodes=idle,
+    )
     return Wanted(job, 1, 8, "/app/train.py", (), status)
 
 
@@ -56,7 +71,9 @@ def server() -> Iterator[StubApiServer]:
 
 
 def _keeper(server: StubApiServer, tmp_path: Path) -> KubeSpares:
-    api = client.CoreV1Api(config.new_client_from_config(config_file=str(server.kubeconfig(tmp_path / "kc"))))
+    api = client.CoreV1Api(
+        config.new_client_from_config(config_file=str(server.kubeconfig(tmp_path / "kc")))
+    )
     return KubeSpares(api, tmp_path, KubeSettings(namespace=NS), LABEL)
 
 
@@ -69,8 +86,8 @@ def _asking(monkeypatch: pytest.MonkeyPatch, *jobs: Wanted) -> None:
 def test_the_free_labelled_ready_node_is_reserved_by_creating_the_agent_there(
     server: StubApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Of five Nodes only s4 will do: t1 is unlabelled, s1 cordoned, s2 NotReady, s3 runs another job's
-    spare-node Pod. The Pod is the job's template, bound to s4, labelled with the job."""
+    """Of five Nodes only s4 will do: t1 is unlabelled, s1 cordoned, s2 NotReady, s3 runs another
+    job's spare-node Pod. The Pod is the job's template, bound to s4, labelled with the job."""
     for n in (
         _node("t1", spare=False),
         _node("s1", cordoned=True),
@@ -80,9 +97,17 @@ def test_the_free_labelled_ready_node_is_reserved_by_creating_the_agent_there(
     ):
         server.add(n)
     server.add(_template("job-a"))
-    other = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b-spare-x", "namespace": NS,
-             "labels": {"torchpass.io/job": "job-b", APP_LABEL: SPARE_APP}},
-             "spec": {"nodeName": "s3", "containers": []}, "status": {"phase": "Running"}}  # fmt: skip
+    other = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "b-spare-x",
+            "namespace": NS,
+            "labels": {"torchpass.io/job": "job-b", APP_LABEL: SPARE_APP},
+        },
+        "spec": {"nodeName": "s3", "containers": []},
+        "status": {"phase": "Running"},
+    }
     server.add(other)
     _asking(monkeypatch, _wanted("job-a"))
     (name,) = _keeper(server, tmp_path).keep()
@@ -91,9 +116,14 @@ def test_the_free_labelled_ready_node_is_reserved_by_creating_the_agent_there(
     assert pod["metadata"]["labels"] == {"torchpass.io/job": "job-a", APP_LABEL: SPARE_APP}
     assert pod["spec"]["restartPolicy"] == "Never"
     template = server.get("podtemplates", "job-a-spare", NS)
-    (owner,) = pod["metadata"]["ownerReferences"]  # deleted with the job's objects, by the collector
-    assert owner == {"apiVersion": "v1", "kind": "PodTemplate", "name": "job-a-spare",
-                     "uid": template["metadata"]["uid"]}  # fmt: skip
+    # deleted with the job's objects, by the collector
+    (owner,) = pod["metadata"]["ownerReferences"]
+    assert owner == {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "name": "job-a-spare",
+        "uid": template["metadata"]["uid"],
+    }
 
 
 def test_nothing_is_created_while_one_waits_or_a_spare_node_is_idle(
@@ -111,7 +141,10 @@ def test_nothing_is_created_while_one_waits_or_a_spare_node_is_idle(
 
 
 def test_no_template_or_no_free_node_creates_nothing(
-    server: StubApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    server: StubApiServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     server.add(_node("s1"))
     _asking(monkeypatch, _wanted("job-a"))

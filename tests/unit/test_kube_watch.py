@@ -1,9 +1,10 @@
-"""The Kubernetes detector's Pods watch (`workers.detectors.kube.KubeDetector`), end to end on the real
-`kubernetes` client against the stub API server (`tests/kube`: no API server can run on these machines). A
-job's Pod deleted after the watch began, by real `kubectl delete pod` (by the client where kubectl is missing)
-and then another by the client, is heard by the jobs as that job's interruption on the Pod's node. The watch
-once received every Pod as a plain dict (the client reads the type of what it streams from the lister's
-signature) and its thread died on the first one, so a Pod deleted after the first listing went unheard."""
+"""The Kubernetes detector's Pods watch (`workers.detectors.kube.KubeDetector`), end to end on the
+real `kubernetes` client against the stub API server (`tests/kube`: no API server can run on these
+machines). A job's Pod deleted after the watch began, by real `kubectl delete pod` (by the client
+where kubectl is missing) and then another by the client, is heard by the jobs as that job's
+interruption on the Pod's node. The watch once received every Pod as a plain dict (the client reads
+the type of what it streams from the lister's signature) and its thread died on the first one, so a
+Pod deleted after the first listing went unheard."""
 
 from __future__ import annotations
 
@@ -45,8 +46,13 @@ def _heard(jobs: Recorder, pod: str) -> bool:
 
 def _pod(name: str, job: str, node: str) -> dict[str, Any]:
     meta = {"name": name, "namespace": NS, "labels": {"torchpass.io/job": job}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"nodeName": node, "containers": []}, "status": {"phase": "Running"}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": []},
+        "status": {"phase": "Running"},
+    }
 
 
 @pytest.fixture
@@ -64,11 +70,14 @@ def test_a_jobs_pod_deleted_while_watched_is_heard_and_the_watch_lives_on(
     kubeconfig = server.kubeconfig(tmp_path / "kc")
     api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
     jobs = Recorder()
-    detector = KubeDetector(api, jobs, KubeSettings(namespace=NS, resync_seconds=30, watch_seconds=5))  # type: ignore[arg-type]
+    settings = KubeSettings(namespace=NS, resync_seconds=30, watch_seconds=5)
+    detector = KubeDetector(api, jobs, settings)  # type: ignore[arg-type]
     thread = threading.Thread(target=detector.follow, args=("pods",), daemon=True)
     thread.start()
     try:
-        poll_until(lambda: any(c.verb == "watch" for c in server.requests), "the detector's watch", 20)
+        poll_until(
+            lambda: any(c.verb == "watch" for c in server.requests), "the detector's watch", 20
+        )
         kubectl = shutil.which("kubectl")
         for name in ("train-0", "train-1"):  # one after the other: the first must not end the watch
             if name == "train-0" and kubectl:
@@ -87,4 +96,6 @@ def test_a_jobs_pod_deleted_while_watched_is_heard_and_the_watch_lives_on(
         thread.join(10)
     gone = {s.node: s for s in jobs.seen}
     assert set(gone) == {"n1", "n2"}, jobs.seen
-    assert all(s.kind is FailureKind.POD_DELETED and s.job == "job-a" for s in gone.values()), jobs.seen
+    assert all(s.kind is FailureKind.POD_DELETED and s.job == "job-a" for s in gone.values()), (
+        jobs.seen
+    )

@@ -1,5 +1,5 @@
-"""The local launcher gives each process of a host its own GPU: real processes (started cold, the quick
-way for a script that imports nothing), each writing the LOCAL_RANK it was given."""
+"""The local launcher gives each process of a host its own GPU: real processes (started cold, the
+quick way for a script that imports nothing), each writing the LOCAL_RANK it was given."""
 
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ def _seen(out: Path, agent: str) -> int:
     return int((out / agent).read_text())
 
 
-def test_each_live_process_holds_its_own_local_rank_and_a_freed_one_is_given_again(tmp_path: Path) -> None:
-    """Ranks 0-2 get 0, 1, 2 (a single host once gave them all 0: one GPU for the whole job); the one
-    on 1 dies and the next process gets 1 again; a LOCAL_RANK the caller chose (a node agent steering off
-    a failed GPU) is kept; the host's own LOCAL_RANK (a launcher run inside another) is never inherited."""
+def test_each_live_process_holds_its_own_local_rank_and_a_freed_one_is_given_again(
+    tmp_path: Path,
+) -> None:
+    """Ranks 0-2 get 0, 1, 2 (a single host once gave them all 0: one GPU for the whole job); the
+    one on 1 dies and the next process gets 1 again; a LOCAL_RANK the caller chose (a node agent
+    steering off a failed GPU) is kept; the host's own LOCAL_RANK (a launcher run inside another) is
+    never inherited."""
     script = tmp_path / "say.py"
     script.write_text(
         "import os, sys, time\n"

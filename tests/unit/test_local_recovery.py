@@ -1,8 +1,9 @@
-"""The job never waits on the control plane: with Temporal away, the job carries an incident out itself.
+"""The job never waits on the control plane: with Temporal away, the job carries an incident out
+itself.
 
-The real coordinator over fake ranks (`job_driver.Job`), its reports failing as they do while the server
-is down. On the previous main the survivors stayed frozen until Temporal came back (minutes, once), and
-the incident was then booked as a disqualified "no spare" failure.
+The real coordinator over fake ranks (`job_driver.Job`), its reports failing as they do while the
+server is down. On the previous main the survivors stayed frozen until Temporal came back (minutes,
+once), and the incident was then booked as a disqualified "no spare" failure.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ def _records(job: Job) -> list[Path]:
 async def test_with_temporal_down_the_job_recovers_by_itself_and_its_record_is_filed_once(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """A rank killed while no report can reach Temporal: past the wait, the job runs the steps itself (the
-    spare takes the slot, nothing recomputed), keeps the record (owner-only) and keeps reporting. When
-    Temporal is back its workflow is refused the steps and files the record; it replaces the job's
-    provisional outcome, the file goes, and a retried filing records nothing twice; a completion that
-    disagrees with the record (here forged) is not taken."""
+    """A rank killed while no report can reach Temporal: past the wait, the job runs the steps
+    itself (the spare takes the slot, nothing recomputed), keeps the record (owner-only) and keeps
+    reporting. When Temporal is back its workflow is refused the steps and files the record; it
+    replaces the job's provisional outcome, the file goes, and a retried filing records nothing
+    twice; a completion that disagrees with the record (here forged) is not taken."""
     job = Job(tmp_path, allowance, nproc=4, local=True)
     job.down = True
     job.launcher.fail_at(2, 5)
@@ -47,22 +48,31 @@ async def test_with_temporal_down_the_job_recovers_by_itself_and_its_record_is_f
         (local,) = c.incidents.outcomes
         assert local.handled_locally and local.disposition is Disposition.MIGRATED and local.success
         assert local.kind is FailureKind.PROCESS_EXIT and local.lost_slots == (2,)
-        assert local.steps_recomputed == 0 and local.proof is not None and local.proof.step_after == 4
-        assert local.resumed_steps == dict.fromkeys(range(4), 5)  # every rank trains again, Temporal away
+        assert (
+            local.steps_recomputed == 0 and local.proof is not None and local.proof.step_after == 4
+        )
+        # every rank trains again, Temporal away
+        assert local.resumed_steps == dict.fromkeys(range(4), 5)
         assert c.generation == 1 and c.state in (JobState.TRAINING, JobState.FINISHED)
         workflow_id = local.incident_id.removesuffix("/local")
         (path,) = _records(job)
         assert os.stat(path).st_mode & 0o777 == 0o600
         tried = job.attempts
         await until(lambda: job.attempts > tried, "the report to be tried again")
-        job.down = False  # Temporal is back: the report gets through and starts the incident's workflow
+        # Temporal is back: the report gets through and starts the incident's workflow
+        job.down = False
         delivered, report = await job.report()
         assert delivered == workflow_id and report.evidence.slots == (2,)
         assert not c.incidents.answered(workflow_id)  # its steps are refused (HandledLocally) ...
         record = await c.incidents.records.record_of(workflow_id)  # ... it files the record instead
         assert record.workflow_id == workflow_id and record.confirm is not None
-        assert filed_ending(record).disposition is Disposition.MIGRATED  # the workflow's own check holds
-        forged = {"incident_id": f"{workflow_id}/run-0", "disposition": Disposition.FAILED, "success": False}
+        # the workflow's own check holds
+        assert filed_ending(record).disposition is Disposition.MIGRATED
+        forged = {
+            "incident_id": f"{workflow_id}/run-0",
+            "disposition": Disposition.FAILED,
+            "success": False,
+        }
         run0 = IncidentRef(workflow_id=workflow_id, run_id="run-0", job_id=c.job_id)
         await job.steps.complete(run0, local.model_copy(update=forged))  # not what the record says
         assert c.incidents.outcomes == [local] and len(_records(job)) == 1  # not taken
@@ -74,15 +84,20 @@ async def test_with_temporal_down_the_job_recovers_by_itself_and_its_record_is_f
         await job.finished()
     r = job.result
     assert r is not None and r.status is JobState.FINISHED and r.incidents == (filed,)
-    assert (r.steps_completed, r.final_digest, r.steps_recomputed) == (STEPS, digest_of(STEPS - 1), 0)
+    assert (r.steps_completed, r.final_digest, r.steps_recomputed) == (
+        STEPS,
+        digest_of(STEPS - 1),
+        0,
+    )
     assert r.incidents_unfiled == 0 and r.reports_undelivered == 0
 
 
 async def test_a_record_never_filed_stays_in_the_state_directory_and_is_counted(
     tmp_path: Path, allowance: Counts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Temporal never comes back before the job ends: the job finishes anyway, says how many incidents
-    were never filed, and their records stay in its local/ directory for an operator to file."""
+    """Temporal never comes back before the job ends: the job finishes anyway, says how many
+    incidents were never filed, and their records stay in its local/ directory for an operator to
+    file."""
     monkeypatch.setattr(coordinator, "FILE_WAIT", coordinator.timedelta(seconds=0.5))
     job = Job(tmp_path, allowance, nproc=3, local=True)
     job.down = True
@@ -90,7 +105,9 @@ async def test_a_record_never_filed_stays_in_the_state_directory_and_is_counted(
     async with job:
         await job.finished()
     r = job.result
-    assert r is not None and r.status is JobState.FINISHED and r.final_digest == digest_of(STEPS - 1)
+    assert (
+        r is not None and r.status is JobState.FINISHED and r.final_digest == digest_of(STEPS - 1)
+    )
     assert r.incidents_unfiled == 1 and [o.handled_locally for o in r.incidents] == [True]
     (path,) = _records(job)
     assert r.incidents[0].incident_id.removesuffix("/local").split(":")[0] in path.name
@@ -99,9 +116,9 @@ async def test_a_record_never_filed_stays_in_the_state_directory_and_is_counted(
 async def test_an_incident_adopted_from_another_sources_report_stays_its_workflows(
     tmp_path: Path, allowance: Counts
 ) -> None:
-    """A signed drain reported by another source (a node watch) is adopted by its workflow's confirm: a
-    step reached the job, so however long the workflow then takes between steps, the job never carries the
-    incident out itself as well."""
+    """A signed drain reported by another source (a node watch) is adopted by its workflow's
+    confirm: a step reached the job, so however long the workflow then takes between steps, the job
+    never carries the incident out itself as well."""
     job = Job(tmp_path, allowance, local=True)
     job.launcher.step_seconds = 0.3  # still training when the slow workflow freezes it
     async with job:
@@ -124,10 +141,14 @@ async def test_an_incident_adopted_from_another_sources_report_stays_its_workflo
             return await freeze(ref)
 
         job.steps.freeze = slow_freeze  # type: ignore[method-assign]
-        report = FailureReport(evidence=sign(c._secret, ev), job_task_queue="q", generation=c.generation)
+        report = FailureReport(
+            evidence=sign(c._secret, ev), job_task_queue="q", generation=c.generation
+        )
         m = Migration(job, incident_workflow_id(c.job_id, victim.node, c.generation), report)
         outcome = await m.run()
         assert outcome.disposition is Disposition.MIGRATED and not c.incidents.records.handled
         await job.finished()
     r = job.result
-    assert r is not None and [o.handled_locally for o in r.incidents] == [False] and not _records(job)
+    assert (
+        r is not None and [o.handled_locally for o in r.incidents] == [False] and not _records(job)
+    )

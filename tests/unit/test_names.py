@@ -1,6 +1,7 @@
-"""Every Temporal name torchpass uses is typed once, in `torchpass.ids`: a workflow type, a signal, a
-query, an update or an activity named by a string literal anywhere else fails here. A name typed twice
-can drift (a renamed signal the sender still sends by its old name is dropped without a word)."""
+"""Every Temporal name torchpass uses is typed once, in `torchpass.ids`: a workflow type, a signal,
+a query, an update or an activity named by a string literal anywhere else fails here. A name typed
+twice can drift (a renamed signal the sender still sends by its old name is dropped without a
+word)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from pathlib import Path
 from torchpass import ids
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("torchpass", "job_agent", "activities", "workflows", "workers", "tests", "bench", "examples")
+SOURCES = (
+    "torchpass",
+    "job_agent",
+    "activities",
+    "workflows",
+    "workers",
+    "tests",
+    "bench",
+    "examples",
+)
 NAMES_MODULE = ROOT / "torchpass" / "ids.py"
 
 # Calls whose first argument is a Temporal name, and keyword arguments that are one.
@@ -50,26 +60,36 @@ def _literal(node: ast.AST | None) -> str | None:
 
 
 def _typed_names(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
-    """(line, name) of each torchpass Temporal name given as a literal where a name is expected, and of
-    each workflow type name given as a literal anywhere."""
+    """(line, name) of each torchpass Temporal name given as a literal where a name is expected, and
+    of each workflow type name given as a literal anywhere."""
     workflows = set(vars(ids.WorkflowName).values())
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if called in NAMED_BY_FIRST_ARG and node.args and (name := _literal(node.args[0])) in names:
+            if (
+                called in NAMED_BY_FIRST_ARG
+                and node.args
+                and (name := _literal(node.args[0])) in names
+            ):
                 found.append((node.lineno, name))
             for kw in node.keywords:
                 if kw.arg in NAMING_KEYWORDS and (name := _literal(kw.value)) in names:
                     found.append((node.lineno, name))
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            named = any(isinstance(s, ast.Attribute) and s.attr in NAMED_BY_COMPARISON for s in sides)
+            named = any(
+                isinstance(s, ast.Attribute) and s.attr in NAMED_BY_COMPARISON for s in sides
+            )
             for side in sides:
                 if named and (name := _literal(side)) in names:
                     found.append((node.lineno, name))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in workflows:
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value in workflows
+        ):
             found.append((node.lineno, node.value))
     return found
 

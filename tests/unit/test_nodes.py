@@ -1,6 +1,6 @@
-"""The coordinator's side of a multi-node job (`job_agent.coordinator.node_launcher.NodeLauncher`) and the
-node frames, over real sockets: which node is admitted, where each process goes, what a node's loss or its
-word means."""
+"""The coordinator's side of a multi-node job (`job_agent.coordinator.node_launcher.NodeLauncher`)
+and the node frames, over real sockets: which node is admitted, where each process goes, what a
+node's loss or its word means."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def env(role: str, slot: int) -> dict[str, str]:
 
 
 class Nodes:
-    """A NodeLauncher and, for each node, the far end of its connection (what the node agent reads)."""
+    """A NodeLauncher and, for each node, the far end of its connection (what the node agent
+    reads)."""
 
     def __init__(self, expected: int) -> None:
         self.ranks: set[str] = set()  # spares given a slot
@@ -65,10 +66,14 @@ def nodes() -> Iterator[Nodes]:
 
 
 def test_nodes_that_do_not_belong_are_refused_with_why(nodes: Nodes) -> None:
-    assert nodes.join(hello("a", 2, job="job-2")) == "node a is started for job job-2, this is job job-1"
+    assert (
+        nodes.join(hello("a", 2, job="job-2"))
+        == "node a is started for job job-2, this is job job-1"
+    )
     assert nodes.join(hello("a", 2)) is None
     assert "already joined" in (nodes.join(hello("a", 2)) or "")
-    assert nodes.join(hello("spare", 0, spares=2)) is None  # a spare node is not one of the two awaited
+    # a spare node is not one of the two awaited
+    assert nodes.join(hello("spare", 0, spares=2)) is None
     assert not nodes.launcher.ready_for(4)
     assert nodes.join(hello("b", 2)) is None
     assert nodes.launcher.ready_for(4)
@@ -83,7 +88,9 @@ def test_a_job_on_one_host_takes_no_node_agent() -> None:
     assert isinstance(reply, wire.Reject) and "one host" in reply.reason
 
 
-def test_ranks_go_to_the_node_holding_their_slot_and_spares_where_they_are_missing(nodes: Nodes) -> None:
+def test_ranks_go_to_the_node_holding_their_slot_and_spares_where_they_are_missing(
+    nodes: Nodes,
+) -> None:
     for h in (hello("a", 2, spares=1), hello("b", 2, spares=1), hello("s", 0, spares=2)):
         assert nodes.join(h) is None
     launcher = nodes.launcher
@@ -91,10 +98,13 @@ def test_ranks_go_to_the_node_holding_their_slot_and_spares_where_they_are_missi
     assert placed == {"rank0": "a", "rank1": "a", "rank2": "b", "rank3": "b"}
     spares = [launcher.spawn(f"spare-{i}", env("spare", -1)) for i in range(4)]
     assert sorted(spares) == ["a", "b", "s", "s"]  # each node up to the spares it announced
-    nodes.ranks.add(f"spare-{spares.index('a')}")  # a's spare took a slot: a is the node a spare short
+    # a's spare took a slot: a is the node a spare short
+    nodes.ranks.add(f"spare-{spares.index('a')}")
     assert launcher.spawn("spare-4", env("spare", -1)) == "a"
     first = nodes.received("a")
-    assert isinstance(first, wire.Spawn) and first.agent_id == "rank0" and first.env == env("rank", 0)
+    assert (
+        isinstance(first, wire.Spawn) and first.agent_id == "rank0" and first.env == env("rank", 0)
+    )
 
 
 def test_a_lost_node_has_lost_every_process_and_its_slots_go_to_a_spare_node(nodes: Nodes) -> None:
@@ -139,8 +149,8 @@ def test_a_node_speaks_only_of_its_own_processes(nodes: Nodes) -> None:
     [
         b'{"t": "spawn", "agent_id": "rank0", "env": {"LD_PRELOAD": "/tmp/x.so"}}',
         b'{"t": "spawn", "agent_id": "rank0", "env": {"TORCHPASS_X": "' + b"v" * 5000 + b'"}}',
-        b'{"t": "node_hello", "job_id": "../etc", "node": "a", "host": "h", "slots": 1, "spares": 0,'
-        b' "pid": 1}',
+        b'{"t": "node_hello", "job_id": "../etc", "node": "a", "host": "h", "slots": 1, '
+        b'"spares": 0, "pid": 1}',
         b'{"t": "signal", "agent_id": "rank0", "action": "format-disk"}',
     ],
     ids=["not-an-agent-setting", "oversized-setting", "bad-job-id", "unknown-signal"],
@@ -151,10 +161,10 @@ def test_a_malformed_node_frame_never_decodes(body: bytes) -> None:
 
 
 def test_a_node_rejoins_only_a_coordinator_taking_its_job_back(nodes: Nodes) -> None:
-    """A rejoin tells what the node runs and what ended while it had no coordinator. A live coordinator
-    that lost the node refuses it (its processes were fenced); a restarted one taking the job back
-    (`job_agent.coordinator.takeback`) admits it, its running processes may rejoin, the ended ones are
-    losses."""
+    """A rejoin tells what the node runs and what ended while it had no coordinator. A live
+    coordinator that lost the node refuses it (its processes were fenced); a restarted one taking
+    the job back (`job_agent.coordinator.takeback`) admits it, its running processes may rejoin, the
+    ended ones are losses."""
     procs = (
         NodeProcess(agent_id="rank2-3", slot=2),
         NodeProcess(agent_id="rank3-4", slot=3, code=-9),
@@ -180,8 +190,8 @@ def test_a_node_rejoins_only_a_coordinator_taking_its_job_back(nodes: Nodes) -> 
 
 def test_a_nodes_gpu_report_counts_only_for_its_own_ranks(nodes: Nodes) -> None:
     """A node's GPU report is a claim: the launcher keeps only the processes that node runs, and the
-    detector acts only on those that are training ranks of the job there (a spare, a fenced rank, another
-    node's rank or a process the job never started starts nothing)."""
+    detector acts only on those that are training ranks of the job there (a spare, a fenced rank,
+    another node's rank or a process the job never started starts nothing)."""
     from datetime import timedelta
 
     from job_agent.coordinator.detect.detection import Detector
@@ -212,11 +222,19 @@ def test_a_nodes_gpu_report_counts_only_for_its_own_ranks(nodes: Nodes) -> None:
     roster = Roster()
     for agent, n in placed.items():
         slot = int(agent[4:]) if agent.startswith("rank") else -1
-        roster.members[agent] = Member(agent, wire.Role.RANK if slot >= 0 else wire.Role.SPARE, slot, 1, n)
+        roster.members[agent] = Member(
+            agent, wire.Role.RANK if slot >= 0 else wire.Role.SPARE, slot, 1, n
+        )
     detect = Detector("job-1", roster, timedelta(seconds=10))
     ev, ranks = detect.gpu("a", kept)
-    assert ev is not None and ev.source is EventSource.NVML and ev.kind is FailureKind.GPU_FELL_OFF_BUS
-    assert ev.failure_domain == "a" and ev.xid == 79 and ev.slots == tuple(sorted(m.slot for m in ranks))
+    assert (
+        ev is not None and ev.source is EventSource.NVML and ev.kind is FailureKind.GPU_FELL_OFF_BUS
+    )
+    assert (
+        ev.failure_domain == "a"
+        and ev.xid == 79
+        and ev.slots == tuple(sorted(m.slot for m in ranks))
+    )
     assert {m.agent_id for m in ranks} == {a for a in mine if a.startswith("rank")}  # not the spare
     for m in ranks:
         m.fenced = True

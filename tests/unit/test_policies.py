@@ -15,15 +15,24 @@ def test_retries_start_fast_and_stop_soon() -> None:
 
 
 def test_errors_no_retry_can_cure_are_not_retried() -> None:
-    permanent = {ErrorType.NO_SPARE, ErrorType.JOB_GONE, ErrorType.NO_CHECKPOINT, ErrorType.INVALID_INPUT}
+    permanent = {
+        ErrorType.NO_SPARE,
+        ErrorType.JOB_GONE,
+        ErrorType.NO_CHECKPOINT,
+        ErrorType.INVALID_INPUT,
+    }
     assert {t.value for t in permanent} <= set(MIGRATION_RETRY.non_retryable)
-    assert retry_policy(MIGRATION_RETRY).non_retryable_error_types == list(MIGRATION_RETRY.non_retryable)
+    assert retry_policy(MIGRATION_RETRY).non_retryable_error_types == list(
+        MIGRATION_RETRY.non_retryable
+    )
     # A transfer or rejoin may succeed on another attempt (another donor, a re-formed group).
     assert ErrorType.TRANSFER_FAILED.value not in MIGRATION_RETRY.non_retryable
 
 
 def test_the_non_retryable_lists_are_built_from_the_vocabulary() -> None:
-    assert set(MIGRATION_RETRY.non_retryable) == {t.value for t in INCIDENT_ERRORS if t not in RETRYABLE}
+    assert set(MIGRATION_RETRY.non_retryable) == {
+        t.value for t in INCIDENT_ERRORS if t not in RETRYABLE
+    }
     assert non_retryable([ErrorType.TIMEOUT, ErrorType.PROOF_MISMATCH]) == ("ProofMismatch",)
 
 

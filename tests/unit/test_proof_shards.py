@@ -1,6 +1,6 @@
-"""The proof of a recovery that moved several shards (an HSDP job that lost one rank of each of two shards):
-each receiver must hold its own donor's state, the donors of one shard must agree, and donors of different
-shards hold different states by design. A proof of one shard reads as before."""
+"""The proof of a recovery that moved several shards (an HSDP job that lost one rank of each of two
+shards): each receiver must hold its own donor's state, the donors of one shard must agree, and
+donors of different shards hold different states by design. A proof of one shard reads as before."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from torchpass.incident.steps import ReceiverProof, TransferProof
 X, Y, Z = "x" * 64, "y" * 64, "z" * 64
 
 
-def _proof(installed: dict[int, str], donors: dict[int, str], shards: dict[int, str]) -> TransferProof:
+def _proof(
+    installed: dict[int, str], donors: dict[int, str], shards: dict[int, str]
+) -> TransferProof:
     donor_of = {0: 2, 1: 3}  # lost ranks 0 and 1 of a 2 x 2 mesh, from the other replica group
     return TransferProof(
         donor_slot=3,
@@ -52,17 +54,20 @@ def test_two_donors_of_one_shard_that_differ_fail() -> None:
     )
     problems = transfer_problems(proof, 9)
     assert problems == [
-        f"donor rank 4 holds state hashing to {Z[:16]}, the donor's is {X[:16]}: the replicas differ"
+        f"donor rank 4 holds state hashing to {Z[:16]}, the donor's is {X[:16]}: the replicas "
+        "differ"
     ]
 
 
 def test_a_receiver_served_another_shard_than_its_slot_holds_fails() -> None:
-    """Each receiver holds exactly what its donor sent, but rank 0's slot holds shard "a" and its donor
-    served shard "b": the bytes agree with themselves, not with the job's layout."""
+    """Each receiver holds exactly what its donor sent, but rank 0's slot holds shard "a" and its
+    donor served shard "b": the bytes agree with themselves, not with the job's layout."""
     proof = _proof({0: X, 1: Y}, {2: X, 3: Y}, {2: "b", 3: "b"}).model_copy(
         update={"receiver_shards": {0: "a", 1: "b"}}
     )
     problems = transfer_problems(proof, 9)
-    assert any("rank 0 holds shard 'a', its donor rank 2 served shard 'b'" in p for p in problems), problems
+    assert any(
+        "rank 0 holds shard 'a', its donor rank 2 served shard 'b'" in p for p in problems
+    ), problems
     right = proof.model_copy(update={"donor_shards": {2: "a", 3: "b"}})
     assert transfer_problems(right, 9) == []

@@ -21,9 +21,13 @@ def test_a_rank_that_never_enters_the_collective_its_peers_wait_in_is_hung() -> 
 
 
 def test_a_rank_that_said_it_is_busy_or_is_in_its_first_step_is_late_not_hung() -> None:
-    """Rank 2 evaluates alone (`agent.busy`), or has not reached its first collective since it joined (a
-    cold start): its peers waiting long for it is no hang; silence still is."""
-    busy = [Progress(0, 10.0, 5, 6.0), Progress(1, 10.0, 5, 6.5), Progress(2, 10.0, 4, 5.0, excused=True)]
+    """Rank 2 evaluates alone (`agent.busy`), or has not reached its first collective since it
+    joined (a cold start): its peers waiting long for it is no hang; silence still is."""
+    busy = [
+        Progress(0, 10.0, 5, 6.0),
+        Progress(1, 10.0, 5, 6.5),
+        Progress(2, 10.0, 4, 5.0, excused=True),
+    ]
     assert find_hung(busy, now=10.0, timeout=2.0) == []
     stopped = [Progress(0, 10.0, 5, 6.0), Progress(2, 7.0, 4, 5.0, excused=True)]
     assert [h.slot for h in find_hung(stopped, now=10.0, timeout=2.0)] == [2]

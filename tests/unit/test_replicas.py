@@ -1,5 +1,6 @@
-"""The replicas compared while the job trains: each rank's own digest at a checked step, compared within its
-shard by the coordinator; the odd one out is silent data corruption, named, and an even split names all."""
+"""The replicas compared while the job trains: each rank's own digest at a checked step, compared
+within its shard by the coordinator; the odd one out is silent data corruption, named, and an even
+split names all."""
 
 from __future__ import annotations
 
@@ -39,14 +40,18 @@ def test_the_odd_replica_is_named_once_every_rank_reported() -> None:
     assert not found  # rank 3 has not said yet
     checks.reported(3, 10, A)
     (ev,) = found
-    assert ev.kind is FailureKind.SILENT_DATA_CORRUPTION and ev.slots == (2,) and ev.failure_domain == "n2"
+    assert (
+        ev.kind is FailureKind.SILENT_DATA_CORRUPTION
+        and ev.slots == (2,)
+        and ev.failure_domain == "n2"
+    )
     assert "after step 9" in ev.detail
 
 
 def test_the_odd_replica_stays_a_failure_while_its_process_holds_the_slot() -> None:
-    """Found while another incident still ran, the evidence waits behind it; then it is dropped only if
-    the slot's process changed meanwhile (a live process at the slot is no repair of a corrupted one: it
-    was dropped as repaired, and the corruption went on to the job's end)."""
+    """Found while another incident still ran, the evidence waits behind it; then it is dropped only
+    if the slot's process changed meanwhile (a live process at the slot is no repair of a corrupted
+    one: it was dropped as repaired, and the corruption went on to the job's end)."""
     checks, found = _checks(["s"] * 4)
     for slot, digest in ((0, A), (1, A), (2, B), (3, A)):
         checks.reported(slot, 10, digest)
@@ -97,7 +102,8 @@ def test_corruption_with_a_majority_is_disqualified_but_rebuilt_live() -> None:
     assert not c.qualifying and SDC_REASON in c.reason and "rank(s) 1" in c.reason
     assert resyncs(c)
     assert plan_recovery(c, _confirm((1,)), resync=True) is RecoveryAction.MIGRATE
-    assert plan_recovery(c, _confirm((1,))) is RecoveryAction.FALLBACK  # a history from before the patch
+    # a history from before the patch
+    assert plan_recovery(c, _confirm((1,))) is RecoveryAction.FALLBACK
 
 
 def test_corruption_of_every_replica_is_not_rebuilt_from_them() -> None:
@@ -106,7 +112,9 @@ def test_corruption_of_every_replica_is_not_rebuilt_from_them() -> None:
         checks.reported(slot, 10, digest)
     (ev,) = found
     shards = {0: "x", 1: "x", 2: "y", 3: "y"}
-    inp = ClassifyInput(evidence=(ev,), lost_slots=ev.slots, world_size=4, redundancy=2, shard_of=shards)
+    inp = ClassifyInput(
+        evidence=(ev,), lost_slots=ev.slots, world_size=4, redundancy=2, shard_of=shards
+    )
     c = classify(inp)
     assert "exceeding parallelism redundancy" in c.reason and not resyncs(c)
     assert not resyncs(unable_to_recover("no spare available"))

@@ -1,5 +1,5 @@
-"""Where a job that did not finish resumes (`job_agent.coordinator.resume`), read from real files in a job
-directory as a lost coordinator, a stopped job and a finished one leave them."""
+"""Where a job that did not finish resumes (`job_agent.coordinator.resume`), read from real files in
+a job directory as a lost coordinator, a stopped job and a finished one leave them."""
 
 from __future__ import annotations
 
@@ -64,22 +64,30 @@ def test_a_stopped_job_resumes_a_finished_one_starts_again_and_leaves_nothing_to
     job_dir = _job(tmp_path, pid=None)
     _checkpoints(job_dir, 19)
     stopped = JobResult(
-        job_id="j", status=JobState.FAILED, steps_completed=25, generation=0, error="stopped by SIGTERM"
+        job_id="j",
+        status=JobState.FAILED,
+        steps_completed=25,
+        generation=0,
+        error="stopped by SIGTERM",
     )
     (job_dir / "result.json").write_text(stopped.model_dump_json())
     resumed = resume_point(job_dir)
     assert resumed is not None and resumed.previous == "it ended failed: stopped by SIGTERM"
-    assert resumed.last_completed == -1 and resumed.checkpoint_step == 19  # no progress file: unknown
+    # no progress file: unknown
+    assert resumed.last_completed == -1 and resumed.checkpoint_step == 19
 
     finished = stopped.model_copy(update={"status": JobState.FINISHED, "error": None})
     (job_dir / "result.json").write_text(finished.model_dump_json())
     ProgressFile(job_dir).write(59)
-    assert prepare(job_dir, fresh=False) is None  # a finished job's kept checkpoints are not this run's
+    # a finished job's kept checkpoints are not this run's
+    assert prepare(job_dir, fresh=False) is None
     assert not (job_dir / "checkpoints").exists() and not (job_dir / PROGRESS).exists()
     assert not (job_dir / "result.json").exists()
 
 
-def test_fresh_discards_an_unfinished_run_and_a_running_job_is_never_touched(tmp_path: Path) -> None:
+def test_fresh_discards_an_unfinished_run_and_a_running_job_is_never_touched(
+    tmp_path: Path,
+) -> None:
     job_dir = _job(tmp_path)
     _checkpoints(job_dir, 19)
     assert prepare(job_dir, fresh=True) is None and not (job_dir / "checkpoints").exists()
@@ -98,7 +106,9 @@ def test_a_job_never_run_or_with_an_unreadable_result_has_nothing_to_resume(tmp_
     assert resume_point(job_dir) is None
 
 
-def test_the_progress_file_follows_the_ranks_high_water_atomically_and_owner_only(tmp_path: Path) -> None:
+def test_the_progress_file_follows_the_ranks_high_water_atomically_and_owner_only(
+    tmp_path: Path,
+) -> None:
     job_dir = _job(tmp_path)
     tracker = StepTracker(ProgressFile(job_dir).write)
     tracker.entered(0, 5, -1)
@@ -112,13 +122,16 @@ def test_a_lost_job_stays_listed_and_says_so(tmp_path: Path) -> None:
     _job(tmp_path)
     (job,) = registered_jobs(tmp_path)
     assert job["job_id"] == "j" and job["alive"] is False
-    (tmp_path / "jobs" / "j" / "job.json").write_text(json.dumps({"pid": 0}))  # a group, not a process
+    # a group, not a process
+    (tmp_path / "jobs" / "j" / "job.json").write_text(json.dumps({"pid": 0}))
     assert registered_jobs(tmp_path)[0]["alive"] is False
 
 
 def _rank(slot: int, sharded: bool) -> Member:
     m = Member(agent_id=f"r{slot}", role=wire.Role.RANK, slot=slot, pid=slot, node="n")
-    m.layout = wire.ShardLayout(shard=f"s{slot}", parallelism="sharded" if sharded else "data_parallel")
+    m.layout = wire.ShardLayout(
+        shard=f"s{slot}", parallelism="sharded" if sharded else "data_parallel"
+    )
     return m
 
 
@@ -152,7 +165,8 @@ def test_a_sharded_checkpoint_is_resumed_from_only_with_every_ranks_shard(tmp_pa
     d.mkdir()
     for name in ("step-00000019.pt", "step-00000019.rank-1.pt", "step-00000019.rank-2.pt"):
         (d / name).touch()
-    for name in ("step-00000039.pt", "step-00000039.rank-2.pt"):  # rank 1 lost before it saved step 39
+    # rank 1 lost before it saved step 39
+    for name in ("step-00000039.pt", "step-00000039.rank-2.pt"):
         (d / name).touch()
     assert latest_checkpoint(tmp_path) == (19, d / "step-00000019.pt")
     (d / "step-00000039.rank-1.pt").touch()

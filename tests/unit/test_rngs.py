@@ -1,6 +1,6 @@
-"""The script's own random streams as tracked state: each kind's position moves with a checkpoint (and so
-with a transfer, which flattens the same way), a stream at another position digests differently, and what
-is neither state nor a stream is refused with the fix."""
+"""The script's own random streams as tracked state: each kind's position moves with a checkpoint
+(and so with a transfer, which flattens the same way), a stream at another position digests
+differently, and what is neither state nor a stream is refused with the fix."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_a_streams_position_moves_with_the_state(kind: str, tmp_path: Path) -> N
     donor.save_checkpoint(tmp_path / "c.pt", 7)
     receiver_stream = make(2)
     receiver = _state(receiver_stream)
-    assert receiver.snapshot(7).digest() != donor.snapshot(7).digest()  # another position: other bytes
+    # another position: other bytes
+    assert receiver.snapshot(7).digest() != donor.snapshot(7).digest()
     assert receiver.load_checkpoint(tmp_path / "c.pt") == 7
     assert receiver.snapshot(7).digest() == donor.snapshot(7).digest()
     assert [draw(receiver_stream) for _ in range(3)] == [draw(donor_stream) for _ in range(3)]
@@ -89,8 +90,8 @@ def test_the_global_streams_draw_the_same_for_the_same_seed() -> None:
 
 @pytest.mark.parametrize("kind", sorted(STREAMS))
 def test_a_step_done_again_draws_what_its_failed_try_drew(kind: str) -> None:
-    """A failed try draws before its collective fails: the step done again starts from the position the
-    stream had as the step began (without the rewind it draws the next numbers)."""
+    """A failed try draws before its collective fails: the step done again starts from the position
+    the stream had as the step began (without the rewind it draws the next numbers)."""
     make, draw = STREAMS[kind]
     stream = make(3)
     state = _state(stream)

@@ -1,7 +1,7 @@
-"""The coordinator's hang, heartbeat and freeze logic in simulated time (`coordinator.clock`): the real
-watch, detector, freeze step and bounded waits, given a `SimulatedClock` that moves only when the test
-moves it. A 10 s hang timeout or a 30 s freeze timeout is checked to the tenth of a second, whatever the
-machine's load, and the test takes milliseconds."""
+"""The coordinator's hang, heartbeat and freeze logic in simulated time (`coordinator.clock`): the
+real watch, detector, freeze step and bounded waits, given a `SimulatedClock` that moves only when
+the test moves it. A 10 s hang timeout or a 30 s freeze timeout is checked to the tenth of a second,
+whatever the machine's load, and the test takes milliseconds."""
 
 from __future__ import annotations
 
@@ -65,7 +65,9 @@ class _Watched:
         self.evidence.append((self.clock.monotonic(), ev))
 
 
-async def _run_watch(job: _Watched, clock: SimulatedClock, seconds: float, beat: list[Member]) -> None:
+async def _run_watch(
+    job: _Watched, clock: SimulatedClock, seconds: float, beat: list[Member]
+) -> None:
     """The watch over `seconds` of simulated time, the ranks in `beat` heart-beating every tick."""
     task = asyncio.ensure_future(watch(cast(Any, job)))
     try:
@@ -77,7 +79,9 @@ async def _run_watch(job: _Watched, clock: SimulatedClock, seconds: float, beat:
         task.cancel()
 
 
-async def test_a_silent_rank_is_hung_just_past_the_hang_timeout_timed_from_its_last_heartbeat() -> None:
+async def test_a_silent_rank_is_hung_just_past_the_hang_timeout_timed_from_its_last_heartbeat() -> (
+    None
+):
     clock, roster = SimulatedClock(), Roster()
     r0, r1, r2 = _ranks(roster, clock, 3, step=5)
     job, silent_since = _Watched(clock, roster), clock.monotonic()
@@ -86,15 +90,18 @@ async def test_a_silent_rank_is_hung_just_past_the_hang_timeout_timed_from_its_l
     await _run_watch(job, clock, 0.5, beat=[r0, r1])
     ((at, ev),) = job.evidence
     assert (ev.kind, ev.slots) == (FailureKind.HANG, (2,)) and "no heartbeat for 10." in ev.detail
-    assert silent_since + HANG.total_seconds() < at <= silent_since + HANG.total_seconds() + 2 * TICK
-    assert ev.last_progress_at == clock.as_wall(silent_since)  # its last sign of life, not detection
+    assert (
+        silent_since + HANG.total_seconds() < at <= silent_since + HANG.total_seconds() + 2 * TICK
+    )
+    # its last sign of life, not detection
+    assert ev.last_progress_at == clock.as_wall(silent_since)
     assert r2.fenced  # reported once: confirm kills it
 
 
-async def test_a_rank_absent_from_the_collective_its_peers_wait_in_is_hung_and_a_busy_one_is_not() -> None:
-    """It still heart-beats (its own code or a kernel is stuck) but never enters the collective of step 6
-    its peers have waited in for the hang timeout. A rank that said it is busy (a rank-0-only evaluation)
-    is late, not hung."""
+async def test_a_rank_absent_from_its_peers_collective_is_hung_and_a_busy_one_is_not() -> None:
+    """It still heart-beats (its own code or a kernel is stuck) but never enters the collective of
+    step 6 its peers have waited in for the hang timeout. A rank that said it is busy (a rank-0-only
+    evaluation) is late, not hung."""
     clock = SimulatedClock()
     for busy in (False, True):
         roster = Roster()
@@ -111,12 +118,16 @@ async def test_a_rank_absent_from_the_collective_its_peers_wait_in_is_hung_and_a
             continue
         ((at, ev),) = job.evidence
         assert ev.slots == (2,) and "never came" in ev.detail
-        assert waiting_since + HANG.total_seconds() < at <= waiting_since + HANG.total_seconds() + 2 * TICK
+        assert (
+            waiting_since + HANG.total_seconds()
+            < at
+            <= waiting_since + HANG.total_seconds() + 2 * TICK
+        )
 
 
-async def test_a_process_stopped_during_a_recovery_is_killed_at_the_hang_timeout_not_the_transfers() -> None:
-    """While a recovery runs, a rank or a held spare that sends nothing at all (SIGSTOP, a wedged host) is
-    one more loss of it, killed once silent for the hang timeout."""
+async def test_a_process_stopped_in_a_recovery_is_killed_at_the_hang_timeout() -> None:
+    """While a recovery runs, a rank or a held spare that sends nothing at all (SIGSTOP, a wedged
+    host) is one more loss of it, killed once silent for the hang timeout."""
     clock, roster = SimulatedClock(), Roster()
     r0, r1, r2 = _ranks(roster, clock, 3, step=5)
     job = _Watched(clock, roster)
@@ -149,20 +160,23 @@ class _Job:
         self.evidence.append(ev)
 
 
-async def test_a_rank_that_never_freezes_is_lost_at_the_freeze_timeout_and_the_others_are_the_world() -> None:
+async def test_a_rank_that_never_freezes_is_lost_at_the_freeze_timeout() -> None:
     clock, roster = SimulatedClock(), Roster()
     ranks = _ranks(roster, clock, 4, step=6)
     ranks[3].state = MemberState.LOST  # the failure: rank 3 died
     inc = Incident("wf", lost={3})
     job = _Job(clock, roster, inc)
     steps = IncidentSteps(cast(JobControl, job), freeze_timeout=timedelta(seconds=30))
-    frozen = asyncio.ensure_future(steps.freeze(IncidentRef(workflow_id="wf", run_id="r", job_id="job")))
+    frozen = asyncio.ensure_future(
+        steps.freeze(IncidentRef(workflow_id="wf", run_id="r", job_id="job"))
+    )
     await clock.advance(0.5)
     for m in ranks[:2]:  # ranks 0 and 1 leave the failed collective; rank 2 is stuck and never does
         m.observe(wire.Frozen(completed=5), clock.monotonic(), clock.wall())
     job.changes.notify()
     await clock.advance(29.4)
-    assert not frozen.done() and inc.state is IncidentState.FREEZING  # 29.9 s: still waiting for rank 2
+    # 29.9 s: still waiting for rank 2
+    assert not frozen.done() and inc.state is IncidentState.FREEZING
     await clock.advance(0.2)
     result = await frozen
     assert (result.completed_steps, result.target_step) == ({0: 5, 1: 5}, 5)
@@ -186,7 +200,9 @@ async def test_a_bounded_wait_ends_at_its_timeout_to_the_instant_and_ticks_each_
         await wait
     assert clock.monotonic() - start == pytest.approx(5.01)
     held = [False]
-    wait = asyncio.ensure_future(changes.wait_for(lambda: held[0], timedelta(seconds=5), "a change"))
+    wait = asyncio.ensure_future(
+        changes.wait_for(lambda: held[0], timedelta(seconds=5), "a change")
+    )
     await clock.advance(2)
     held[0] = True
     changes.notify()  # a change wakes it at once, not at its next second

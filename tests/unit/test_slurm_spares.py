@@ -1,6 +1,7 @@
-"""The Slurm spare-node keeper's decisions (`workers.detectors.slurm_spares`), with Slurm's commands answered
-by a recorder: what it counts, what it submits and how it is quoted, its bound, what it cancels. The keeper
-runs end to end on the real Slurm daemons in `tests/integration/test_slurm_job.py`."""
+"""The Slurm spare-node keeper's decisions (`workers.detectors.slurm_spares`), with Slurm's commands
+answered by a recorder: what it counts, what it submits and how it is quoted, its bound, what it
+cancels. The keeper runs end to end on the real Slurm daemons in
+`tests/integration/test_slurm_job.py`."""
 
 from __future__ import annotations
 
@@ -20,15 +21,22 @@ from workers.detectors.spare_nodes import RETRY_STARTS, missing
 
 
 def _status(nodes: tuple[str, ...], idle: tuple[str, ...] = ()) -> wire.Status:
-    """A training job on `nodes`, of which `idle` (as the job says) run no rank and may take some."""
+    """A training job on `nodes`, of which `idle` (as the job says) run no rank and may take
+    some."""
     ranks = tuple(
         RankStatus(slot=i, agent=f"rank-{i}", state="training", step=5, node=n)
         for i, n in enumerate(n for n in nodes if n not in idle)
     )
     return wire.Status(
-        job_id="j", state="training", generation=0, world_size=len(ranks), ranks=ranks, spares=2,
-        nodes=nodes, idle_nodes=idle,
-    )  # fmt: skip
+        job_id="j",
+        state="training",
+        generation=0,
+        world_size=len(ranks),
+        ranks=ranks,
+        spares=2,
+        nodes=nodes,
+        idle_nodes=idle,
+    )
 
 
 def _q(state: str, node: str = "") -> Queued:
@@ -76,7 +84,8 @@ class Recorder:
 def _keeper(
     tmp_path: Path, run: Recorder, status: wire.Status, monkeypatch: pytest.MonkeyPatch
 ) -> SlurmSpares:
-    """A keeper over one registered, running job asking for one spare node; the job answers `status`."""
+    """A keeper over one registered, running job asking for one spare node; the job answers
+    `status`."""
     job_dir = tmp_path / "jobs" / "job-1"
     job_dir.mkdir(parents=True)
     info = {
@@ -92,7 +101,9 @@ def _keeper(
     monkeypatch.setattr(spare_nodes, "registered_jobs", lambda state_dir: [info])
     monkeypatch.setattr(spare_nodes, "ask", lambda info, frame, timeout: status)
     settings = SpareNodeSettings(
-        partition="spares", reservation="standby", node_command="/opt/venv/bin/python -m torchpass.cli"
+        partition="spares",
+        reservation="standby",
+        node_command="/opt/venv/bin/python -m torchpass.cli",
     )
     return SlurmSpares(tmp_path, settings, run=run)
 
@@ -104,12 +115,18 @@ def test_a_missing_spare_node_is_submitted_to_the_partition_quoted(
     keeper = _keeper(tmp_path, run, _status(("n1", "n2")), monkeypatch)
     assert keeper.keep() == ["101"]
     (sbatch,) = [c for c in run.calls if c[0] == "sbatch"]
-    assert f"--job-name={PREFIX}job-1" in sbatch and "--partition=spares" in sbatch and "--nodes=1" in sbatch
+    assert (
+        f"--job-name={PREFIX}job-1" in sbatch
+        and "--partition=spares" in sbatch
+        and "--nodes=1" in sbatch
+    )
     assert "--reservation=standby" in sbatch and "--exclusive" in sbatch
     command = sbatch[sbatch.index("--wrap") + 1]
     # The script's path and arguments reach the node agent as words, never as shell.
     words = shlex.split(
-        command.split("exec ", 1)[1].replace('"$SLURMD_NODENAME"', "N").replace('"$(hostname -i)"', "H")
+        command.split("exec ", 1)[1]
+        .replace('"$SLURMD_NODENAME"', "N")
+        .replace('"$(hostname -i)"', "H")
     )
     assert words[:3] == ["/opt/venv/bin/python", "-m", "torchpass.cli"]
     assert words[-3:] == ["/shared/train it.py", "--lr", "1e-3; rm -rf /"]
@@ -120,8 +137,8 @@ def test_a_missing_spare_node_is_submitted_to_the_partition_quoted(
 def test_submissions_are_bounded_when_spare_nodes_never_join(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each spare-node job ends at once (its agent cannot start): the queue is empty at every poll, yet
-    only 1 + RETRY_STARTS are submitted within the window."""
+    """Each spare-node job ends at once (its agent cannot start): the queue is empty at every poll,
+    yet only 1 + RETRY_STARTS are submitted within the window."""
     run = Recorder()
     keeper = _keeper(tmp_path, run, _status(("n1",)), monkeypatch)
     submitted = [s for _ in range(10) for s in keeper.keep()]
@@ -131,8 +148,8 @@ def test_submissions_are_bounded_when_spare_nodes_never_join(
 def test_a_spare_node_of_a_job_that_ended_is_cancelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The job's directory is here and its coordinator is not: its waiting spare node is cancelled; another
-    state directory's (no such job here) is left alone."""
+    """The job's directory is here and its coordinator is not: its waiting spare node is cancelled;
+    another state directory's (no such job here) is left alone."""
     sep = "\x1f"
     rows = [("55", f"{PREFIX}ended", "PENDING", ""), ("56", f"{PREFIX}elsewhere", "PENDING", "")]
     rows.append(("57", "other", "RUNNING", "x"))
@@ -148,7 +165,9 @@ def test_a_queue_it_cannot_read_keeps_nothing_and_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken(argv: Sequence[str]) -> str:
-        raise SlurmError("squeue: exit 1: slurm_load_jobs error: Unable to contact slurm controller")
+        raise SlurmError(
+            "squeue: exit 1: slurm_load_jobs error: Unable to contact slurm controller"
+        )
 
     assert SlurmSpares(tmp_path, SpareNodeSettings(partition="p"), run=broken).keep() == []
     assert "could not be read" in caplog.text

@@ -1,5 +1,6 @@
 """State flattening, digests and the authenticated transfer, point to point and striped over several
-donors, with real tensors and sockets (the donors that fail are real sockets speaking the real protocol)."""
+donors, with real tensors and sockets (the donors that fail are real sockets speaking the real
+protocol)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ WAIT = timedelta(seconds=10)
 
 def _trained(seed: int, width: int = 32) -> TrackedState:
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
     for _ in range(3):
@@ -34,7 +37,9 @@ def _trained(seed: int, width: int = 32) -> TrackedState:
 
 def _fresh(seed: int, width: int = 32) -> TrackedState:
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     state = TrackedState(model, opt, {"sched": torch.optim.lr_scheduler.StepLR(opt, step_size=2)})
     state.warm()
@@ -91,7 +96,8 @@ def test_one_donor_serves_several_receivers() -> None:
     donor = _trained(0)
     server, out = _serve(donor, 9, receivers=2)
     digests = [
-        receive_state(_fresh(s), _at(server.port), SECRET, timedelta(seconds=10)).digest for s in (1, 2)
+        receive_state(_fresh(s), _at(server.port), SECRET, timedelta(seconds=10)).digest
+        for s in (1, 2)
     ]
     out["thread"].join(10)
     assert digests == [out["digest"]] * 2
@@ -131,7 +137,8 @@ def test_replicas_report_the_same_shard_and_other_layouts_another() -> None:
 
 
 def test_a_sharded_parameter_is_a_shard_of_its_own(tmp_path) -> None:
-    """A DTensor sharded over a (one-rank) mesh: reported as sharded, keyed by its placement and place."""
+    """A DTensor sharded over a (one-rank) mesh: reported as sharded, keyed by its placement and
+    place."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -142,7 +149,9 @@ def test_a_sharded_parameter_is_a_shard_of_its_own(tmp_path) -> None:
         mesh = init_device_mesh("cpu", (1,))
         model = torch.nn.Linear(4, 4)
         plain = TrackedState(model).layout()
-        model.weight = torch.nn.Parameter(distribute_tensor(model.weight.detach(), mesh, [Shard(0)]))
+        model.weight = torch.nn.Parameter(
+            distribute_tensor(model.weight.detach(), mesh, [Shard(0)])
+        )
         sharded = TrackedState(model).layout()
     finally:
         dist.destroy_process_group()
@@ -150,8 +159,8 @@ def test_a_sharded_parameter_is_a_shard_of_its_own(tmp_path) -> None:
 
 
 def test_strays_before_the_receiver_are_skipped_and_the_transfer_goes_on() -> None:
-    """A connect-then-close, six garbage bytes and a silent connection reach the donor first; each is
-    dropped (the silent one after AUTH_TIMEOUT) and the real receiver still gets the state."""
+    """A connect-then-close, six garbage bytes and a silent connection reach the donor first; each
+    is dropped (the silent one after AUTH_TIMEOUT) and the real receiver still gets the state."""
     import socket
 
     from job_agent.transfer.donor import AUTH_TIMEOUT
@@ -180,8 +189,8 @@ def test_strays_before_the_receiver_are_skipped_and_the_transfer_goes_on() -> No
 
 
 def test_each_rank_of_a_sharded_job_keeps_its_own_shard_files_rotated(tmp_path) -> None:
-    """Rank 0's file is the checkpoint's name; every other rank's shard is beside it, and each rank keeps
-    its own latest `keep` (one rank's files never push another's out)."""
+    """Rank 0's file is the checkpoint's name; every other rank's shard is beside it, and each rank
+    keeps its own latest `keep` (one rank's files never push another's out)."""
     a = _trained(0)
     for step in (19, 39, 59):
         for slot in (0, 1, 2):
@@ -202,8 +211,9 @@ def test_each_rank_of_a_sharded_job_keeps_its_own_shard_files_rotated(tmp_path) 
 
 
 def test_a_sharded_state_moves_as_its_local_shards_and_loads_back_as_dtensors(tmp_path) -> None:
-    """FSDP2 on a one-rank mesh: the snapshot holds each DTensor's local tensor (the same memory, so a
-    receiver takes it in place), and a checkpoint loads back into the DTensors, optimizer state included."""
+    """FSDP2 on a one-rank mesh: the snapshot holds each DTensor's local tensor (the same memory, so
+    a receiver takes it in place), and a checkpoint loads back into the DTensors, optimizer state
+    included."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -227,13 +237,19 @@ def test_a_sharded_state_moves_as_its_local_shards_and_loads_back_as_dtensors(tm
         snap = a.snapshot(5)
         assert snap.tensors and not any(isinstance(t, DTensor) for _, t in snap.tensors)
         weight: Any = next(p for p in a.model.parameters())
-        assert any(t.data_ptr() == weight._local_tensor.data_ptr() for _, t in snap.tensors)  # no copy
+        # no copy
+        assert any(t.data_ptr() == weight._local_tensor.data_ptr() for _, t in snap.tensors)
         a.save_checkpoint(tmp_path / "c.pt", 5)
         assert b.snapshot(5).digest() != snap.digest()
         assert b.load_checkpoint(tmp_path / "c.pt") == 5
         assert b.snapshot(5).digest() == snap.digest()
         assert all(isinstance(p, DTensor) for p in b.model.parameters())
         assert b.optimizer is not None
-        assert all(isinstance(v, DTensor) for s in b.optimizer.state.values() for v in s.values() if v.dim())
+        assert all(
+            isinstance(v, DTensor)
+            for s in b.optimizer.state.values()
+            for v in s.values()
+            if v.dim()
+        )
     finally:
         dist.destroy_process_group()

@@ -1,6 +1,6 @@
-"""The job's rendezvous store (`job_agent.rank.store`): what each generation's process group forms through,
-served only to peers that prove the job's secret. Real sockets and the real protocol; the groups themselves
-form over it in every integration test (real gloo ranks)."""
+"""The job's rendezvous store (`job_agent.rank.store`): what each generation's process group forms
+through, served only to peers that prove the job's secret. Real sockets and the real protocol; the
+groups themselves form over it in every integration test (real gloo ranks)."""
 
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def test_old_generations_keys_are_dropped(server: StoreServer) -> None:
 def test_a_rank_waiting_in_an_abandoned_generation_gives_up_at_once(
     server: StoreServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A rank lost as a recovery's group forms leaves the others polling for its keys; the coordinator
-    abandons that generation and they stop now, not at the store's timeout (60 s in a job, which once
-    cost the whole world), while the next generation forms as usual."""
+    """A rank lost as a recovery's group forms leaves the others polling for its keys; the
+    coordinator abandons that generation and they stop now, not at the store's timeout (60 s in a
+    job, which once cost the whole world), while the next generation forms as usual."""
     client = RendezvousStore("127.0.0.1", server.port, SECRET, timedelta(seconds=60))
     failed: list[BaseException] = []
     checks: list[list[str]] = []
@@ -93,7 +93,8 @@ def test_a_rank_waiting_in_an_abandoned_generation_gives_up_at_once(
     server.abandon("gen", 3)
     waiter.join(timeout=5)
     assert not waiter.is_alive()
-    # The abandon's own error, not the store's timeout ("timed out after 60 s waiting for store keys").
+    # The abandon's own error, not the store's timeout ("timed out after 60 s waiting for store
+    # keys").
     assert "generation 3 was abandoned" in str(failed[0])
     with pytest.raises(dist.DistStoreError, match="abandoned"):
         client.set("gen3/late", b"x")
@@ -103,15 +104,17 @@ def test_a_rank_waiting_in_an_abandoned_generation_gives_up_at_once(
 
 
 def test_a_peer_without_the_secret_reads_and_writes_nothing(server: StoreServer) -> None:
-    """The threat: torch's TCPStore, which the coordinator ran before, serves any client. Here a peer with
-    the wrong secret is refused at the handshake, one that skips it (torch's own TCPStore client, raw
-    frames, garbage) is dropped, and the store still serves the job."""
+    """The threat: torch's TCPStore, which the coordinator ran before, serves any client. Here a
+    peer with the wrong secret is refused at the handshake, one that skips it (torch's own TCPStore
+    client, raw frames, garbage) is dropped, and the store still serves the job."""
     owner = RendezvousStore("127.0.0.1", server.port, SECRET, WAIT)
     owner.set("gen0/0", b"the real address")
     with pytest.raises((protocol.AuthError, ConnectionError)):
         RendezvousStore("127.0.0.1", server.port, b"w" * 32, WAIT)
     with pytest.raises((dist.DistStoreError, RuntimeError)):
-        intruder = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=1))
+        intruder = dist.TCPStore(
+            "127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=1)
+        )
         intruder.set("gen0/0", "an attacker's address")
     with socket.create_connection(("127.0.0.1", server.port)) as raw:  # a frame, no handshake
         body = StoreRequest(op="set", keys=("gen0/0",), value="QQ==").model_dump_json().encode()

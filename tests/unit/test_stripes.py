@@ -1,8 +1,8 @@
 """The striped transfer: a receiver takes disjoint slices of the state from several donors at once.
 
-Real tensors, real sockets, the real protocol. The donors that serve are `StateServer`s; the ones that
-misbehave (die mid-slice, stall, have a slice altered on the way) are real sockets speaking the same
-protocol through `job_agent.wire.protocol`, each failing in one way a real donor or link does.
+Real tensors, real sockets, the real protocol. The donors that serve are `StateServer`s; the ones
+that misbehave (die mid-slice, stall, have a slice altered on the way) are real sockets speaking the
+same protocol through `job_agent.wire.protocol`, each failing in one way a real donor or link does.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ class _Servers:
         return server.port
 
     def faulty(self, state: TrackedState, fault: str) -> int:
-        """A donor holding `state` that fails its slice: "die" half-way, "stall" after the header, or
-        "flip" (one byte of the slice altered after the donor hashed it: what a bad link or NIC does)."""
+        """A donor holding `state` that fails its slice: "die" half-way, "stall" after the header,
+        or "flip" (one byte of the slice altered after the donor hashed it: what a bad link or NIC
+        does)."""
         listener = socket.create_server(("127.0.0.1", 0))
         snap = state.snapshot(STEP)
 
@@ -80,7 +81,8 @@ class _Servers:
                 altered[len(data) // 3] ^= 0x01
                 conn.sendall(bytes(altered))
                 send_frame(
-                    conn, wire.StateEnd(digest=snap.digest(), slice_digest=state_hash(data).hexdigest())
+                    conn,
+                    wire.StateEnd(digest=snap.digest(), slice_digest=state_hash(data).hexdigest()),
                 )
                 with contextlib.suppress(OSError, ProtocolError):
                     recv_frame(conn)  # the receiver drops this donor: its session just ends
@@ -130,14 +132,17 @@ def _proof(stats: Any, donor: TrackedState) -> TransferProof:
     )
 
 
-def test_three_donors_each_send_one_slice_and_the_state_is_theirs_bit_for_bit(servers: _Servers) -> None:
+def test_three_donors_each_send_one_slice_and_the_state_is_theirs_bit_for_bit(
+    servers: _Servers,
+) -> None:
     donor = _trained(0, width=64)
     ports = [servers.real(donor) for _ in range(3)]
     spare = _fresh(1, width=64)
     stats = receiver.receive_state(spare, _at(*ports), SECRET, WAIT)
     servers.join()
     assert (
-        stats.step == STEP and stats.digest == donor.snapshot(STEP).digest() == spare.snapshot(STEP).digest()
+        stats.step == STEP
+        and stats.digest == donor.snapshot(STEP).digest() == spare.snapshot(STEP).digest()
     )
     assert [s.donor for s in stats.stripes] == [0, 1, 2] and stats.dropped == ()
     assert stats.stripes[0].start == 0 and stats.stripes[-1].stop == stats.nbytes
@@ -156,11 +161,14 @@ def test_a_donor_failing_its_slice_is_dropped_and_another_sends_it(
     stats = receiver.receive_state(spare, _at(*ports), SECRET, WAIT)
     assert stats.digest == donor.snapshot(STEP).digest() == spare.snapshot(STEP).digest()
     assert stats.dropped == (1,)
-    assert len(stats.stripes) == 3 and 1 not in {s.donor for s in stats.stripes}  # slice 1 came from 0 or 2
+    # slice 1 came from 0 or 2
+    assert len(stats.stripes) == 3 and 1 not in {s.donor for s in stats.stripes}
     assert stripe_problems(_proof(stats, donor), _proof(stats, donor).receivers[0]) == []
 
 
-def test_a_slice_no_donor_can_send_fails_the_transfer_and_nothing_is_installed(servers: _Servers) -> None:
+def test_a_slice_no_donor_can_send_fails_the_transfer_and_nothing_is_installed(
+    servers: _Servers,
+) -> None:
     donor = _trained(0, width=64)
     ports = [servers.faulty(donor, "die"), servers.faulty(donor, "flip")]
     spare = _fresh(1, width=64)
@@ -177,7 +185,8 @@ def test_replicas_that_differ_are_never_mixed(servers: _Servers) -> None:
 
 
 def test_two_receivers_take_slices_of_the_same_donors_at_once(servers: _Servers) -> None:
-    """Each donor serves both receivers concurrently: one waiting on the other can never deadlock."""
+    """Each donor serves both receivers concurrently: one waiting on the other can never
+    deadlock."""
     donor = _trained(0, width=64)
     ports = [servers.real(donor, receivers=2) for _ in range(2)]
     got: dict[int, str] = {}

@@ -1,6 +1,6 @@
-"""The stub Kubernetes API server (tests/kube/stub_apiserver.py) answers the real ``kubernetes`` client
-and the real ``kubectl`` as a kube-apiserver would, for the calls torchpass's detectors and deploy files
-make."""
+"""The stub Kubernetes API server (tests/kube/stub_apiserver.py) answers the real ``kubernetes``
+client and the real ``kubectl`` as a kube-apiserver would, for the calls torchpass's detectors and
+deploy files make."""
 
 from __future__ import annotations
 
@@ -24,8 +24,13 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 def node(name: str, **labels: str) -> dict[str, Any]:
     ready = {"type": "Ready", "status": "True"}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "spec": {}, "status": {"conditions": [ready]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {"conditions": [ready]},
+    }
 
 
 def pod(
@@ -33,10 +38,21 @@ def pod(
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if owner:
-        ref = {"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1], "uid": f"uid-{owner[1]}"}
+        ref = {
+            "apiVersion": "apps/v1",
+            "kind": owner[0],
+            "name": owner[1],
+            "uid": f"uid-{owner[1]}",
+        }
         meta["ownerReferences"] = [{**ref, "controller": True}]
     spec = {"nodeName": node_name, "containers": [{"name": "main", "image": "busybox"}]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": {"phase": "Running"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {"phase": "Running"},
+    }
 
 
 def reason(error: pytest.ExceptionInfo[ApiException]) -> str:
@@ -52,11 +68,13 @@ def server() -> Iterator[StubApiServer]:
 
 @pytest.fixture
 def v1(server: StubApiServer, tmp_path: Path) -> Iterator[Any]:
-    """The real client (a CoreV1Api, typed Any here: its models make every field Optional), configured by
-    ``load_kube_config`` from the stub's kubeconfig."""
+    """The real client (a CoreV1Api, typed Any here: its models make every field Optional),
+    configured by ``load_kube_config`` from the stub's kubeconfig."""
     configuration = client.Configuration()
-    config.load_kube_config(config_file=str(server.kubeconfig(tmp_path / "kubeconfig")),
-                            client_configuration=configuration)  # fmt: skip
+    config.load_kube_config(
+        config_file=str(server.kubeconfig(tmp_path / "kubeconfig")),
+        client_configuration=configuration,
+    )
     with client.ApiClient(configuration) as api:
         yield client.CoreV1Api(api)
 
@@ -69,7 +87,14 @@ def kubectl(server: StubApiServer, tmp_path: Path) -> Kubectl:
     kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp_path / "cache"), *args]
+        argv = [
+            "kubectl",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            *args,
+        ]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stdout}\n{result.stderr}"
         return result
@@ -78,12 +103,16 @@ def kubectl(server: StubApiServer, tmp_path: Path) -> Kubectl:
 
 
 def test_client_lists_gets_and_patches_nodes(server: StubApiServer, v1: Any) -> None:
-    """The real client lists nodes by label selector, reads one, patches its labels and status (status only
-    through /status, as on a cluster), and a patch that changes nothing keeps the resourceVersion."""
+    """The real client lists nodes by label selector, reads one, patches its labels and status
+    (status only through /status, as on a cluster), and a patch that changes nothing keeps the
+    resourceVersion."""
     server.add(node("gpu-1", pool="gpu", zone="a"))
     server.add(node("gpu-2", pool="gpu", zone="b"))
     server.add(node("cpu-1", pool="cpu"))
-    names = lambda sel: [n.metadata.name for n in v1.list_node(label_selector=sel).items]  # noqa: E731
+
+    def names(sel: str) -> list[str]:
+        return [n.metadata.name for n in v1.list_node(label_selector=sel).items]
+
     assert names("pool=gpu") == ["gpu-1", "gpu-2"]
     assert names("pool=gpu,zone!=a") == ["gpu-2"]
     assert names("zone in (a,b)") == ["gpu-1", "gpu-2"]
@@ -94,15 +123,18 @@ def test_client_lists_gets_and_patches_nodes(server: StubApiServer, v1: Any) -> 
     assert int(listed.metadata.resource_version) >= int(listed.items[0].metadata.resource_version)
     before = v1.read_node("gpu-1")
     assert before.status.conditions[0].type == "Ready"
-    after = v1.patch_node("gpu-1", {"metadata": {"labels": {"torchpass/suspect": "true", "zone": None}}})
+    after = v1.patch_node(
+        "gpu-1", {"metadata": {"labels": {"torchpass/suspect": "true", "zone": None}}}
+    )
     assert after.metadata.labels == {"pool": "gpu", "torchpass/suspect": "true"}
     assert int(after.metadata.resource_version) > int(before.metadata.resource_version)
-    assert v1.patch_node("gpu-1", {"metadata": {"labels": {"pool": "gpu"}}}).metadata.resource_version == (
-        after.metadata.resource_version
-    )
+    assert v1.patch_node(
+        "gpu-1", {"metadata": {"labels": {"pool": "gpu"}}}
+    ).metadata.resource_version == (after.metadata.resource_version)
 
     down = {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
-    assert v1.patch_node("gpu-1", down).status.conditions[0].status == "True"  # ignored, as on a cluster
+    # ignored, as on a cluster
+    assert v1.patch_node("gpu-1", down).status.conditions[0].status == "True"
     assert v1.patch_node_status("gpu-1", down).status.conditions[0].status == "False"
     with pytest.raises(ApiException) as missing:
         v1.read_node("nope")
@@ -111,8 +143,9 @@ def test_client_lists_gets_and_patches_nodes(server: StubApiServer, v1: Any) -> 
 
 
 def test_client_field_selectors_and_patch_kinds(server: StubApiServer, v1: Any) -> None:
-    """The real client: field selectors on the fields a cluster supports (others are a 400), JSON patch
-    (RFC 6902) and merge patch, and a replace with a stale resourceVersion is a 409 Conflict."""
+    """The real client: field selectors on the fields a cluster supports (others are a 400), JSON
+    patch (RFC 6902) and merge patch, and a replace with a stale resourceVersion is a 409
+    Conflict."""
     server.add(node("n1"))
     server.add(pod("a", "n1"))
     server.add({**pod("b", "n2", namespace="kube-system"), "status": {"phase": "Succeeded"}})
@@ -120,20 +153,30 @@ def test_client_field_selectors_and_patch_kinds(server: StubApiServer, v1: Any) 
     assert names(v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1")) == ["a"]
     assert names(v1.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded")) == ["a"]
     assert names(v1.list_namespaced_pod("kube-system", field_selector="metadata.name=b")) == ["b"]
-    assert names(v1.list_pod_for_all_namespaces(field_selector="metadata.namespace=default")) == ["a"]
+    assert names(v1.list_pod_for_all_namespaces(field_selector="metadata.namespace=default")) == [
+        "a"
+    ]
     with pytest.raises(ApiException) as unsupported:
         v1.list_pod_for_all_namespaces(field_selector="spec.priority=1")
     assert unsupported.value.status == 400
 
-    ops = [{"op": "add", "path": "/spec/taints", "value": [{"key": "gpu-xid", "effect": "NoSchedule"}]},
-           {"op": "add", "path": "/metadata/labels", "value": {"a/b": "1"}},
-           {"op": "replace", "path": "/metadata/labels/a~1b", "value": "2"}]  # fmt: skip
+    ops = [
+        {
+            "op": "add",
+            "path": "/spec/taints",
+            "value": [{"key": "gpu-xid", "effect": "NoSchedule"}],
+        },
+        {"op": "add", "path": "/metadata/labels", "value": {"a/b": "1"}},
+        {"op": "replace", "path": "/metadata/labels/a~1b", "value": "2"},
+    ]
     patched = v1.patch_node("n1", ops)
     assert patched.spec.taints[0].key == "gpu-xid" and patched.metadata.labels == {"a/b": "2"}
     with pytest.raises(ApiException) as failed:
         v1.patch_node("n1", [{"op": "test", "path": "/metadata/labels/a~1b", "value": "1"}])
     assert failed.value.status == 422
-    merged = v1.patch_node("n1", {"metadata": {"labels": None}}, _content_type="application/merge-patch+json")
+    merged = v1.patch_node(
+        "n1", {"metadata": {"labels": None}}, _content_type="application/merge-patch+json"
+    )
     assert merged.metadata.labels is None
 
     stale = v1.read_node("n1")
@@ -145,8 +188,9 @@ def test_client_field_selectors_and_patch_kinds(server: StubApiServer, v1: Any) 
 
 
 def test_client_creates_evicts_and_deletes_pods(server: StubApiServer, v1: Any) -> None:
-    """The real client creates pods (409 AlreadyExists on a taken name; generateName; 404 in a namespace
-    that does not exist), evicts one through policy/v1 Eviction and deletes another: both are gone."""
+    """The real client creates pods (409 AlreadyExists on a taken name; generateName; 404 in a
+    namespace that does not exist), evicts one through policy/v1 Eviction and deletes another: both
+    are gone."""
     body = {
         "metadata": {"name": "w0"},
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]},
@@ -172,7 +216,8 @@ def test_client_creates_evicts_and_deletes_pods(server: StubApiServer, v1: Any) 
     }
     v1.create_namespaced_pod_eviction("w0", "default", eviction)
     assert (
-        v1.delete_namespaced_pod(generated.metadata.name, "default").metadata.name == generated.metadata.name
+        v1.delete_namespaced_pod(generated.metadata.name, "default").metadata.name
+        == generated.metadata.name
     )
     assert server.objects("pods") == []
     with pytest.raises(ApiException) as gone:
@@ -181,8 +226,9 @@ def test_client_creates_evicts_and_deletes_pods(server: StubApiServer, v1: Any) 
 
 
 def test_watch_sees_added_modified_deleted(server: StubApiServer, v1: Any) -> None:
-    """``Watch().stream(v1.list_node, resource_version=rv)`` of the real client replays what came after rv
-    and then sees changes live: ADDED, MODIFIED (a Ready condition flipped, a cordon), DELETED."""
+    """``Watch().stream(v1.list_node, resource_version=rv)`` of the real client replays what came
+    after rv and then sees changes live: ADDED, MODIFIED (a Ready condition flipped, a cordon),
+    DELETED."""
     rv = v1.list_node().metadata.resource_version
     server.add(node("n1"))  # before the watch: replayed from rv
     seen = []
@@ -199,13 +245,20 @@ def test_watch_sees_added_modified_deleted(server: StubApiServer, v1: Any) -> No
             server.remove("nodes", "n1")
         else:
             w.stop()
-    assert seen == [("ADDED", "n1", "True", None), ("MODIFIED", "n1", "False", None),
-                    ("MODIFIED", "n1", "False", True), ("DELETED", "n1", "False", True)]  # fmt: skip
+    assert seen == [
+        ("ADDED", "n1", "True", None),
+        ("MODIFIED", "n1", "False", None),
+        ("MODIFIED", "n1", "False", True),
+        ("DELETED", "n1", "False", True),
+    ]
 
 
-def test_watch_with_a_selector_sees_objects_enter_and_leave_it(server: StubApiServer, v1: Any) -> None:
-    """A watch with a label selector, as on a cluster: a node relabelled out of the selector is DELETED to
-    the watcher, back into it ADDED; without a resourceVersion the watch starts with the current objects."""
+def test_watch_with_a_selector_sees_objects_enter_and_leave_it(
+    server: StubApiServer, v1: Any
+) -> None:
+    """A watch with a label selector, as on a cluster: a node relabelled out of the selector is
+    DELETED to the watcher, back into it ADDED; without a resourceVersion the watch starts with the
+    current objects."""
     server.add(node("n1", pool="gpu"))
     server.add(node("n2", pool="cpu"))
     seen = []
@@ -222,9 +275,9 @@ def test_watch_with_a_selector_sees_objects_enter_and_leave_it(server: StubApiSe
 
 
 def test_watch_from_a_compacted_resource_version_is_410(server: StubApiServer, v1: Any) -> None:
-    """After ``compact()`` a watch from an older resourceVersion gets the real server's ERROR event (Status
-    410 Expired): with ``timeout_seconds`` the real client raises ApiException 410; a re-list gives a
-    resourceVersion to watch from again."""
+    """After ``compact()`` a watch from an older resourceVersion gets the real server's ERROR event
+    (Status 410 Expired): with ``timeout_seconds`` the real client raises ApiException 410; a
+    re-list gives a resourceVersion to watch from again."""
     old = v1.list_node().metadata.resource_version
     server.add(node("n1"))
     server.compact()
@@ -245,16 +298,21 @@ def test_watch_from_a_compacted_resource_version_is_410(server: StubApiServer, v
 
 
 def test_bookmarks_and_a_closed_watch_resumes(server: StubApiServer, v1: Any) -> None:
-    """The real client's watch allowing bookmarks gets BOOKMARK events (kind, apiVersion, resourceVersion
-    only); when the server ends the stream (``close_watches``) the client, given no timeout_seconds, watches
-    again from the last resourceVersion it saw and misses nothing; a watch ends at its timeoutSeconds."""
+    """The real client's watch allowing bookmarks gets BOOKMARK events (kind, apiVersion,
+    resourceVersion only); when the server ends the stream (``close_watches``) the client, given no
+    timeout_seconds, watches again from the last resourceVersion it saw and misses nothing; a watch
+    ends at its timeoutSeconds."""
     rv = v1.list_node().metadata.resource_version
     server.add(node("n1"))
     seen: list[tuple[str, str]] = []
     w = watch.Watch()
-    for event in w.stream(v1.list_node, resource_version=rv, allow_watch_bookmarks=True, _request_timeout=20):
+    for event in w.stream(
+        v1.list_node, resource_version=rv, allow_watch_bookmarks=True, _request_timeout=20
+    ):
         raw = event["raw_object"]
-        seen.append((event["type"], raw["metadata"].get("name", raw["metadata"]["resourceVersion"])))
+        seen.append(
+            (event["type"], raw["metadata"].get("name", raw["metadata"]["resourceVersion"]))
+        )
         if event["type"] == "ADDED" and raw["metadata"]["name"] == "n1":
             server.send_bookmarks()
         elif event["type"] == "BOOKMARK":
@@ -263,19 +321,26 @@ def test_bookmarks_and_a_closed_watch_resumes(server: StubApiServer, v1: Any) ->
             server.add(node("n2"))
         else:
             w.stop()
-    assert seen == [("ADDED", "n1"), ("BOOKMARK", server.get("nodes", "n1")["metadata"]["resourceVersion"]),
-                    ("ADDED", "n2")]  # fmt: skip
+    assert seen == [
+        ("ADDED", "n1"),
+        ("BOOKMARK", server.get("nodes", "n1")["metadata"]["resourceVersion"]),
+        ("ADDED", "n2"),
+    ]
     assert [c.verb for c in server.requests].count("watch") == 2
 
     assert (
-        list(watch.Watch().stream(v1.list_node, resource_version=server.resource_version, timeout_seconds=1))
+        list(
+            watch.Watch().stream(
+                v1.list_node, resource_version=server.resource_version, timeout_seconds=1
+            )
+        )
         == []
     )
 
 
 def test_request_log_records_rbac_verbs(server: StubApiServer, v1: Any, tmp_path: Path) -> None:
-    """Every resource call the real client makes is logged as the RBAC verb, group, resource, subresource and
-    namespace a Role must allow; discovery is not logged."""
+    """Every resource call the real client makes is logged as the RBAC verb, group, resource,
+    subresource and namespace a Role must allow; discovery is not logged."""
     server.add(node("n1"))
     server.add(pod("p1", "n1"))
     server.add(pod("p2", "n1"))
@@ -287,7 +352,9 @@ def test_request_log_records_rbac_verbs(server: StubApiServer, v1: Any, tmp_path
     v1.replace_node("n1", v1.read_node("n1"))
     list(
         watch.Watch().stream(
-            v1.list_pod_for_all_namespaces, resource_version=server.resource_version, timeout_seconds=1
+            v1.list_pod_for_all_namespaces,
+            resource_version=server.resource_version,
+            timeout_seconds=1,
         )
     )
     v1.create_namespaced_pod_eviction("p1", "default", {"metadata": {"name": "p1"}})
@@ -314,14 +381,17 @@ def test_request_log_records_rbac_verbs(server: StubApiServer, v1: Any, tmp_path
 
 def test_kubectl_cordon_uncordon_and_get_nodes(server: StubApiServer, kubectl: Kubectl) -> None:
     """Real ``kubectl cordon`` sets spec.unschedulable and (as a cluster's node controller does) the
-    unschedulable NoSchedule taint; ``kubectl uncordon`` takes both away; ``kubectl get nodes -o json``."""
+    unschedulable NoSchedule taint; ``kubectl uncordon`` takes both away; ``kubectl get nodes -o
+    json``."""
     server.add(node("n1"))
     kubectl("cordon", "n1")
     spec = server.get("nodes", "n1")["spec"]
     assert spec["unschedulable"] is True
     assert spec["taints"] == [{"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}]
     listed = json.loads(kubectl("get", "nodes", "-o", "json").stdout)
-    assert [(n["metadata"]["name"], n["spec"]["unschedulable"]) for n in listed["items"]] == [("n1", True)]
+    assert [(n["metadata"]["name"], n["spec"]["unschedulable"]) for n in listed["items"]] == [
+        ("n1", True)
+    ]
     kubectl("uncordon", "n1")
     assert server.get("nodes", "n1")["spec"] == {}
     assert [c.verb for c in server.requests if c.resource == "nodes"] == [
@@ -334,7 +404,8 @@ def test_kubectl_cordon_uncordon_and_get_nodes(server: StubApiServer, kubectl: K
 
 
 def test_kubectl_delete_pod(server: StubApiServer, kubectl: Kubectl) -> None:
-    """Real ``kubectl delete pod -n NS P`` deletes the pod (and its wait for the deletion returns)."""
+    """Real ``kubectl delete pod -n NS P`` deletes the pod (and its wait for the deletion
+    returns)."""
     server.add(pod("p1", "n1", namespace="kube-system"))
     assert "deleted" in kubectl("delete", "pod", "-n", "kube-system", "p1").stdout
     assert server.objects("pods") == []
@@ -342,9 +413,10 @@ def test_kubectl_delete_pod(server: StubApiServer, kubectl: Kubectl) -> None:
 
 
 def test_kubectl_drain_evicts_the_nodes_pods(server: StubApiServer, kubectl: Kubectl) -> None:
-    """Real ``kubectl drain --ignore-daemonsets --force --delete-emptydir-data`` cordons the node, lists its
-    pods by field selector, checks the DaemonSet of a DaemonSet pod, evicts the others (found in discovery as
-    pods/eviction) and waits for them to go; pods of the DaemonSet and of other nodes stay."""
+    """Real ``kubectl drain --ignore-daemonsets --force --delete-emptydir-data`` cordons the node,
+    lists its pods by field selector, checks the DaemonSet of a DaemonSet pod, evicts the others
+    (found in discovery as pods/eviction) and waits for them to go; pods of the DaemonSet and of
+    other nodes stay."""
     server.add(node("n1"))
     server.add(node("n2"))
     server.add(
@@ -360,7 +432,9 @@ def test_kubectl_drain_evicts_the_nodes_pods(server: StubApiServer, kubectl: Kub
     server.add(scratch)
     server.add(pod("bare", "n1"))
     server.add(pod("other", "n2"))
-    kubectl("drain", "n1", "--ignore-daemonsets", "--force", "--delete-emptydir-data", "--timeout=20s")
+    kubectl(
+        "drain", "n1", "--ignore-daemonsets", "--force", "--delete-emptydir-data", "--timeout=20s"
+    )
     assert [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in server.objects("pods")] == [
         ("other", "n2"),
         ("det-1", "n1"),
@@ -430,22 +504,33 @@ spec:
 """
 
 
-def test_kubectl_apply_creates_then_patches(server: StubApiServer, kubectl: Kubectl, tmp_path: Path) -> None:
-    """Real ``kubectl apply --validate=false -f`` (the stub serves no OpenAPI) of a multi-document manifest
-    creates every object (get, then create); applying it again succeeds, and a changed manifest is patched
-    (strategic merge: the changed container keeps its ports)."""
+def test_kubectl_apply_creates_then_patches(
+    server: StubApiServer, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """Real ``kubectl apply --validate=false -f`` (the stub serves no OpenAPI) of a multi-document
+    manifest creates every object (get, then create); applying it again succeeds, and a changed
+    manifest is patched (strategic merge: the changed container keeps its ports)."""
     manifest = tmp_path / "deploy.yaml"
     manifest.write_text(MANIFEST)
     created = kubectl("apply", "--validate=false", "-f", str(manifest)).stdout
     assert created.count(" created") == 8
     assert server.get("namespaces", "torchpass")["status"] == {"phase": "Active"}
     assert server.get("serviceaccounts", "detector", "torchpass")["metadata"]["uid"]
-    assert server.get("clusterroles", "torchpass-detector")["rules"][0]["verbs"] == ["get", "list", "watch"]
-    assert server.get("clusterrolebindings", "torchpass-detector")["subjects"][0]["name"] == "detector"
+    assert server.get("clusterroles", "torchpass-detector")["rules"][0]["verbs"] == [
+        "get",
+        "list",
+        "watch",
+    ]
+    assert (
+        server.get("clusterrolebindings", "torchpass-detector")["subjects"][0]["name"] == "detector"
+    )
     assert server.get("configmaps", "settings", "torchpass")["data"] == {"interval": "5"}
-    assert server.get("secrets", "token", "torchpass")["data"] == {"token": "YWJj"}  # stringData, as stored
+    # stringData, as stored
+    assert server.get("secrets", "token", "torchpass")["data"] == {"token": "YWJj"}
     assert server.get("deployments", "control", "torchpass")["spec"]["replicas"] == 1
-    assert server.get("daemonsets", "detector", "torchpass")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert server.get("daemonsets", "detector", "torchpass")["spec"]["template"]["spec"][
+        "serviceAccountName"
+    ]
     assert Call("create", "apps", "daemonsets", "", "torchpass") in server.requests
 
     kubectl("apply", "--validate=false", "-f", str(manifest))
@@ -456,7 +541,13 @@ def test_kubectl_apply_creates_then_patches(server: StubApiServer, kubectl: Kube
     applied = kubectl("apply", "--validate=false", "-f", str(manifest)).stdout
     assert "configmap/settings configured" in applied and "namespace/torchpass unchanged" in applied
     assert server.get("configmaps", "settings", "torchpass")["data"] == {"interval": "10"}
-    container = server.get("deployments", "control", "torchpass")["spec"]["template"]["spec"]["containers"][0]
-    assert container == {"name": "control", "image": "torchpass:2", "ports": [{"containerPort": 8080}]}
+    container = server.get("deployments", "control", "torchpass")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container == {
+        "name": "control",
+        "image": "torchpass:2",
+        "ports": [{"containerPort": 8080}],
+    }
     assert Call("patch", "", "configmaps", "", "torchpass") in server.requests
     assert not [c for c in server.requests if c.verb == "create"]

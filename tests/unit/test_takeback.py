@@ -1,7 +1,9 @@
-"""Taking a job back: which rejoined processes go on, which are fenced, and what the job reports lost.
+"""Taking a job back: which rejoined processes go on, which are fenced, and what the job reports
+lost.
 
-The roster, members and node bookkeeping are the real ones; the job around them is a record of what was
-fenced (taking back a whole job over real processes is `tests/integration/test_coordinator_restart.py`).
+The roster, members and node bookkeeping are the real ones; the job around them is a record of what
+was fenced (taking back a whole job over real processes is
+`tests/integration/test_coordinator_restart.py`).
 """
 
 from __future__ import annotations
@@ -47,10 +49,14 @@ def test_a_rank_left_in_an_older_generation_is_fenced_and_its_slot_reported() ->
     stale = _fence_stale(job, 2)  # type: ignore[arg-type]
     assert job.fenced == ["rank-1"] and set(stale) == {1}
     (ev,) = _lost_meanwhile(job, _Nodes(), stale)  # type: ignore[arg-type]
-    assert ev.slots == (1,) and ev.kind is FailureKind.CONNECTION_LOST and "generation 1" in ev.detail
+    assert (
+        ev.slots == (1,) and ev.kind is FailureKind.CONNECTION_LOST and "generation 1" in ev.detail
+    )
 
 
-def test_of_two_processes_claiming_one_slot_the_one_furthest_along_stays_and_no_slot_is_lost() -> None:
+def test_of_two_processes_claiming_one_slot_the_one_furthest_along_stays_and_no_slot_is_lost() -> (
+    None
+):
     job = _Job()
     _rank(job, "rank-0", 0, 2, 40)
     _rank(job, "rank-1-old", 1, 2, 35)

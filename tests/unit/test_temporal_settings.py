@@ -1,4 +1,5 @@
-"""The Temporal connection settings refuse, at start-up, what would connect less safely than it looks."""
+"""The Temporal connection settings refuse, at start-up, what would connect less safely than it
+looks."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Environment validation: the pass rules on a job's facts, and scheduler detection with the real probes.
+"""Environment validation: the pass rules on a job's facts, and scheduler detection with the real
+probes.
 
-Slurm is detected through fake `scontrol`/`sinfo` scripts put first on PATH. Kubernetes is detected with the
-real `kubernetes` client through a kubeconfig pointing at a *stub* API server (http.server on 127.0.0.1)
-that answers only GET /version: no API server can run on the CI machines.
+Slurm is detected through fake `scontrol`/`sinfo` scripts put first on PATH. Kubernetes is detected
+with the real `kubernetes` client through a kubeconfig pointing at a *stub* API server (http.server
+on 127.0.0.1) that answers only GET /version: no API server can run on the CI machines.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ from torchpass.validation.facts import (
     SchedulerProbe,
     ValidationTarget,
 )
-from torchpass.validation.report import Check, CheckResult, CheckStatus, ReportStatus, ValidationReport
+from torchpass.validation.report import (
+    Check,
+    CheckResult,
+    CheckStatus,
+    ReportStatus,
+    ValidationReport,
+)
 from torchpass.validation.versions import SUPPORTED_TORCH, parse_version, version_in_range
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +79,8 @@ def by_name(checks: list[CheckResult]) -> dict[str, CheckResult]:
     return {c.name: c for c in checks}
 
 
-# --- the job's checks ---------------------------------------------------------------------------------
+# --- the job's checks
+# ---------------------------------------------------------------------------------
 
 
 def test_a_healthy_data_parallel_job_passes_every_job_check() -> None:
@@ -124,8 +132,8 @@ def test_the_agent_must_hold_every_rank_of_a_training_job(kw: dict[str, Any]) ->
 
 
 def test_a_job_without_the_agent_fails_agent_present_with_the_reason() -> None:
-    """`--no-agent`: its wrapper processes connect, so every slot looks held; the job says it runs no
-    agent, and the check fails naming it (its failures would only ever restart the job)."""
+    """`--no-agent`: its wrapper processes connect, so every slot looks held; the job says it runs
+    no agent, and the check fails naming it (its failures would only ever restart the job)."""
     c = by_name(evaluate_job(desc(live_migration=False)))[Check.AGENT]
     assert not c.passed and "--no-agent" in c.detail and "never migrated live" in c.detail
     assert by_name(evaluate_job(desc()))[Check.AGENT].passed
@@ -164,8 +172,9 @@ def _env(slots: tuple[int, ...], **kw: Any) -> dict[str, Any]:
 
 
 def test_the_ranks_own_environments_are_checked_each_and_a_bad_host_is_named() -> None:
-    """A job whose ranks run on two kinds of host (the coordinator's own host says nothing of them): each
-    environment the ranks reported is checked, and one that fails fails the check naming its ranks."""
+    """A job whose ranks run on two kinds of host (the coordinator's own host says nothing of them):
+    each environment the ranks reported is checked, and one that fails fails the check naming its
+    ranks."""
     good = {"backend": None, "torch_version": None}
     both = [_env((0, 1)), _env((2, 3), backend="nccl", cuda_available=True, nccl_version="2.21.5")]
     checks = by_name(evaluate_job(desc(**good, environments=both)))
@@ -210,7 +219,8 @@ def test_version_parsing() -> None:
         version_in_range("2.7", "~=2.7")
 
 
-# --- control plane and scheduler ----------------------------------------------------------------------
+# --- control plane and scheduler
+# ----------------------------------------------------------------------
 
 
 def control(**kw: Any) -> ControlPlaneFacts:
@@ -233,18 +243,24 @@ def test_a_healthy_control_plane_passes() -> None:
 
 def test_control_plane_failures() -> None:
     assert not evaluate_control_plane(control(temporal_error="UNAVAILABLE: refused"))[0].passed
-    no_torch = evaluate_control_plane(control(torch_version=None, torch_error="ImportError: no torch"))[1]
+    no_torch = evaluate_control_plane(
+        control(torch_version=None, torch_error="ImportError: no torch")
+    )[1]
     assert not no_torch.passed and "not importable" in no_torch.detail
     assert not evaluate_control_plane(control(gloo_available=False))[1].passed
     assert not evaluate_control_plane(control(cuda_available=True))[1].passed  # CUDA without NCCL
 
 
 def probe(name: str, found: bool) -> SchedulerProbe:
-    return SchedulerProbe.model_validate({"scheduler": name, "found": found, "detail": f"{name} seen"})
+    return SchedulerProbe.model_validate(
+        {"scheduler": name, "found": found, "detail": f"{name} seen"}
+    )
 
 
 def test_no_scheduler_fails_with_what_was_seen() -> None:
-    c = evaluate_scheduler(SchedulerFacts(probes=(probe("slurm", False), probe("kubernetes", False))))
+    c = evaluate_scheduler(
+        SchedulerFacts(probes=(probe("slurm", False), probe("kubernetes", False)))
+    )
     assert not c.passed and "neither Kubernetes nor Slurm" in c.detail and "slurm seen" in c.detail
 
 
@@ -252,7 +268,9 @@ def test_a_local_run_is_waived_never_passed_under_the_explicit_override() -> Non
     facts = SchedulerFacts(probes=(probe("slurm", False),), allow_local=True)
     c = evaluate_scheduler(facts)
     assert c.status is CheckStatus.WAIVED and not c.passed
-    assert "TORCHPASS_VALIDATION_ALLOW_LOCAL" in c.detail and "local-development override" in c.detail
+    assert (
+        "TORCHPASS_VALIDATION_ALLOW_LOCAL" in c.detail and "local-development override" in c.detail
+    )
     assert "WAIVED" in c.detail and "customer contract" in c.detail
     # A scheduler found is a pass, override or not.
     found = evaluate_scheduler(SchedulerFacts(probes=(probe("slurm", True),), allow_local=True))
@@ -260,7 +278,10 @@ def test_a_local_run_is_waived_never_passed_under_the_explicit_override() -> Non
 
 
 def test_a_report_with_a_waiver_is_not_passed_but_lists_the_waived_checks() -> None:
-    ok, waived = CheckResult(name="a", passed=True), CheckResult(name="s", status=CheckStatus.WAIVED)
+    ok, waived = (
+        CheckResult(name="a", passed=True),
+        CheckResult(name="s", status=CheckStatus.WAIVED),
+    )
     report = build_report("c", "j", [ok, waived], NOW)
     assert report.status is ReportStatus.PASSED_WITH_WAIVERS and not report.passed
     assert report.waived == ("s",)
@@ -271,14 +292,19 @@ def test_a_report_with_a_waiver_is_not_passed_but_lists_the_waived_checks() -> N
     # The JSON keeps `passed` beside `status`, and reads back the same.
     data = json.loads(report.model_dump_json())
     assert (data["status"], data["passed"], data["waived"]) == ("passed_with_waivers", False, ["s"])
-    assert [(c["status"], c["passed"]) for c in data["checks"]] == [("passed", True), ("waived", False)]
+    assert [(c["status"], c["passed"]) for c in data["checks"]] == [
+        ("passed", True),
+        ("waived", False),
+    ]
     assert ValidationReport.model_validate_json(report.model_dump_json()) == report
 
 
 def test_a_report_cannot_claim_a_pass_its_checks_do_not_show() -> None:
     waived = CheckResult(name="s", status=CheckStatus.WAIVED)
     with pytest.raises(ValueError, match="its checks say passed_with_waivers"):
-        ValidationReport(contract_id="c", job_id="j", passed=True, checks=(waived,), validated_at=NOW)
+        ValidationReport(
+            contract_id="c", job_id="j", passed=True, checks=(waived,), validated_at=NOW
+        )
     with pytest.raises(ValueError, match="contradicts"):
         CheckResult(name="s", status=CheckStatus.WAIVED, passed=True)
     with pytest.raises(ValueError, match="status"):
@@ -298,7 +324,9 @@ def test_a_report_saved_before_statuses_existed_still_decodes() -> None:
 
 
 def test_either_scheduler_passes() -> None:
-    c = evaluate_scheduler(SchedulerFacts(probes=(probe("slurm", False), probe("kubernetes", True))))
+    c = evaluate_scheduler(
+        SchedulerFacts(probes=(probe("slurm", False), probe("kubernetes", True)))
+    )
     assert c.passed and c.detail.startswith("kubernetes detected")
 
 
@@ -310,12 +338,14 @@ def test_the_report_passes_only_when_every_check_passed() -> None:
     assert not build_report("c", "j", [ok, CheckResult(name="b", passed=False)], NOW).passed
 
 
-# --- Slurm detection: fake client binaries on PATH ----------------------------------------------------
+# --- Slurm detection: fake client binaries on PATH
+# ----------------------------------------------------
 
 
 @pytest.fixture
 def bare_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No scheduler at all: an empty PATH directory, no Slurm or in-cluster variables, no kubeconfig."""
+    """No scheduler at all: an empty PATH directory, no Slurm or in-cluster variables, no
+    kubeconfig."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
@@ -331,12 +361,19 @@ def fake(bin_dir: Path, name: str, body: str) -> None:
     script.chmod(0o755)
 
 
-def test_slurm_is_detected_when_its_controller_is_up(bare_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slurm_is_detected_when_its_controller_is_up(
+    bare_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake(bare_env, "scontrol", 'echo "Slurmctld(primary) at ctl1 is UP"')
     fake(bare_env, "sinfo", 'echo "slurm 22.05.8"')
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     p = probe_slurm(ValidationSettings())
-    assert p.found and "ctl1 is UP" in p.detail and "22.05.8" in p.detail and "SLURM_JOB_ID=4242" in p.detail
+    assert (
+        p.found
+        and "ctl1 is UP" in p.detail
+        and "22.05.8" in p.detail
+        and "SLURM_JOB_ID=4242" in p.detail
+    )
 
 
 def test_slurm_with_its_controller_down_is_not_detected(bare_env: Path) -> None:
@@ -350,7 +387,9 @@ def test_no_slurm_client_is_not_detected(bare_env: Path) -> None:
     assert not p.found and "scontrol is not on PATH" in p.detail
 
 
-def test_a_hanging_slurm_command_is_bounded(bare_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hanging_slurm_command_is_bounded(
+    bare_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake(bare_env, "scontrol", "exec /bin/sleep 30")
     monkeypatch.setenv("TORCHPASS_VALIDATION_COMMAND_TIMEOUT", "0.5")
     settings = ValidationSettings()
@@ -361,7 +400,8 @@ def test_a_hanging_slurm_command_is_bounded(bare_env: Path, monkeypatch: pytest.
     assert not p.found and "did not answer" in p.detail
 
 
-# --- Kubernetes detection: the real client against a stub API server ----------------------------------
+# --- Kubernetes detection: the real client against a stub API server
+# ----------------------------------
 
 
 # The shape a real API server returns for GET /version (the client validates every field).
@@ -379,7 +419,8 @@ VERSION = {
 
 
 class _StubApi(BaseHTTPRequestHandler):
-    """A stub, not Kubernetes: answers GET /version like an API server and records the Authorization."""
+    """A stub, not Kubernetes: answers GET /version like an API server and records the
+    Authorization."""
 
     seen: list[str | None] = []
 
@@ -478,7 +519,10 @@ async def test_detect_scheduler_activity_reports_both_probes(
     facts = await ActivityEnvironment().run(
         ValidationActivities(ValidationSettings()).detect_scheduler, ValidationTarget(job_id="j")
     )
-    assert [(p.scheduler, p.found) for p in facts.probes] == [("slurm", False), ("kubernetes", True)]
+    assert [(p.scheduler, p.found) for p in facts.probes] == [
+        ("slurm", False),
+        ("kubernetes", True),
+    ]
     assert evaluate_scheduler(facts).passed and not facts.allow_local
 
 

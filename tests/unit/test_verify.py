@@ -1,5 +1,5 @@
-"""The ledger's rules for what it counts (`torchpass.contract.verify`) and how the book keeps refused claims:
-each rule refuses its forgery, and a genuine claim passes them all."""
+"""The ledger's rules for what it counts (`torchpass.contract.verify`) and how the book keeps
+refused claims: each rule refuses its forgery, and a genuine claim passes them all."""
 
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def test_a_genuine_outcome_is_accepted_with_its_failure() -> None:
 
 
 def test_an_incident_moved_off_a_squatted_id_counts_under_its_failure() -> None:
-    """`IncidentTracker.rekey` moves an incident to its key + ':x' + 16 hex digits: counted under the key,
-    so it and anything at the squatted id are one failure. Any other suffix is not its failure's id."""
+    """`IncidentTracker.rekey` moves an incident to its key + ':x' + 16 hex digits: counted under
+    the key, so it and anything at the squatted id are one failure. Any other suffix is not its
+    failure's id."""
     o, facts = genuine()
     moved = f"{WF}:x0123456789abcdef"
     m = o.model_copy(update={"incident_id": f"{moved}/{RUN}"})
@@ -108,12 +109,18 @@ def test_a_validation_is_accepted_only_from_the_run_that_made_it() -> None:
     cases = {
         "names no validation workflow run": (made.model_copy(update={"source": None}), facts),
         "no such validation workflow": (made, ValidationFacts(found=False)),
-        "not a validation": (made, facts.model_copy(update={"workflow_type": WorkflowName.MIGRATION})),
+        "not a validation": (
+            made,
+            facts.model_copy(update={"workflow_type": WorkflowName.MIGRATION}),
+        ),
         "another contract or job": (
             made,
             facts.model_copy(update={"request": request.model_copy(update={"job_id": "job-b"})}),
         ),
-        "did not make this report": (made.model_copy(update={"validated_at": datetime.now(UTC)}), facts),
+        "did not make this report": (
+            made.model_copy(update={"validated_at": datetime.now(UTC)}),
+            facts,
+        ),
     }
     for why, (claim, f) in cases.items():
         v = judge_validation(claim, f)
@@ -129,7 +136,10 @@ def test_a_refused_claim_never_counts_nor_blocks_the_genuine_one() -> None:
     assert book.entries[o.incident_id].status.value == "failure"
     again = outcome(2, T, incident_id=f"{WF}/{uuid.UUID(int=8)}")  # the same failure, a second run
     assert not book.record_checked(again, WF)
-    assert again.incident_id not in book.entries and "the same failure" in book.checks.rejected[-1].reason
+    assert (
+        again.incident_id not in book.entries
+        and "the same failure" in book.checks.rejected[-1].reason
+    )
     assert (book.duplicates, book.checks.rejected_claims) == (1, 2)
 
 
@@ -141,4 +151,6 @@ def test_the_quarantine_is_bounded_and_every_refusal_is_counted() -> None:
     for n in range(MAX_REJECTED_KEPT + 5):
         q.reject(f"x-{n}", "job-a", T, "forged " * 200)
     assert len(q.rejected) == MAX_REJECTED_KEPT and q.rejected_claims == MAX_REJECTED_KEPT + 6
-    assert q.rejected[-1].claim == f"x-{MAX_REJECTED_KEPT + 4}" and len(q.rejected[-1].reason) <= 500
+    assert (
+        q.rejected[-1].claim == f"x-{MAX_REJECTED_KEPT + 4}" and len(q.rejected[-1].reason) <= 500
+    )

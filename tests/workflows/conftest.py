@@ -1,4 +1,5 @@
-"""Workflow tier: the real time-skipping test server, job-side activities mocked under their real names."""
+"""Workflow tier: the real time-skipping test server, job-side activities mocked under their real
+names."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
         await env.client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(
                 namespace=env.client.namespace,
-                search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in SEARCH_ATTRIBUTES},
+                search_attributes={
+                    n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in SEARCH_ATTRIBUTES
+                },
             )
         )
         yield env

@@ -1,8 +1,10 @@
-"""The job side of an incident for MigrationWorkflow's tests, scripted: counts calls, fails where told to.
+"""The job side of an incident for MigrationWorkflow's tests, scripted: counts calls, fails where
+told to.
 
-Registered under the real activity names on a per-test job queue; the real classification activity runs
-with the workflow on the control queue (`control_worker`). Every figure it returns is shaped like the
-job's own measurements (receivers' installed digests, the steps the ranks resumed at, the spares ready).
+Registered under the real activity names on a per-test job queue; the real classification activity
+runs with the workflow on the control queue (`control_worker`). Every figure it returns is shaped
+like the job's own measurements (receivers' installed digests, the steps the ranks resumed at, the
+spares ready).
 """
 
 from __future__ import annotations
@@ -95,7 +97,9 @@ class FakeJob:
     def _enter(self, name: str) -> None:
         self.calls[name] += 1
         if self.fail.get("gone"):
-            raise ApplicationError("coordinator is gone", type=ErrorType.JOB_GONE, non_retryable=True)
+            raise ApplicationError(
+                "coordinator is gone", type=ErrorType.JOB_GONE, non_retryable=True
+            )
 
     def activities(self) -> list[Any]:
         @activity.defn(name=JobActivity.CONFIRM_FAILURE)
@@ -158,7 +162,9 @@ class FakeJob:
         async def restart(inp: FallbackInput) -> FallbackResult:
             self._enter("restart")
             if self.fail.get("fallback"):
-                raise ApplicationError("no checkpoint", type=ErrorType.NO_CHECKPOINT, non_retryable=True)
+                raise ApplicationError(
+                    "no checkpoint", type=ErrorType.NO_CHECKPOINT, non_retryable=True
+                )
             return FallbackResult(
                 restored_step=4,
                 failed_at_step=9,
@@ -178,7 +184,9 @@ class FakeJob:
         async def recorded(inp: IncidentRef) -> LocalRecord:
             self._enter("recorded")
             if self.fail.get("local_no_record"):
-                raise ApplicationError("no record", type=ErrorType.UNKNOWN_INCIDENT, non_retryable=True)
+                raise ApplicationError(
+                    "no record", type=ErrorType.UNKNOWN_INCIDENT, non_retryable=True
+                )
             return self._record(activity.info().workflow_id or "", inp.job_id)
 
         return [confirm, reserve, release, freeze, transfer, rejoin, restart, complete, recorded]
@@ -202,8 +210,8 @@ class FakeJob:
         )
 
     def _record(self, workflow_id: str, job_id: str) -> LocalRecord:
-        """What a job that recovered by itself (detected at T0, began 5 s later, trained again at 7 s)
-        keeps: a live migration of rank 2, measured as the other fakes measure one."""
+        """What a job that recovered by itself (detected at T0, began 5 s later, trained again at 7
+        s) keeps: a live migration of rank 2, measured as the other fakes measure one."""
         ev = report(job_id).evidence
         rejoin = RejoinResult(
             generation=1,
@@ -235,7 +243,10 @@ def proof_of(installed_digest: str = "d", installed_step: int = 9) -> TransferPr
         receiver_digests={2: installed_digest},
         receivers=(
             ReceiverProof(
-                slot=2, stream_digest="d", installed_digest=installed_digest, installed_step=installed_step
+                slot=2,
+                stream_digest="d",
+                installed_digest=installed_digest,
+                installed_step=installed_step,
             ),
         ),
         survivor_steps={1: 9, 3: 9},
@@ -264,16 +275,21 @@ def report(
         observed_at=at,
         last_progress_at=last_progress,
     )
-    return FailureReport(evidence=ev, job_task_queue=f"job-queue-{job_id}", generation=0, contract=contract)
+    return FailureReport(
+        evidence=ev, job_task_queue=f"job-queue-{job_id}", generation=0, contract=contract
+    )
 
 
 def control_worker(env: WorkflowEnvironment, classify_fails: bool = False) -> Worker:
     @activity.defn(name=ControlActivity.CLASSIFY_FAILURE)
     async def broken_classifier(inp: ClassifyInput) -> Classification:
-        raise ApplicationError("classification table failed to load", type=ErrorType.INVALID_INPUT.value)
+        raise ApplicationError(
+            "classification table failed to load", type=ErrorType.INVALID_INPUT.value
+        )
 
     classify = broken_classifier if classify_fails else ControlActivities().classify_failure
-    ledger = LedgerActivities(env.client)  # the real checks: contracts here hear from real incidents
+    # the real checks: contracts here hear from real incidents
+    ledger = LedgerActivities(env.client)
     return Worker(
         env.client,
         task_queue=CONTROL_TASK_QUEUE,
@@ -282,7 +298,9 @@ def control_worker(env: WorkflowEnvironment, classify_fails: bool = False) -> Wo
     )
 
 
-async def signal_with_start(env: WorkflowEnvironment, rep: FailureReport) -> WorkflowHandle[Any, Any]:
+async def signal_with_start(
+    env: WorkflowEnvironment, rep: FailureReport
+) -> WorkflowHandle[Any, Any]:
     return await env.client.start_workflow(
         WorkflowName.MIGRATION,
         rep,

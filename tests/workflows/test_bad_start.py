@@ -1,6 +1,6 @@
-"""A workflow started with a malformed input fails at once with a typed error naming the field; it never
-fails its workflow task over and over (which leaves it open, holding its id, answering nothing). The
-real workflows on the time-skipping server."""
+"""A workflow started with a malformed input fails at once with a typed error naming the field; it
+never fails its workflow task over and over (which leaves it open, holding its id, answering
+nothing). The real workflows on the time-skipping server."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from workflows.validation import VALIDATION_WORKFLOWS
 BAD = [{"garbage": 1}, {"evidence": {"kind": "not-a-kind"}}, 42, "a string", None, {"terms": {}}]
 
 
-@pytest.mark.parametrize("workflow", [WorkflowName.MIGRATION, WorkflowName.CONTRACT, WorkflowName.VALIDATION])
+@pytest.mark.parametrize(
+    "workflow", [WorkflowName.MIGRATION, WorkflowName.CONTRACT, WorkflowName.VALIDATION]
+)
 @pytest.mark.parametrize("start", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
 async def test_a_malformed_start_input_fails_the_workflow_not_its_task(
     env: WorkflowEnvironment, workflow: str, start: Any
@@ -36,6 +38,8 @@ async def test_a_malformed_start_input_fails_the_workflow_not_its_task(
             await asyncio.wait_for(handle.result(), timeout=30)
         events = [ev.event_type async for ev in handle.fetch_history_events()]
     cause = e.value.cause
-    assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput" and cause.non_retryable
+    assert (
+        isinstance(cause, ApplicationError) and cause.type == "InvalidInput" and cause.non_retryable
+    )
     assert "malformed start input" in cause.message
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events

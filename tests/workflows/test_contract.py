@@ -1,10 +1,11 @@
 """ContractWorkflow on the time-skipping server, through the client helpers, with billing mocked.
 
-Two contract years pass in seconds: outcomes are signalled the way MigrationWorkflow sends them, expansions
-and renewals are updates, the renewal date is the workflow's own durable timer, and the credit goes to a
-fake `deliver_credit` activity registered under the real name (it refuses the first attempt, so the retry
-policy is exercised; another is down for hours across a renewal date). With TORCHPASS_SAVE_HISTORIES=1
-every run of each test is saved to tests/histories/contract_<test>_run<k>.json for the replay test.
+Two contract years pass in seconds: outcomes are signalled the way MigrationWorkflow sends them,
+expansions and renewals are updates, the renewal date is the workflow's own durable timer, and the
+credit goes to a fake `deliver_credit` activity registered under the real name (it refuses the first
+attempt, so the retry policy is exercised; another is down for hours across a renewal date). With
+TORCHPASS_SAVE_HISTORIES=1 every run of each test is saved to
+tests/histories/contract_<test>_run<k>.json for the replay test.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class FakeBilling:
             raise RuntimeError("billing webhook answered 503")
         self.accepted.append(notice)
         return CreditDelivery(
-            idempotency_key=notice.idempotency_key, webhook_status=202, delivered_at=datetime.now(UTC)
+            idempotency_key=notice.idempotency_key,
+            webhook_status=202,
+            delivered_at=datetime.now(UTC),
         )
 
 
@@ -82,15 +85,19 @@ class BillingOutage:
             raise RuntimeError("billing webhook unreachable: connection refused")
         self.accepted.append(notice)
         return CreditDelivery(
-            idempotency_key=notice.idempotency_key, webhook_status=202, delivered_at=datetime.now(UTC)
+            idempotency_key=notice.idempotency_key,
+            webhook_status=202,
+            delivered_at=datetime.now(UTC),
         )
 
 
 @activity.defn(name=ControlActivity.VERIFY_OUTCOMES)
 async def trust_outcomes(inp: OutcomeClaims) -> Verdicts:
-    """Stands in for the ledger's checks, which test_ledger_checks.py runs for real: these tests are about
-    the contract's rules, and their outcomes come from no incident workflow."""
-    return Verdicts(verdicts=tuple(Verdict(claim=o.incident_id, accepted=True) for o in inp.outcomes))
+    """Stands in for the ledger's checks, which test_ledger_checks.py runs for real: these tests are
+    about the contract's rules, and their outcomes come from no incident workflow."""
+    return Verdicts(
+        verdicts=tuple(Verdict(claim=o.incident_id, accepted=True) for o in inp.outcomes)
+    )
 
 
 @activity.defn(name=ControlActivity.VERIFY_VALIDATION)
@@ -134,7 +141,9 @@ class Contract:
         now = await self.env.get_current_time()
         check = CheckResult(name="torch_backend", passed=passed)
         if waived:  # the scheduler check waived by the local-development override
-            scheduler = CheckResult(name="scheduler", status=CheckStatus.WAIVED, detail="allow_local")
+            scheduler = CheckResult(
+                name="scheduler", status=CheckStatus.WAIVED, detail="allow_local"
+            )
             report = build_report(self.id, job, [check, scheduler], now)
         else:
             report = ValidationReport(
@@ -160,14 +169,19 @@ class Contract:
     async def send(
         self, since: datetime, count: int, failures: int, job: str = "job-a"
     ) -> list[MigrationOutcome]:
-        """`count` outcomes spread over the time from `since` to now, the first `failures` failed."""
+        """`count` outcomes spread over the time from `since` to now, the first `failures`
+        failed."""
         now = await self.env.get_current_time()
         step = (now - since) / (count + 1)
-        sent = [self.outcome(since + step * (i + 1), success=i >= failures, job=job) for i in range(count)]
+        sent = [
+            self.outcome(since + step * (i + 1), success=i >= failures, job=job)
+            for i in range(count)
+        ]
         for o in sent:
             await cc.record_outcome(self.client, CUSTOMER, self.id, o)
-        # A burst of signals racing a continue-as-new can leave the time-skipping server holding a refused
-        # workflow task (sdk-java#3088); letting server time pass times it out, and the retried task runs.
+        # A burst of signals racing a continue-as-new can leave the time-skipping server holding a
+        # refused workflow task (sdk-java#3088); letting server time pass times it out, and the
+        # retried task runs.
         await self.env.sleep(timedelta(seconds=15))
         return sent
 
@@ -232,7 +246,10 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
     c = Contract(env, start, cas_after=60)
     billing = FakeBilling()
     async with Worker(
-        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver, *TRUSTING]
+        env.client,
+        task_queue=c.queue,
+        workflows=CONTRACT_WORKFLOWS,
+        activities=[billing.deliver, *TRUSTING],
     ):
         handle = await c.create()
         await c.cover("job-a")
@@ -241,15 +258,25 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
         # Month 2: an expansion measured over under 3 months is recorded, not evaluated.
         t2 = await c.advance_to(add_months(start, 2))
         first = await c.send(t, 30, failures=0)
-        exp2 = await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=t2.date(), annual_fee=usd("130000")))
+        exp2 = await cc.expand(
+            c.client, CUSTOMER, c.id, ExpandInput(on=t2.date(), annual_fee=usd("130000"))
+        )
         assert not exp2.evaluated and exp2.credit is None
 
-        # Month 5: evaluated, 68/70 = 97%, no credit. The fee in force then (130k) was the one measured.
+        # Month 5: evaluated, 68/70 = 97%, no credit. The fee in force then (130k) was the one
+        # measured.
         t5 = await c.advance_to(add_months(start, 5))
         await c.send(t2, 40, failures=2)
-        await cc.record_outcome(c.client, CUSTOMER, c.id, first[0])  # a duplicate, after a continue-as-new
-        exp5 = await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=t5.date(), annual_fee=usd("150000")))
-        assert exp5.evaluated and (exp5.qualifying, exp5.successful) == (70, 68) and exp5.credit is None
+        # a duplicate, after a continue-as-new
+        await cc.record_outcome(c.client, CUSTOMER, c.id, first[0])
+        exp5 = await cc.expand(
+            c.client, CUSTOMER, c.id, ExpandInput(on=t5.date(), annual_fee=usd("150000"))
+        )
+        assert (
+            exp5.evaluated
+            and (exp5.qualifying, exp5.successful) == (70, 68)
+            and exp5.credit is None
+        )
         assert exp5.fee == usd("130000")
 
         # Months 5-11: 130 more, 20 failed: the year ends at 178/200 = 89% -> one credit at renewal.
@@ -285,12 +312,18 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
         last = await cc.get_ledger(c.client, CUSTOMER, c.id, offset=0, limit=1000)
     await c.save(name, handle.result_run_id or "")
 
-    assert len(billing.accepted) == 1 and billing.attempts == {billing.accepted[0].idempotency_key: 2}
+    assert len(billing.accepted) == 1 and billing.attempts == {
+        billing.accepted[0].idempotency_key: 2
+    }
     notice = billing.accepted[0]
     assert notice.idempotency_key == credit_idempotency_key(c.id, renewal1)
     assert (notice.contract_id, notice.customer_id, notice.trigger) == (c.id, CUSTOMER, "renewal")
     assert (notice.period_start, notice.period_end) == (start, renewal1)
-    assert (notice.qualifying, notice.successful, notice.success_rate) == (200, 178, Decimal("0.89"))
+    assert (notice.qualifying, notice.successful, notice.success_rate) == (
+        200,
+        178,
+        Decimal("0.89"),
+    )
     assert notice.amount == usd("37500.00") and notice.apply_to == f"renewal on {renewal1}"
     triggers = [(e.trigger.value, e.evaluated, e.credit is not None) for e in final.evaluations]
     assert triggers == [
@@ -306,7 +339,8 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
     assert last.pruned > 0 and last.total + last.pruned == 305
     assert final.runs >= 3 and final.duplicates == 1 and final.next_evaluation is None
     assert final.lapsed and not final.awaiting_renewal and final.term == 1
-    # Pages of the ledger; the 5 outcomes of an uncovered job are kept, with their reason, not counted.
+    # Pages of the ledger; the 5 outcomes of an uncovered job are kept, with their reason, not
+    # counted.
     assert ledger.total == 205 and len(ledger.rows) == 5 and ledger.next_offset is None
     uncovered = [r for r in ledger.rows if r.job_id == "job-uncovered"]
     assert len(uncovered) == 5 and all(
@@ -315,8 +349,8 @@ async def test_two_contract_years_expansions_renewals_and_exactly_one_credit(
 
 
 async def _run_id(c: Contract) -> str:
-    # describe, not a query: a query that meets a run as it continues-as-new can go unanswered on the
-    # time-skipping server.
+    # describe, not a query: a query that meets a run as it continues-as-new can go unanswered on
+    # the time-skipping server.
     desc = await c.client.get_workflow_handle(contract_workflow_id(CUSTOMER, c.id)).describe()
     return desc.run_id
 
@@ -337,22 +371,29 @@ async def test_a_billing_outage_across_a_renewal_never_stalls_the_contract(
     billing = BillingOutage()
     renewal = c.terms.renewal_date
     async with Worker(
-        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver, *TRUSTING]
+        env.client,
+        task_queue=c.queue,
+        workflows=CONTRACT_WORKFLOWS,
+        activities=[billing.deliver, *TRUSTING],
     ):
         handle = await c.create()
         await c.cover("job-a")
         t = await env.get_current_time()
 
-        # 23:30 the day before the renewal: an expansion at 6/10 earns a credit, and billing is down.
+        # 23:30 the day before the renewal: an expansion at 6/10 earns a credit, and billing is
+        # down.
         await env.sleep(day_start(renewal) - timedelta(minutes=30) - t)
         await c.send(t, 10, failures=4)
         await cc.renew(c.client, CUSTOMER, c.id, RenewInput())
         on = renewal - timedelta(days=1)
-        exp = await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=on, annual_fee=usd("120000.00")))
+        exp = await cc.expand(
+            c.client, CUSTOMER, c.id, ExpandInput(on=on, annual_fee=usd("120000.00"))
+        )
         assert exp.credit is not None
 
-        # 01:00: the delivery, still retried as the renewal date came, gave up within its hour (00:30);
-        # the renewal was evaluated then, not held up by billing, and the credit waits for its next offer.
+        # 01:00: the delivery, still retried as the renewal date came, gave up within its hour
+        # (00:30); the renewal was evaluated then, not held up by billing, and the credit waits for
+        # its next offer.
         await env.sleep(day_start(renewal) + timedelta(hours=1) - await env.get_current_time())
         s1 = await c.standing()
         assert s1.term == 1 and s1.renewal_date == add_months(renewal, 12)
@@ -363,13 +404,21 @@ async def test_a_billing_outage_across_a_renewal_never_stalls_the_contract(
         assert s1.pending_credits == 1 and s1.delivered_credits == () and billing.attempts > 1
         retry = s1.next_credit_retry
         assert retry is not None
-        assert day_start(renewal) + timedelta(hours=6) < retry < day_start(renewal) + timedelta(hours=7)
+        assert (
+            day_start(renewal) + timedelta(hours=6)
+            < retry
+            < day_start(renewal) + timedelta(hours=7)
+        )
         # Continue-as-new keeps the pending credit and its retry time: no redelivery at once.
         attempts, run = billing.attempts, await _run_id(c)
         await c.send(await env.get_current_time(), c.terms.continue_as_new_after, failures=0)
         s2 = await _wait_new_run(c, run)
         assert s2.runs == s1.runs + 1
-        assert s2.next_credit_retry == retry and s2.pending_credits == 1 and billing.attempts == attempts
+        assert (
+            s2.next_credit_retry == retry
+            and s2.pending_credits == 1
+            and billing.attempts == attempts
+        )
 
         # Billing is back: the next offer delivers the credit, once.
         billing.up = True
@@ -396,7 +445,10 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
     c = Contract(env, start)
     billing = FakeBilling()
     async with Worker(
-        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver, *TRUSTING]
+        env.client,
+        task_queue=c.queue,
+        workflows=CONTRACT_WORKFLOWS,
+        activities=[billing.deliver, *TRUSTING],
     ):
         handle = await c.create()
         with pytest.raises(cc.ContractExists):
@@ -408,14 +460,20 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
                 await cc.expand(c.client, CUSTOMER, c.id, inp)
             return e.value.error_type
 
-        assert await rejected(ExpandInput(on=today, annual_fee=usd("-10"))) == ErrorType.CONTRACT_INVALID_FEE
+        assert (
+            await rejected(ExpandInput(on=today, annual_fee=usd("-10")))
+            == ErrorType.CONTRACT_INVALID_FEE
+        )
         later = today + timedelta(days=3)
         assert (
             await rejected(ExpandInput(on=later, annual_fee=usd("10")))
             == ErrorType.CONTRACT_DATES_OUT_OF_ORDER
         )
         eur = Money(amount=Decimal("10"), currency="EUR")
-        assert await rejected(ExpandInput(on=today, annual_fee=eur)) == ErrorType.CONTRACT_CURRENCY_MISMATCH
+        assert (
+            await rejected(ExpandInput(on=today, annual_fee=eur))
+            == ErrorType.CONTRACT_CURRENCY_MISMATCH
+        )
         await c.cover("job-a")
         with pytest.raises(cc.ContractRejected) as e:
             await cc.opt_out(c.client, CUSTOMER, c.id, "job-unknown")
@@ -443,7 +501,9 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
                 await handle.execute_update(update, arg)
             cause = failed.value.cause
             assert isinstance(cause, ApplicationError) and cause.type == ErrorType.INVALID_INPUT
-            assert f"malformed {update} input" in cause.message and field in cause.message, cause.message
+            assert f"malformed {update} input" in cause.message and field in cause.message, (
+                cause.message
+            )
         for client_call in (
             cc.get_standing(c.client, CUSTOMER, "no-such-contract"),
             cc.opt_in(c.client, CUSTOMER, "no-such-contract", "job-a"),
@@ -452,7 +512,9 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
                 await client_call
 
         now = await env.get_current_time()
-        await handle.signal(ContractMessage.RECORD_OUTCOME, {"incident_id": 7, "detected_at": "soon"})
+        await handle.signal(
+            ContractMessage.RECORD_OUTCOME, {"incident_id": 7, "detected_at": "soon"}
+        )
         o = c.outcome(now, success=False, job="job-a")
         await cc.record_outcome(c.client, CUSTOMER, c.id, o)
         await cc.record_outcome(c.client, CUSTOMER, c.id, o)
@@ -469,18 +531,25 @@ async def test_bad_input_gets_a_typed_error_and_the_contract_keeps_running(
     rows = {r.job_id: r for r in ledger.rows}
     assert ledger.total == 2 and rows["job-a"].duplicates == 1
     assert (
-        rows["job-nobody-knows"].status is EntryStatus.NOT_OPTED_IN and not rows["job-nobody-knows"].counted
+        rows["job-nobody-knows"].status is EntryStatus.NOT_OPTED_IN
+        and not rows["job-nobody-knows"].counted
     )
     assert billing.accepted == []
 
 
-async def test_a_failed_validation_leaves_outcomes_uncovered(env: WorkflowEnvironment, name: str) -> None:
+async def test_a_failed_validation_leaves_outcomes_uncovered(
+    env: WorkflowEnvironment, name: str
+) -> None:
     c = Contract(env, await _start_day(env))
-    async with Worker(env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=TRUSTING):
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=TRUSTING
+    ):
         handle = await c.create()
         await c.cover("job-b", passed=False)
         now = await env.get_current_time()
-        await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(now, success=False, job="job-b"))
+        await cc.record_outcome(
+            c.client, CUSTOMER, c.id, c.outcome(now, success=False, job="job-b")
+        )
         standing = await c.standing()
         await handle.terminate("test done")
     await c.save(name, handle.result_run_id or "")
@@ -491,9 +560,9 @@ async def test_a_failed_validation_leaves_outcomes_uncovered(env: WorkflowEnviro
 async def test_an_outcome_arriving_just_after_the_renewal_counts_in_its_own_term(
     env: WorkflowEnvironment, name: str
 ) -> None:
-    """An incident detected a minute before midnight on the renewal date, recorded five minutes after:
-    the term closes after a settling time, so the outcome is in the renewal's evaluation, not lost
-    between two windows."""
+    """An incident detected a minute before midnight on the renewal date, recorded five minutes
+    after: the term closes after a settling time, so the outcome is in the renewal's evaluation, not
+    lost between two windows."""
     start = await _start_day(env)
     c = Contract(env, start)
     async with Worker(
@@ -507,7 +576,9 @@ async def test_an_outcome_arriving_just_after_the_renewal_counts_in_its_own_term
         await cc.renew(c.client, CUSTOMER, c.id, RenewInput())
         renewal = day_start(c.terms.renewal_date)
         await env.sleep(renewal + timedelta(minutes=5) - await env.get_current_time())
-        await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(renewal - timedelta(minutes=1), False))
+        await cc.record_outcome(
+            c.client, CUSTOMER, c.id, c.outcome(renewal - timedelta(minutes=1), False)
+        )
         await env.sleep(timedelta(hours=1))
         standing = await c.standing()
         # Left running, its timer would come due (with no worker) when a later test skips time.
@@ -520,9 +591,9 @@ async def test_an_outcome_arriving_just_after_the_renewal_counts_in_its_own_term
 async def test_a_renewal_ten_days_late_starts_the_next_term_from_the_renewal_date(
     env: WorkflowEnvironment, name: str
 ) -> None:
-    """Billing recorded the renewal 10 days late: the term was evaluated at its date, the contract kept
-    recording meanwhile, and the late `renew` starts the next term from the renewal date, so that the
-    outcomes of those 10 days count in it."""
+    """Billing recorded the renewal 10 days late: the term was evaluated at its date, the contract
+    kept recording meanwhile, and the late `renew` starts the next term from the renewal date, so
+    that the outcomes of those 10 days count in it."""
     start = await _start_day(env)
     c = Contract(env, start)
     async with Worker(
@@ -551,7 +622,9 @@ async def test_a_renewal_ten_days_late_starts_the_next_term_from_the_renewal_dat
         await cc.opt_in(c.client, CUSTOMER, c.id, "job-b")
         with pytest.raises(cc.ContractRejected) as e:
             today = (await env.get_current_time()).date()
-            await cc.expand(c.client, CUSTOMER, c.id, ExpandInput(on=today, annual_fee=usd("150000")))
+            await cc.expand(
+                c.client, CUSTOMER, c.id, ExpandInput(on=today, annual_fee=usd("150000"))
+            )
         assert e.value.error_type == ErrorType.CONTRACT_AWAITING_RENEWAL
         renewed = await cc.renew(c.client, CUSTOMER, c.id, RenewInput(annual_fee=usd("130000")))
         renewal2 = add_months(renewal, 12)
@@ -566,7 +639,12 @@ async def test_a_renewal_ten_days_late_starts_the_next_term_from_the_renewal_dat
         await handle.terminate("test done")
     await c.save(name, handle.result_run_id or "")
     ev = s2.evaluations[-1]
-    assert (ev.trigger, ev.term, ev.period_start, ev.period_end) == (Trigger.RENEWAL, 1, renewal, renewal2)
+    assert (ev.trigger, ev.term, ev.period_start, ev.period_end) == (
+        Trigger.RENEWAL,
+        1,
+        renewal,
+        renewal2,
+    )
     assert (ev.qualifying, ev.successful) == (4, 3) and ev.fee == usd("130000")
     assert s2.awaiting_renewal and s2.term == 1  # not renewed again: in its own grace now
     late_ids = {o.incident_id for o in late}
@@ -576,13 +654,16 @@ async def test_a_renewal_ten_days_late_starts_the_next_term_from_the_renewal_dat
 async def test_a_development_contract_counts_waived_jobs_and_never_credits_billing(
     env: WorkflowEnvironment, name: str
 ) -> None:
-    """A job validated with a waived check covers on a development contract, its outcomes count, and a
-    year at 60% is evaluated as any other but issues no credit: billing never hears from it."""
+    """A job validated with a waived check covers on a development contract, its outcomes count, and
+    a year at 60% is evaluated as any other but issues no credit: billing never hears from it."""
     start = await _start_day(env)
     c = Contract(env, start, purpose=ContractPurpose.DEVELOPMENT)
     billing = FakeBilling()
     async with Worker(
-        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver, *TRUSTING]
+        env.client,
+        task_queue=c.queue,
+        workflows=CONTRACT_WORKFLOWS,
+        activities=[billing.deliver, *TRUSTING],
     ):
         handle = await c.create()
         await c.cover("job-a", waived=True)

@@ -1,9 +1,9 @@
 """A contract year below 90% ends in exactly one credit accepted by a real billing webhook.
 
-Everything on the delivery path is real: ContractWorkflow's own renewal timer and delivery policy, the
-production `deliver_credit` activity (BillingActivities) signing real HTTP requests, and the reference
-receiver (torchpass.dev.billing_receiver) that verifies signatures, refuses the first attempts with 503 and
-deduplicates by idempotency key. Time is skipped by the Temporal test server.
+Everything on the delivery path is real: ContractWorkflow's own renewal timer and delivery policy,
+the production `deliver_credit` activity (BillingActivities) signing real HTTP requests, and the
+reference receiver (torchpass.dev.billing_receiver) that verifies signatures, refuses the first
+attempts with 503 and deduplicates by idempotency key. Time is skipped by the Temporal test server.
 """
 
 from __future__ import annotations
@@ -59,4 +59,6 @@ async def test_a_renewal_below_ninety_percent_is_credited_once_through_the_real_
     assert [n.idempotency_key for n in receiver.accepted] == [key]  # exactly one accepted
     assert receiver.attempts >= 3  # the first two were refused with 503 and retried
     (notice,) = receiver.accepted
-    assert (notice.qualifying, notice.successful) == (20, 16) and str(notice.amount) == "30,000.00 USD"
+    assert (notice.qualifying, notice.successful) == (20, 16) and str(
+        notice.amount
+    ) == "30,000.00 USD"

@@ -1,6 +1,6 @@
-"""A contract's history stays bounded whatever is sent to it: outcomes past the size limits are refused
-at the door (counted, never stored), so continue-as-new always fits. The time-skipping server and the
-real ContractWorkflow; histories saved as test_contract's are."""
+"""A contract's history stays bounded whatever is sent to it: outcomes past the size limits are
+refused at the door (counted, never stored), so continue-as-new always fits. The time-skipping
+server and the real ContractWorkflow; histories saved as test_contract's are."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ async def test_oversized_outcomes_are_refused_and_continue_as_new_still_fits(
     env = own_env
     c = Contract(env, await _start_day(env), cas_after=5)
     billing = FakeBilling()
-    # Every signal is in before a worker runs: the contract takes them in one go and then continues as
-    # new (signals racing a continue-as-new have wedged the time-skipping server).
+    # Every signal is in before a worker runs: the contract takes them in one go and then continues
+    # as new (signals racing a continue-as-new have wedged the time-skipping server).
     handle = await c.create()
     now = await env.get_current_time()
     for _ in range(3):  # ids of 20 KB: an unbounded ledger carried them into every next run
@@ -32,7 +32,10 @@ async def test_oversized_outcomes_are_refused_and_continue_as_new_still_fits(
     for _ in range(4):
         await cc.record_outcome(c.client, CUSTOMER, c.id, c.outcome(now))
     async with Worker(
-        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=[billing.deliver, *TRUSTING]
+        env.client,
+        task_queue=c.queue,
+        workflows=CONTRACT_WORKFLOWS,
+        activities=[billing.deliver, *TRUSTING],
     ):
         # Asked nothing until it continued as new: a query racing that workflow task can time out.
         first = c.client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
@@ -43,6 +46,8 @@ async def test_oversized_outcomes_are_refused_and_continue_as_new_still_fits(
         standing = await c.standing()
         await handle.terminate("test done")
     await c.save(name, handle.result_run_id or "")
-    assert standing.runs >= 1  # it continued as new, the refused outcomes left out of what it carried
+    # it continued as new, the refused outcomes left out of what it carried
+    assert standing.runs >= 1
     assert standing.rejected_signals == 3
-    assert sum(standing.excluded.values()) == 4  # the valid ones are kept (their job is not covered)
+    # the valid ones are kept (their job is not covered)
+    assert sum(standing.excluded.values()) == 4

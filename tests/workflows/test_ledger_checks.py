@@ -1,7 +1,8 @@
-"""The ledger counts only what it can check: a forged validation and a forged outcome sent from a plain
-client earn no credit, a genuine incident's outcome is counted, and the same failure told twice (a second
-run of its incident) is counted once. The real ContractWorkflow, MigrationWorkflow and ledger checks
-(`activities.ledger`, reading the histories) on the time-skipping server; the job side is FakeJob."""
+"""The ledger counts only what it can check: a forged validation and a forged outcome sent from a
+plain client earn no credit, a genuine incident's outcome is counted, and the same failure told
+twice (a second run of its incident) is counted once. The real ContractWorkflow, MigrationWorkflow
+and ledger checks (`activities.ledger`, reading the histories) on the time-skipping server; the job
+side is FakeJob."""
 
 from __future__ import annotations
 
@@ -41,17 +42,25 @@ async def _checked(client: Client, customer: str, contract_id: str) -> cc.Standi
     raise AssertionError("outcomes never checked")
 
 
-async def test_the_30000_usd_forgery_earns_no_credit(own_env: WorkflowEnvironment, name: str) -> None:
+async def test_the_30000_usd_forgery_earns_no_credit(
+    own_env: WorkflowEnvironment, name: str
+) -> None:
     """Repeats the finding: a made-up passing validation and one made-up failed outcome, sent with
-    nothing but a client, used to deliver 25% of a 120,000 USD fee to billing. On a server of its own:
-    skipping a year wakes every other test's workflows too."""
+    nothing but a client, used to deliver 25% of a 120,000 USD fee to billing. On a server of its
+    own: skipping a year wakes every other test's workflows too."""
     env = own_env
     start = await _start_day(env)
     c = Contract(env, start)
     billing = FakeBilling()
     ledger = LedgerActivities(env.client)
-    acts: list[Callable[..., Any]] = [billing.deliver, ledger.verify_outcomes, ledger.verify_validation]
-    async with Worker(env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=acts):
+    acts: list[Callable[..., Any]] = [
+        billing.deliver,
+        ledger.verify_outcomes,
+        ledger.verify_validation,
+    ]
+    async with Worker(
+        env.client, task_queue=c.queue, workflows=CONTRACT_WORKFLOWS, activities=acts
+    ):
         handle = await c.create()
         await cc.opt_in(c.client, CUSTOMER, c.id, "job-a")
         now = await env.get_current_time()
@@ -114,9 +123,14 @@ async def test_a_genuine_outcome_counts_and_the_same_failure_told_again_counts_o
     async with control_worker(env):
         ref, contract = await _contract(env)
         rep = report(job_id, contract=ref, at=await env.get_current_time())
-        first = await finish(env, await signal_with_start(env, rep), FakeJob(), name, rep.job_task_queue)
-        # The same report once the incident is closed: a second run of the failure's incident workflow.
-        again = await finish(env, await signal_with_start(env, rep), FakeJob(), name, rep.job_task_queue)
+        first = await finish(
+            env, await signal_with_start(env, rep), FakeJob(), name, rep.job_task_queue
+        )
+        # The same report once the incident is closed: a second run of the failure's incident
+        # workflow.
+        again = await finish(
+            env, await signal_with_start(env, rep), FakeJob(), name, rep.job_task_queue
+        )
         standing = await _checked(env.client, ref.customer_id, ref.contract_id)
         page = await cc.get_ledger(env.client, ref.customer_id, ref.contract_id)
         await contract.terminate("test done")
@@ -127,14 +141,18 @@ async def test_a_genuine_outcome_counts_and_the_same_failure_told_again_counts_o
     assert standing.duplicates == 1 and standing.rejected_claims == 1
 
 
-async def test_an_outcome_the_incident_did_not_send_is_rejected(env: WorkflowEnvironment, name: str) -> None:
-    """Outcomes no incident sent this contract are refused; a genuine incident's id with a figure changed
-    is that incident told again, counted once as first recorded."""
+async def test_an_outcome_the_incident_did_not_send_is_rejected(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    """Outcomes no incident sent this contract are refused; a genuine incident's id with a figure
+    changed is that incident told again, counted once as first recorded."""
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     async with control_worker(env):
         ref, contract = await _contract(env)
         rep = report(job_id, contract=ref, at=await env.get_current_time())
-        genuine = await finish(env, await signal_with_start(env, rep), FakeJob(), name, rep.job_task_queue)
+        genuine = await finish(
+            env, await signal_with_start(env, rep), FakeJob(), name, rep.job_task_queue
+        )
         await _checked(env.client, ref.customer_id, ref.contract_id)
         other = f"{rep.job_task_queue}-no-contract"  # an incident that told no contract
         rep2 = report(job_id, slot=3, at=await env.get_current_time())

@@ -1,10 +1,11 @@
-"""MigrationWorkflow's orchestration, on the time-skipping server, with the job side replaced by fakes.
+"""MigrationWorkflow's orchestration, on the time-skipping server, with the job side replaced by
+fakes.
 
-The fakes are registered under the real activity names on a per-test job queue; the real classification
-activity runs with the workflow on the control queue. The job worker starts only after every report was
-sent, so reports always arrive while the first step is pending, as they do when a node dies. With
-TORCHPASS_SAVE_HISTORIES=1 each test saves its history to tests/histories/<test name>.json for the replay
-test.
+The fakes are registered under the real activity names on a per-test job queue; the real
+classification activity runs with the workflow on the control queue. The job worker starts only
+after every report was sent, so reports always arrive while the first step is pending, as they do
+when a node dies. With TORCHPASS_SAVE_HISTORIES=1 each test saves its history to
+tests/histories/<test name>.json for the replay test.
 """
 
 from __future__ import annotations
@@ -55,9 +56,16 @@ async def test_a_confirmed_failure_is_migrated_live(env: WorkflowEnvironment, na
     job = FakeJob()
     outcome, (handle,) = await incident(env, job, name)
     assert outcome.disposition == Disposition.MIGRATED and outcome.success
-    assert outcome.steps_recomputed == 0 and outcome.proof == proof_of() and outcome.fallback is None
-    assert outcome.classification.qualifying and outcome.classification.category == Category.INTERRUPTION
-    assert outcome.kind == FailureKind.PROCESS_EXIT and outcome.covered and outcome.lost_slots == (2,)
+    assert (
+        outcome.steps_recomputed == 0 and outcome.proof == proof_of() and outcome.fallback is None
+    )
+    assert (
+        outcome.classification.qualifying
+        and outcome.classification.category == Category.INTERRUPTION
+    )
+    assert (
+        outcome.kind == FailureKind.PROCESS_EXIT and outcome.covered and outcome.lost_slots == (2,)
+    )
     assert [p.phase for p in outcome.phases] == [
         Phase.DETECT,
         Phase.CONFIRM,
@@ -84,18 +92,27 @@ async def test_a_confirmed_failure_is_migrated_live(env: WorkflowEnvironment, na
 async def test_an_incident_the_job_handled_itself_is_filed_from_its_record(
     env: WorkflowEnvironment, name: str
 ) -> None:
-    """The control plane was away when the rank died, so the job carried the steps out itself: it refuses
-    the workflow the steps (`HandledLocally`) and the workflow files the job's record instead, classified
-    here and its proof checked here, with the job's own timings; nothing is run a second time."""
+    """The control plane was away when the rank died, so the job carried the steps out itself: it
+    refuses the workflow the steps (`HandledLocally`) and the workflow files the job's record
+    instead, classified here and its proof checked here, with the job's own timings; nothing is run
+    a second time."""
     job = FakeJob(local=True)
     outcome, _ = await incident(env, job, name)
-    assert outcome.disposition is Disposition.MIGRATED and outcome.success and outcome.handled_locally
-    assert outcome.proof == proof_of() and outcome.steps_recomputed == 0 and outcome.lost_slots == (2,)
-    assert outcome.classification.qualifying and outcome.classification.category is Category.INTERRUPTION
+    assert (
+        outcome.disposition is Disposition.MIGRATED and outcome.success and outcome.handled_locally
+    )
+    assert (
+        outcome.proof == proof_of() and outcome.steps_recomputed == 0 and outcome.lost_slots == (2,)
+    )
+    assert (
+        outcome.classification.qualifying
+        and outcome.classification.category is Category.INTERRUPTION
+    )
     assert outcome.recovered_at == T0 + timedelta(seconds=7) and outcome.recovery_seconds == 7.0
     timed = {p.phase: p.seconds for p in outcome.phases}
     assert list(timed) == [Phase.DETECT, Phase.TRANSFER, Phase.CLASSIFY, Phase.RECORD]
-    assert timed[Phase.DETECT] == 5.0 and timed[Phase.TRANSFER] == 0.5  # the job's clock: detect -> began
+    # the job's clock: detect -> began
+    assert timed[Phase.DETECT] == 5.0 and timed[Phase.TRANSFER] == 0.5
     assert job.calls == Counter({"confirm": 1, "recorded": 1, "complete": 1})
     assert [o.handled_locally for o in job.completed] == [True]
 
@@ -103,11 +120,16 @@ async def test_an_incident_the_job_handled_itself_is_filed_from_its_record(
 async def test_a_local_record_whose_proof_does_not_hold_is_a_failure_not_a_success(
     env: WorkflowEnvironment, name: str
 ) -> None:
-    """A record of a live migration whose receiver installed other bytes than the donor's: the workflow
-    checks it as it checks a migration it ran, and records a failure with why, never a success."""
+    """A record of a live migration whose receiver installed other bytes than the donor's: the
+    workflow checks it as it checks a migration it ran, and records a failure with why, never a
+    success."""
     job = FakeJob(local_forged=True)
     outcome, _ = await incident(env, job, name)
-    assert outcome.disposition is Disposition.FAILED and not outcome.success and outcome.handled_locally
+    assert (
+        outcome.disposition is Disposition.FAILED
+        and not outcome.success
+        and outcome.handled_locally
+    )
     assert outcome.error and "does not hold" in outcome.error and outcome.proof is None
     assert job.calls["restart"] == 0 and job.calls["complete"] == 1
 
@@ -118,7 +140,8 @@ async def test_a_job_that_handled_an_incident_but_gives_no_record_is_a_failure_o
     job = FakeJob(local_no_record=True)
     outcome, _ = await incident(env, job, name)
     assert outcome.disposition is Disposition.FAILED and outcome.handled_locally
-    assert outcome.classification.qualifying  # torchpass's own failure never disqualifies the customer's
+    # torchpass's own failure never disqualifies the customer's
+    assert outcome.classification.qualifying
     assert outcome.error and "gave no record" in outcome.error
     assert job.calls["recorded"] == 1 and job.calls["restart"] == 0 and job.calls["complete"] == 1
 
@@ -139,13 +162,17 @@ async def test_no_spare_disqualifies_and_falls_back_to_a_checkpoint_restart(
     assert attrs.get(SearchAttributeKey.for_keyword(SA_OUTCOME)) == "fallback_restart"
 
 
-async def test_spare_is_released_when_transfer_keeps_failing(env: WorkflowEnvironment, name: str) -> None:
+async def test_spare_is_released_when_transfer_keeps_failing(
+    env: WorkflowEnvironment, name: str
+) -> None:
     job = FakeJob(transfer=True)
     outcome, _ = await incident(env, job, name)
-    assert job.calls["transfer"] == MIGRATION_RETRY.attempts  # retried to the policy's limit, no further
+    # retried to the policy's limit, no further
+    assert job.calls["transfer"] == MIGRATION_RETRY.attempts
     assert job.calls["release"] == 1 and job.calls["restart"] == 1 and job.calls["rejoin"] == 0
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
-    assert outcome.classification.qualifying  # a qualifying failure we failed to migrate: counts against us
+    # a qualifying failure we failed to migrate: counts against us
+    assert outcome.classification.qualifying
     assert outcome.fallback is not None and outcome.steps_recomputed == 5
     assert outcome.recovered_at == T0 + timedelta(seconds=30)
     assert outcome.error and "donor lost mid-transfer" in outcome.error
@@ -174,34 +201,48 @@ async def test_duplicate_and_correlated_reports_fold_into_one_incident(
     assert outcome.classification.category == Category.HOST_GPU_FABRIC and outcome.success
 
 
-async def test_a_malformed_signal_does_not_break_the_incident(env: WorkflowEnvironment, name: str) -> None:
+async def test_a_malformed_signal_does_not_break_the_incident(
+    env: WorkflowEnvironment, name: str
+) -> None:
     job = FakeJob()
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     async with control_worker(env):
         handle = await signal_with_start(env, report(job_id))
-        await handle.signal(IncidentMessage.REPORT, {"evidence": {"kind": "not-a-kind"}, "job_task_queue": 3})
-        await handle.signal(IncidentMessage.REPORT, report(job_id).model_dump(mode="json") | {"surprise": 1})
-        await handle.signal(IncidentMessage.REPORT, report("another-job", FailureKind.NODE_POWER_LOSS))
+        await handle.signal(
+            IncidentMessage.REPORT, {"evidence": {"kind": "not-a-kind"}, "job_task_queue": 3}
+        )
+        await handle.signal(
+            IncidentMessage.REPORT, report(job_id).model_dump(mode="json") | {"surprise": 1}
+        )
+        await handle.signal(
+            IncidentMessage.REPORT, report("another-job", FailureKind.NODE_POWER_LOSS)
+        )
         status = await handle.query(MigrationWorkflow.status)
         assert status.evidence_count == 1 and status.disposition is None
         outcome = await finish(env, handle, job, name, report(job_id).job_task_queue)
-        status = await handle.query(MigrationWorkflow.status)  # a closed workflow's query needs a worker
-    assert outcome.success and outcome.evidence_count == 1 and outcome.kind == FailureKind.PROCESS_EXIT
+        # a closed workflow's query needs a worker
+        status = await handle.query(MigrationWorkflow.status)
+    assert (
+        outcome.success and outcome.evidence_count == 1 and outcome.kind == FailureKind.PROCESS_EXIT
+    )
     assert status.phase == Phase.RECORD and status.disposition == Disposition.MIGRATED
 
 
 async def test_evidence_after_the_outcome_goes_into_the_incidents_history(
     env: WorkflowEnvironment, name: str
 ) -> None:
-    """The job's late window (3 s): the outcome is recorded and answered by `outcome` while the run stays
-    open; a NotReady that comes then is signalled to that run, into its history and its count, and the
-    outcome stands as recorded. The first report of another incident that lands here (a job run again
-    under the same id) is not taken: the job, told the outcome is recorded, moves it to a fresh id. Once
-    the window is over the run closes with that outcome, and a later report to it is refused."""
+    """The job's late window (3 s): the outcome is recorded and answered by `outcome` while the run
+    stays open; a NotReady that comes then is signalled to that run, into its history and its count,
+    and the outcome stands as recorded. The first report of another incident that lands here (a job
+    run again under the same id) is not taken: the job, told the outcome is recorded, moves it to a
+    fresh id. Once the window is over the run closes with that outcome, and a later report to it is
+    refused."""
     job = FakeJob()
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     first = report(job_id).model_copy(update={"linger_seconds": 3.0})
-    late = report(job_id, FailureKind.NODE_NOT_READY).model_copy(update={"late": True, "linger_seconds": 3.0})
+    late = report(job_id, FailureKind.NODE_NOT_READY).model_copy(
+        update={"late": True, "linger_seconds": 3.0}
+    )
     async with control_worker(env):
         handle = await signal_with_start(env, first)
         async with Worker(env.client, task_queue=first.job_task_queue, activities=job.activities()):
@@ -210,11 +251,14 @@ async def test_evidence_after_the_outcome_goes_into_the_incidents_history(
                 recorded = await handle.query(MigrationWorkflow.outcome)
                 await asyncio.sleep(0.05)
             await handle.signal(IncidentMessage.REPORT, late)
-            other = report(job_id, FailureKind.PROCESS_EXIT, slot=3).model_copy(update={"opens": True})
+            other = report(job_id, FailureKind.PROCESS_EXIT, slot=3).model_copy(
+                update={"opens": True}
+            )
             await handle.signal(IncidentMessage.REPORT, other)
             status = await handle.query(MigrationWorkflow.status)
             outcome = await asyncio.wait_for(handle.result(), 30)
-    assert status.evidence_count == 2 and recorded.evidence_count == 1  # the late one, not the other
+    # the late one, not the other
+    assert status.evidence_count == 2 and recorded.evidence_count == 1
     assert outcome == recorded and outcome.success
     signalled = [
         FailureReport.model_validate_json(
@@ -236,7 +280,9 @@ async def test_a_false_alarm_changes_nothing(env: WorkflowEnvironment, name: str
     assert job.calls["reserve"] == 0 and job.calls["restart"] == 0 and job.calls["complete"] == 1
 
 
-async def test_a_job_that_cannot_confirm_still_gets_a_restart(env: WorkflowEnvironment, name: str) -> None:
+async def test_a_job_that_cannot_confirm_still_gets_a_restart(
+    env: WorkflowEnvironment, name: str
+) -> None:
     job = FakeJob(confirm=True)
     outcome, _ = await incident(env, job, name)
     assert job.calls["confirm"] == MIGRATION_RETRY.attempts and job.calls["reserve"] == 0
@@ -245,9 +291,11 @@ async def test_a_job_that_cannot_confirm_still_gets_a_restart(env: WorkflowEnvir
     assert outcome.classification.qualifying  # our failure to reach the job must not disqualify it
 
 
-async def test_every_step_is_bounded_in_time_and_retries(env: WorkflowEnvironment, name: str) -> None:
-    # The time-skipping server does not skip time while an activity is outstanding, so a job that never
-    # answers cannot be waited out here; the history shows that no step could wait forever.
+async def test_every_step_is_bounded_in_time_and_retries(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    # The time-skipping server does not skip time while an activity is outstanding, so a job that
+    # never answers cannot be waited out here; the history shows that no step could wait forever.
     job = FakeJob(transfer=True)
     outcome, (handle,) = await incident(env, job, name)
     scheduled = [
@@ -270,7 +318,8 @@ async def test_every_step_is_bounded_in_time_and_retries(env: WorkflowEnvironmen
         assert ErrorType.NO_SPARE in a.retry_policy.non_retryable_error_types
         if a.activity_type.name == JobActivity.TRANSFER_STATE:
             assert a.heartbeat_timeout.ToSeconds() > 0
-        if a.task_queue.name != CONTROL_TASK_QUEUE:  # a job step: a gone coordinator shows in seconds
+        # a job step: a gone coordinator shows in seconds
+        if a.task_queue.name != CONTROL_TASK_QUEUE:
             assert a.schedule_to_start_timeout.ToSeconds() == JOB_PICKUP, a.activity_type.name
     assert outcome.disposition == Disposition.FALLBACK_RESTART
 
@@ -282,7 +331,9 @@ async def test_a_job_that_is_gone_is_not_retried(env: WorkflowEnvironment, name:
     assert job.calls == Counter(confirm=1, restart=1, complete=1)
 
 
-async def test_the_outcome_stands_when_the_job_cannot_record_it(env: WorkflowEnvironment, name: str) -> None:
+async def test_the_outcome_stands_when_the_job_cannot_record_it(
+    env: WorkflowEnvironment, name: str
+) -> None:
     job = FakeJob(complete=True)
     outcome, _ = await incident(env, job, name)
     assert outcome.success and outcome.disposition == Disposition.MIGRATED
@@ -299,7 +350,9 @@ async def _contract_incident(
     return await finish(env, handle, FakeJob(), name, rep.job_task_queue)
 
 
-async def test_the_outcome_is_recorded_on_the_jobs_contract(env: WorkflowEnvironment, name: str) -> None:
+async def test_the_outcome_is_recorded_on_the_jobs_contract(
+    env: WorkflowEnvironment, name: str
+) -> None:
     ref = ContractRef(customer_id="acme", contract_id=f"c-{uuid.uuid4().hex[:8]}")
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     today = (await env.get_current_time()).date()
@@ -320,7 +373,8 @@ async def test_the_outcome_is_recorded_on_the_jobs_contract(env: WorkflowEnviron
                 break
             await asyncio.sleep(0.05)
         page = await cc.get_ledger(env.client, ref.customer_id, ref.contract_id)
-        await contract.terminate("test done")  # its timers would wake it on the shared control queue
+        # its timers would wake it on the shared control queue
+        await contract.terminate("test done")
     assert standing.rejected_claims == 0 and page.rejected == ()
     assert outcome.success and outcome.error is None
     assert [(r.incident_id, r.job_id) for r in page.rows] == [(outcome.incident_id, job_id)]
@@ -341,15 +395,17 @@ async def test_a_contract_that_is_not_running_is_an_error_the_outcome_keeps(
 async def test_an_incident_whose_job_is_gone_ends_on_the_record_within_a_minute(
     env: WorkflowEnvironment, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The coordinator killed (Ctrl-C, SIGKILL) with its incident open: nobody serves the job's task queue.
-    Each job step nobody takes ends after JOB_PICKUP (never retried), so the incident ends failed, with
-    why, within about a minute; on the previous main it stayed RUNNING for every step's schedule-to-close
-    (19 minutes once). The time-skipping server does not skip an outstanding activity's time, so the test
-    takes the pickup bound as 2 s."""
+    """The coordinator killed (Ctrl-C, SIGKILL) with its incident open: nobody serves the job's task
+    queue. Each job step nobody takes ends after JOB_PICKUP (never retried), so the incident ends
+    failed, with why, within about a minute; on the previous main it stayed RUNNING for every step's
+    schedule-to-close (19 minutes once). The time-skipping server does not skip an outstanding
+    activity's time, so the test takes the pickup bound as 2 s."""
     pickup = timedelta(seconds=2)
     for step, t in list(ACTIVITY_TIMEOUTS.items()):
         if t.schedule_to_start is not None:
-            monkeypatch.setitem(ACTIVITY_TIMEOUTS, step, dataclasses.replace(t, schedule_to_start=pickup))
+            monkeypatch.setitem(
+                ACTIVITY_TIMEOUTS, step, dataclasses.replace(t, schedule_to_start=pickup)
+            )
     job_id = f"job-{uuid.uuid4().hex[:8]}"
     async with control_worker(env):
         handle = await signal_with_start(env, report(job_id))  # and no worker on the job's queue

@@ -1,6 +1,7 @@
-"""MigrationWorkflow checks what the job answers before it records a live migration, and records what the
-job measured: a proof that disagrees with itself, a rank resuming at another step, no spare measured at
-confirmation, a classifier that fails. The job side is `fake_job.FakeJob` on the time-skipping server."""
+"""MigrationWorkflow checks what the job answers before it records a live migration, and records
+what the job measured: a proof that disagrees with itself, a rank resuming at another step, no spare
+measured at confirmation, a classifier that fails. The job side is `fake_job.FakeJob` on the
+time-skipping server."""
 
 from __future__ import annotations
 
@@ -16,16 +17,23 @@ async def test_a_receiver_holding_other_bytes_fails_the_migration(
     env: WorkflowEnvironment, name: str
 ) -> None:
     """The job's transfer claims success, but the receiver's own digest of what it installed differs
-    from the donor's: not a live migration. The spare goes back, the job restarts from a checkpoint."""
+    from the donor's: not a live migration. The spare goes back, the job restarts from a
+    checkpoint."""
     job = FakeJob(wrong_byte=True)
     outcome, _ = await incident(env, job, name)
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
-    assert outcome.error and "proof does not hold" in outcome.error and "rank 2 holds state" in outcome.error
+    assert (
+        outcome.error
+        and "proof does not hold" in outcome.error
+        and "rank 2 holds state" in outcome.error
+    )
     assert job.calls["rejoin"] == 0 and job.calls["release"] == 1 and job.calls["restart"] == 1
     assert outcome.classification.qualifying  # our failure to migrate it counts against us
 
 
-async def test_a_receiver_at_another_step_fails_the_migration(env: WorkflowEnvironment, name: str) -> None:
+async def test_a_receiver_at_another_step_fails_the_migration(
+    env: WorkflowEnvironment, name: str
+) -> None:
     job = FakeJob(wrong_step=True)
     outcome, _ = await incident(env, job, name)
     assert outcome.disposition == Disposition.FALLBACK_RESTART and not outcome.success
@@ -42,8 +50,11 @@ async def test_a_rank_resuming_at_another_step_fails_the_migration(
     assert job.calls["rejoin"] == 1 and job.calls["release"] == 1
 
 
-async def test_the_outcome_carries_the_steps_the_job_measured(env: WorkflowEnvironment, name: str) -> None:
-    job = FakeJob(transfer=True)  # falls back: the restarted ranks resumed at step 5, the job had done 9
+async def test_the_outcome_carries_the_steps_the_job_measured(
+    env: WorkflowEnvironment, name: str
+) -> None:
+    # falls back: the restarted ranks resumed at step 5, the job had done 9
+    job = FakeJob(transfer=True)
     outcome, _ = await incident(env, job, name)
     assert outcome.steps_recomputed == 5 and outcome.step_before == 9
     assert outcome.resumed_steps == dict.fromkeys(range(4), 5)
@@ -66,8 +77,8 @@ async def test_no_spare_measured_at_confirmation_disqualifies_before_any_reserva
 async def test_a_spare_lost_after_confirmation_is_classified_by_the_classifier(
     env: WorkflowEnvironment, name: str
 ) -> None:
-    """Confirmation saw a spare, the reservation found none: the classifier, not the workflow, says what
-    that means; its two runs are timed as one phase."""
+    """Confirmation saw a spare, the reservation found none: the classifier, not the workflow, says
+    what that means; its two runs are timed as one phase."""
     job = FakeJob(no_spare=True)
     outcome, _ = await incident(env, job, name)
     assert outcome.classification.category == Category.UNABLE_TO_RECOVER
@@ -80,13 +91,19 @@ async def test_a_failed_classifier_leaves_the_failure_unclassified_and_qualifyin
 ) -> None:
     job = FakeJob()
     outcome, _ = await incident(env, job, name, classify_fails=True)
-    assert outcome.classification.category == Category.UNCLASSIFIED and outcome.classification.qualifying
+    assert (
+        outcome.classification.category == Category.UNCLASSIFIED
+        and outcome.classification.qualifying
+    )
     assert "classification table failed to load" in outcome.classification.reason
-    assert outcome.kind == FailureKind.PROCESS_EXIT  # the first report's kind: no table read in the workflow
+    # the first report's kind: no table read in the workflow
+    assert outcome.kind == FailureKind.PROCESS_EXIT
     assert outcome.success and outcome.disposition == Disposition.MIGRATED
 
 
-async def test_a_hang_is_timed_from_the_last_progress_as_well(env: WorkflowEnvironment, name: str) -> None:
+async def test_a_hang_is_timed_from_the_last_progress_as_well(
+    env: WorkflowEnvironment, name: str
+) -> None:
     last = T0 - timedelta(seconds=2)
     outcome, _ = await incident(env, FakeJob(), name, kinds=(FailureKind.HANG,), last_progress=last)
     assert outcome.recovery_seconds == 1.0  # from detection

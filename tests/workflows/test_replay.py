@@ -1,13 +1,14 @@
-"""Saved MigrationWorkflow and ContractWorkflow histories replay against today's code: a non-deterministic
-change fails here.
+"""Saved MigrationWorkflow and ContractWorkflow histories replay against today's code: a
+non-deterministic change fails here.
 
 Regenerate them (after an intended change, once no old run can still be in flight) with
 `TORCHPASS_SAVE_HISTORIES=1 .venv/bin/python -m pytest tests/workflows/test_migration.py
 tests/workflows/test_migration_proof.py` (or `test_contract.py`, whose histories are
-`contract_<test>_run<k>.json`, one per run of a contract). `v1_*.json` are MigrationWorkflow histories
-recorded before the `measured-outcome` patch, `v2_*.json` before the `activity-names` patch (the job
-activities `reserve_spare` and `recorded_outcome`), `v1_contract_*.json` ContractWorkflow histories
-recorded before the `verified-ledger` patch: they must keep replaying through the legacy paths.
+`contract_<test>_run<k>.json`, one per run of a contract). `v1_*.json` are MigrationWorkflow
+histories recorded before the `measured-outcome` patch, `v2_*.json` before the `activity-names`
+patch (the job activities `reserve_spare` and `recorded_outcome`), `v1_contract_*.json`
+ContractWorkflow histories recorded before the `verified-ledger` patch: they must keep replaying
+through the legacy paths.
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ def test_there_are_histories_to_replay() -> None:
 
 
 def test_every_workflow_test_has_a_saved_history() -> None:
-    tests = {n for m in (test_migration, test_migration_proof) for n in dir(m) if n.startswith("test_")}
-    assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
+    tests = {
+        n for m in (test_migration, test_migration_proof) for n in dir(m) if n.startswith("test_")
+    }
+    assert tests <= {p.stem for p in HISTORIES}, (
+        "regenerate the histories (see this module's docstring)"
+    )
 
 
 def test_every_contract_test_has_saved_histories() -> None:
@@ -47,7 +52,9 @@ def test_every_contract_test_has_saved_histories() -> None:
     tests = {f"contract_{n}_run0" for m in modules for n in dir(m) if n.startswith("test_")}
     tests.add("contract_test_the_30000_usd_forgery_earns_no_credit_run0")
     tests |= {n for n in dir(test_ledger_checks) if n.startswith("test_a")}  # their incidents'
-    assert tests <= {p.stem for p in HISTORIES}, "regenerate the histories (see this module's docstring)"
+    assert tests <= {p.stem for p in HISTORIES}, (
+        "regenerate the histories (see this module's docstring)"
+    )
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -1,8 +1,10 @@
-"""Tracing: an incident, traced end to end on the time-skipping server, and the TORCHPASS_OTEL_* settings.
+"""Tracing: an incident, traced end to end on the time-skipping server, and the TORCHPASS_OTEL_*
+settings.
 
-The incident runs as in production: the job side signal-with-starts it through `workers.job.reporter`, the
-real control worker runs the workflow, and the fake job activities run on a job worker; every client and
-worker is built from one client carrying the tracing interceptor, as `torchpass worker` / `run` build theirs.
+The incident runs as in production: the job side signal-with-starts it through
+`workers.job.reporter`, the real control worker runs the workflow, and the fake job activities run
+on a job worker; every client and worker is built from one client carrying the tracing interceptor,
+as `torchpass worker` / `run` build theirs.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ async def test_an_incident_is_one_trace_from_report_to_job_activities(
     provider, exporter = spans
     client = _traced_client(env, provider)
     job, rep = FakeJob(), report(f"job-{uuid.uuid4().hex[:8]}")
-    workflow_id = incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation)
+    workflow_id = incident_workflow_id(
+        rep.evidence.job_id, rep.evidence.failure_domain, rep.generation
+    )
     async with control_worker(client):
         await reporter(client)(workflow_id, rep)
         async with Worker(client, task_queue=rep.job_task_queue, activities=job.activities()):
@@ -80,11 +84,14 @@ async def test_an_incident_is_one_trace_from_report_to_job_activities(
 async def test_an_untraced_report_leaves_only_lone_activity_spans(
     env: WorkflowEnvironment, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    """With tracing off in the job agent, the workers trace no workflow (it would be an orphan on replay)."""
+    """With tracing off in the job agent, the workers trace no workflow (it would be an orphan on
+    replay)."""
     provider, exporter = spans
     traced = _traced_client(env, provider)
     job, rep = FakeJob(), report(f"job-{uuid.uuid4().hex[:8]}")
-    workflow_id = incident_workflow_id(rep.evidence.job_id, rep.evidence.failure_domain, rep.generation)
+    workflow_id = incident_workflow_id(
+        rep.evidence.job_id, rep.evidence.failure_domain, rep.generation
+    )
     async with control_worker(traced):
         await reporter(env.client)(workflow_id, rep)
         async with Worker(traced, task_queue=rep.job_task_queue, activities=job.activities()):
@@ -116,7 +123,9 @@ def test_console_exporter_gives_one_tracing_interceptor(monkeypatch: pytest.Monk
         provider.shutdown()
 
 
-def test_a_given_provider_turns_tracing_on(spans: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+def test_a_given_provider_turns_tracing_on(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
     provider, _ = spans
     (interceptor,) = interceptors(TelemetrySettings(exporter="none"), provider)
     assert isinstance(interceptor, TracingInterceptor)

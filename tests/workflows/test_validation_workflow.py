@@ -1,9 +1,10 @@
-"""EnvironmentValidationWorkflow on the time-skipping server, every activity mocked under its real name.
+"""EnvironmentValidationWorkflow on the time-skipping server, every activity mocked under its real
+name.
 
-The control-side activities (facts, and recording on the contract) are served on the workflow's queue,
-`describe_job` on a per-test job queue, or not at all: an unreachable job. A waived scheduler check is
-recorded by the real `record_validation` activity on real ContractWorkflows, a customer and a development
-one; the real recording of a real job runs in tests/integration/test_validation.py.
+The control-side activities (facts, and recording on the contract) are served on the workflow's
+queue, `describe_job` on a per-test job queue, or not at all: an unreachable job. A waived scheduler
+check is recorded by the real `record_validation` activity on real ContractWorkflows, a customer and
+a development one; the real recording of a real job runs in tests/integration/test_validation.py.
 """
 
 from __future__ import annotations
@@ -107,7 +108,9 @@ class Fakes:
             if self.scheduler == "crash":
                 raise ApplicationError("scontrol crashed")
             found = self.scheduler == "slurm"
-            probe = SchedulerProbe(scheduler="slurm", found=found, detail="Slurmctld(primary) at c1 is UP")
+            probe = SchedulerProbe(
+                scheduler="slurm", found=found, detail="Slurmctld(primary) at c1 is UP"
+            )
             return SchedulerFacts(probes=(probe,))
 
         @activity.defn(name=ValidationActivity.RECORD_VALIDATION)
@@ -127,7 +130,9 @@ class Fakes:
         async def describe_job(inp: ValidationTarget) -> JobDescription:
             self.calls["describe"] += 1
             if self.wrong_job:
-                raise ApplicationError("this is job other", type=ErrorType.INVALID_INPUT, non_retryable=True)
+                raise ApplicationError(
+                    "this is job other", type=ErrorType.INVALID_INPUT, non_retryable=True
+                )
             return self.description
 
         return [describe_job]
@@ -154,7 +159,8 @@ async def validate(
     async with workers(env, fakes, job_served) as (queue, job_queue):
         handle = await env.client.start_workflow(
             WorkflowName.VALIDATION,
-            # A short deadline for the job's answer: an activity nobody polls holds the time skipping back.
+            # A short deadline for the job's answer: an activity nobody polls holds the time
+            # skipping back.
             ValidateInput(
                 contract_id="c-1",
                 customer_id="acme",
@@ -174,7 +180,9 @@ def names(report: ValidationReport, passed: bool) -> list[str]:
     return [c.name for c in report.checks if c.passed is passed]
 
 
-async def test_a_valid_environment_passes_and_is_recorded_on_the_contract(env: WorkflowEnvironment) -> None:
+async def test_a_valid_environment_passes_and_is_recorded_on_the_contract(
+    env: WorkflowEnvironment,
+) -> None:
     fakes = Fakes()
     report, handle = await validate(env, fakes)
     assert report.passed, report.checks
@@ -182,11 +190,15 @@ async def test_a_valid_environment_passes_and_is_recorded_on_the_contract(env: W
     assert [(r.customer_id, r.report) for r in fakes.recorded] == [("acme", report)]
     assert fakes.calls == {"control": 1, "scheduler": 1, "describe": 1, "record": 1}
     # Deterministic: the history replays against the workflow's code.
-    replayer = Replayer(workflows=[EnvironmentValidationWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[EnvironmentValidationWorkflow], data_converter=pydantic_data_converter
+    )
     assert (await replayer.replay_workflow(await handle.fetch_history())).replay_failure is None
 
 
-async def test_an_empty_spare_pool_and_no_redundancy_fail_and_are_recorded(env: WorkflowEnvironment) -> None:
+async def test_an_empty_spare_pool_and_no_redundancy_fail_and_are_recorded(
+    env: WorkflowEnvironment,
+) -> None:
     fakes = Fakes(job(world_size=1, ranks_connected=1, spares_ready=0, shard_replicas={"model": 1}))
     report, _ = await validate(env, fakes)
     assert not report.passed
@@ -194,13 +206,21 @@ async def test_an_empty_spare_pool_and_no_redundancy_fail_and_are_recorded(env: 
     assert [r.report for r in fakes.recorded] == [report]  # a failed validation is recorded too
 
 
-async def test_an_unreachable_job_fails_agent_present_not_the_workflow(env: WorkflowEnvironment) -> None:
+async def test_an_unreachable_job_fails_agent_present_not_the_workflow(
+    env: WorkflowEnvironment,
+) -> None:
     fakes = Fakes()
     report, _ = await validate(env, fakes, job_served=False)
     assert not report.passed
     agent = next(c for c in report.checks if c.name == Check.AGENT)
     assert "did not answer" in agent.detail and "timeout" in agent.detail.lower()
-    assert names(report, False) == [Check.AGENT, Check.TORCH, Check.BACKEND, Check.SPARES, Check.REDUNDANCY]
+    assert names(report, False) == [
+        Check.AGENT,
+        Check.TORCH,
+        Check.BACKEND,
+        Check.SPARES,
+        Check.REDUNDANCY,
+    ]
     assert fakes.calls["describe"] == 0 and [r.report for r in fakes.recorded] == [report]
 
 
@@ -227,7 +247,9 @@ async def test_no_scheduler_fails_unless_the_request_waives_it(env: WorkflowEnvi
     assert "local-development override" in report.checks[2].detail
 
 
-async def test_a_waived_check_covers_the_job_on_a_development_contract_only(env: WorkflowEnvironment) -> None:
+async def test_a_waived_check_covers_the_job_on_a_development_contract_only(
+    env: WorkflowEnvironment,
+) -> None:
     """The scheduler check waived (allow_local), recorded by the real activity on real contracts."""
     fakes = Fakes(scheduler="none")
     queue, job_queue = f"control-{uuid.uuid4()}", f"job-{uuid.uuid4()}"
@@ -258,8 +280,8 @@ async def test_a_waived_check_covers_the_job_on_a_development_contract_only(env:
 async def _validate_waived(
     env: WorkflowEnvironment, purpose: ContractPurpose, queue: str, job_queue: str
 ) -> tuple[object, ...]:
-    """A contract of `purpose`, job-1 validated with the scheduler waived and one outcome recorded: its
-    covered jobs, qualifying count, the outcome's ledger status and the ledger's purpose."""
+    """A contract of `purpose`, job-1 validated with the scheduler waived and one outcome recorded:
+    its covered jobs, qualifying count, the outcome's ledger status and the ledger's purpose."""
     cid, today = f"c-{purpose.value}-{uuid.uuid4().hex[:6]}", (await env.get_current_time()).date()
     terms = ContractTerms(
         customer_id="acme",
@@ -307,7 +329,9 @@ def outcome(at: datetime) -> MigrationOutcome:
         failure_domain="node-1",
         kind=FailureKind.PROCESS_EXIT,
         evidence_count=1,
-        classification=Classification(category=Category.INTERRUPTION, qualifying=True, reason="exit"),
+        classification=Classification(
+            category=Category.INTERRUPTION, qualifying=True, reason="exit"
+        ),
         covered=True,
         disposition=Disposition.MIGRATED,
         success=True,
@@ -319,10 +343,15 @@ async def test_a_contract_that_is_not_running_is_reported(env: WorkflowEnvironme
     report, _ = await validate(env, Fakes(contract="missing"))
     assert not report.passed
     assert names(report, False) == [Check.RECORDED]
-    assert "no running contract" in report.checks[-1].detail and "not covered" in report.checks[-1].detail
+    assert (
+        "no running contract" in report.checks[-1].detail
+        and "not covered" in report.checks[-1].detail
+    )
 
 
-async def test_a_contract_that_cannot_be_reached_is_reported_after_retries(env: WorkflowEnvironment) -> None:
+async def test_a_contract_that_cannot_be_reached_is_reported_after_retries(
+    env: WorkflowEnvironment,
+) -> None:
     fakes = Fakes(contract="unreachable")
     report, _ = await validate(env, fakes)
     assert names(report, False) == [Check.RECORDED] and fakes.calls["record"] == 3

@@ -1,8 +1,8 @@
 """`torchpass`: server, worker, run, node, detect, inject, drain, jobs, incidents, contract, cost.
 
-Each command lives in its own module of this package; they share `torchpass.cli.common` and never import
-this one. Heavy imports (torch, the workers) happen inside the command that needs them, so `torchpass
---help` and argument errors answer at once.
+Each command lives in its own module of this package; they share `torchpass.cli.common` and never
+import this one. Heavy imports (torch, the workers) happen inside the command that needs them, so
+`torchpass --help` and argument errors answer at once.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What every `torchpass` command shares: its typed error, the Temporal flags, settings and a client."""
+"""What every `torchpass` command shares: its typed error, the Temporal flags, settings and a
+client."""
 
 from __future__ import annotations
 
@@ -45,20 +46,22 @@ def temporal_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_settings(args: argparse.Namespace) -> Any:
-    """The process's one settings object: the environment, with the command line's Temporal flags on top."""
+    """The process's one settings object: the environment, with the command line's Temporal flags on
+    top."""
     from workers.settings import Settings
 
     if getattr(args, "api_key", None) is not None:
         raise CliError(
-            "--api-key would show the key to every user of this host (ps): set TORCHPASS_TEMPORAL_API_KEY "
-            "or pass --api-key-file"
+            "--api-key would show the key to every user of this host (ps): set "
+            "TORCHPASS_TEMPORAL_API_KEY or pass --api-key-file"
         )
     given = {k: getattr(args, k) for k in _TEMPORAL_FLAGS if getattr(args, k, None) is not None}
     return Settings.load(temporal=given)
 
 
 async def connect(settings: Any, traced: bool = False) -> Any:
-    """A Temporal client for `settings`; `traced` adds the OpenTelemetry interceptor (TORCHPASS_OTEL_*)."""
+    """A Temporal client for `settings`; `traced` adds the OpenTelemetry interceptor
+    (TORCHPASS_OTEL_*)."""
     from workers.telemetry import interceptors
     from workers.temporal import connect as temporal_connect
 

@@ -1,9 +1,11 @@
-"""`torchpass contract create|opt-in|validate|show|ledger|expand|renew`: a YOCO contract from the shell.
+"""`torchpass contract create|opt-in|validate|show|ledger|expand|renew`: a YOCO contract from the
+shell.
 
 Every command speaks to the contract's workflow through `workers.contract_client`; `show` prints the
-standing as a table (`--json` for machines), `ledger` every recorded outcome with why it counts or not.
-`create --development` makes a development contract (waived checks accepted, no credit to billing);
-`opt-in` and `validate` print each check as ok, FAIL or WAIVED and exit 0 only when the job is covered.
+standing as a table (`--json` for machines), `ledger` every recorded outcome with why it counts or
+not. `create --development` makes a development contract (waived checks accepted, no credit to
+billing); `opt-in` and `validate` print each check as ok, FAIL or WAIVED and exit 0 only when the
+job is covered.
 """
 
 from __future__ import annotations
@@ -49,25 +51,30 @@ def _ids(p: argparse.ArgumentParser) -> None:
 
 def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add `contract` and its subcommands to the CLI's subparsers."""
-    c = sub.add_parser("contract", help="YOCO contracts: create, opt jobs in, standing, ledger, credits")
+    c = sub.add_parser(
+        "contract", help="YOCO contracts: create, opt jobs in, standing, ledger, credits"
+    )
     csub = c.add_subparsers(dest="contract_command", required=True)
     cr = csub.add_parser("create", help="start a contract's workflow")
     cr.add_argument("--start", type=date.fromisoformat, required=True, help="first day, YYYY-MM-DD")
-    cr.add_argument("--renewal", type=date.fromisoformat, help="renewal date (default: start + 1 year)")
+    cr.add_argument(
+        "--renewal", type=date.fromisoformat, help="renewal date (default: start + 1 year)"
+    )
     cr.add_argument("--fee", type=_amount, required=True, help="annual license fee, e.g. 120000")
     cr.add_argument("--currency", default="USD")
     cr.add_argument(
         "--development",
         action="store_true",
-        help="a development contract: validations with waived checks (--allow-local) cover a job, and it "
-        "never issues a credit to billing; not a customer guarantee",
+        help="a development contract: validations with waived checks (--allow-local) cover a job, "
+        "and it never issues a credit to billing; not a customer guarantee",
     )
     o = csub.add_parser("opt-in", help="opt a job in and validate its environment")
     o.add_argument("--job", required=True)
     o.add_argument("--task-queue", help="the job's task queue (default: torchpass-job-<job>)")
     o.add_argument("--no-validate", action="store_true", help="opt in only; validate later")
     local = (
-        "waive the scheduler check on a host with neither Slurm nor Kubernetes (development contracts only)"
+        "waive the scheduler check on a host with neither Slurm nor Kubernetes (development "
+        "contracts only)"
     )
     o.add_argument("--allow-local", action="store_true", help=local)
     v = csub.add_parser("validate", help="(re)validate an opted-in job's environment")
@@ -80,9 +87,13 @@ def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None])
     lg.add_argument("--offset", type=int, default=0)
     lg.add_argument("--limit", type=int, default=200)
     lg.add_argument("--json", action="store_true")
-    e = csub.add_parser("expand", help="record an expansion (evaluated after 3 months of measurement)")
+    e = csub.add_parser(
+        "expand", help="record an expansion (evaluated after 3 months of measurement)"
+    )
     e.add_argument("--on", type=date.fromisoformat, required=True)
-    e.add_argument("--fee", type=_amount, required=True, help="the annual fee from the expansion on")
+    e.add_argument(
+        "--fee", type=_amount, required=True, help="the annual fee from the expansion on"
+    )
     e.add_argument("--currency", default="USD")
     r = csub.add_parser("renew", help="renew for another term (evaluated at the renewal date)")
     r.add_argument("--fee", type=_amount, help="the next term's annual fee (default: unchanged)")
@@ -119,7 +130,8 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
         if args.development:
             print(DEVELOPMENT_BANNER)
         print(
-            f"{terms.purpose.value} contract {cid} of {cust}: workflow {h.id}, renewal {terms.renewal_date}"
+            f"{terms.purpose.value} contract {cid} of {cust}: workflow {h.id}, renewal "
+            f"{terms.renewal_date}"
         )
     elif cmd == "opt-in":
         cov = await cc.opt_in(client, cust, cid, args.job)
@@ -139,12 +151,19 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
         print(f"expansion on {args.on}: {ev.note}")
     elif cmd == "renew":
         fee = _money(args) if args.fee is not None else None
-        st = await cc.renew(client, cust, cid, RenewInput(annual_fee=fee, next_renewal=args.next_renewal))
+        st = await cc.renew(
+            client, cust, cid, RenewInput(annual_fee=fee, next_renewal=args.next_renewal)
+        )
         if not st.renewed:
-            # A late renewal (the term had ended): the next term started from the passed renewal date.
-            print(f"renewed late: term {st.term + 1} runs from {st.term_start} to {st.renewal_date}")
+            # A late renewal (the term had ended): the next term started from the passed renewal
+            # date.
+            print(
+                f"renewed late: term {st.term + 1} runs from {st.term_start} to {st.renewal_date}"
+            )
         else:
-            print(f"renewal recorded: the term ending {st.renewal_date} is evaluated then and renewed")
+            print(
+                f"renewal recorded: the term ending {st.renewal_date} is evaluated then and renewed"
+            )
     return 0
 
 
@@ -161,12 +180,15 @@ async def _validate(args: argparse.Namespace, client: Client) -> int:
             client, args.customer, args.contract, args.job, args.task_queue or "", args.allow_local
         )
     except WorkflowAlreadyStartedError:
-        raise CliError(f"a validation of job {args.job} is already running; try again when it ends") from None
+        raise CliError(
+            f"a validation of job {args.job} is already running; try again when it ends"
+        ) from None
     except WorkflowFailureError as e:
         raise CliError(f"validation of job {args.job} did not complete: {e.cause or e}") from None
     for check in report.checks:
         print(f"  {format_check(check)}")
-    # The contract's record decides, not the report: a waived check covers on a development contract only.
+    # The contract's record decides, not the report: a waived check covers on a development contract
+    # only.
     standing = None
     if report.status is not ReportStatus.FAILED:
         standing = await cc.get_standing(client, args.customer, args.contract)
@@ -176,7 +198,8 @@ async def _validate(args: argparse.Namespace, client: Client) -> int:
 
 
 def coverage_line(report: ValidationReport, standing: Standing | None, covered: bool) -> str:
-    """The last line of `opt-in`/`validate`: covered, not covered (and why), or validation failed."""
+    """The last line of `opt-in`/`validate`: covered, not covered (and why), or validation
+    failed."""
     waived = ", ".join(report.waived)
     if covered:
         dev = standing is not None and standing.purpose is ContractPurpose.DEVELOPMENT
@@ -188,7 +211,9 @@ def coverage_line(report: ValidationReport, standing: Standing | None, covered: 
     return "not covered: the contract does not record the job as covered (opted out meanwhile?)"
 
 
-async def contract_ledger_rows(client: Client, customer_id: str, contract_id: str) -> list[LedgerRow]:
+async def contract_ledger_rows(
+    client: Client, customer_id: str, contract_id: str
+) -> list[LedgerRow]:
     """The counted ledger rows of the contract's current trailing window (the standing's), from the
     contract alone: each row carries its recovery time, so no incident workflow is read (Temporal's
     retention may have deleted them) and thousands of outcomes are a few queries."""

@@ -1,8 +1,9 @@
 """`torchpass cost`: what failures cost a cluster per month, and what live migration saves.
 
-Every flag is optional; an unset one takes `CostInputs`' default (the vendor's published assumptions), so
-the defaults live in one place. `--contract ID` replaces the success rate and migration time by the ones
-measured on the contract's real outcomes, through a lookup the caller passes in.
+Every flag is optional; an unset one takes `CostInputs`' default (the vendor's published
+assumptions), so the defaults live in one place. `--contract ID` replaces the success rate and
+migration time by the ones measured on the contract's real outcomes, through a lookup the caller
+passes in.
 """
 
 from __future__ import annotations
@@ -15,13 +16,20 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from torchpass.cli.common import CliError, connect
-from torchpass.contract.cost import HOURS_PER_MONTH, CostInputs, MonthlyCost, inputs_from_ledger, monthly_cost
+from torchpass.contract.cost import (
+    HOURS_PER_MONTH,
+    CostInputs,
+    MonthlyCost,
+    inputs_from_ledger,
+    monthly_cost,
+)
 from torchpass.contract.credit import Money
 from torchpass.contract.queries import LedgerRow
 
 LedgerLookup = Callable[[str], Awaitable[Sequence[LedgerRow]]]
-"""`async def ledger_for_contract(contract_id) -> list[LedgerRow]`: the rows of the contract's current
-trailing window, wired by `run_with_contract` (`torchpass.cli.contract.contract_ledger_rows`)."""
+"""`async def ledger_for_contract(contract_id) -> list[LedgerRow]`: the rows of the contract's
+current trailing window, wired by `run_with_contract`
+(`torchpass.cli.contract.contract_ledger_rows`)."""
 
 CONTRACT_LOOKUP_TIMEOUT_S = 30.0
 
@@ -31,11 +39,21 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
     ("--price-per-gpu-hour", "gpu_hour_price", "PRICE", "price of one GPU-hour, in --currency"),
     ("--currency", "currency", "CODE", "ISO 4217 code of the price"),
     ("--mttf-hours", "mttf_hours", "HOURS", "mean time to failure of the whole job"),
-    ("--checkpoint-interval-hours", "checkpoint_interval_hours", "HOURS", "time between checkpoints"),
+    (
+        "--checkpoint-interval-hours",
+        "checkpoint_interval_hours",
+        "HOURS",
+        "time between checkpoints",
+    ),
     ("--replace-minutes", "replace_minutes", "MINUTES", "time to provision a replacement node"),
     ("--restart-minutes", "restart_minutes", "MINUTES", "time to restart the job"),
     ("--restore-minutes", "restore_minutes", "MINUTES", "time to load the last checkpoint"),
-    ("--migration-seconds", "migration_seconds", "SECONDS", "pause of the job for one live migration"),
+    (
+        "--migration-seconds",
+        "migration_seconds",
+        "SECONDS",
+        "pause of the job for one live migration",
+    ),
     ("--success-rate", "success_rate", "RATE", "share of failures live-migrated, 0..1"),
 )
 _MEASURED = ("migration_seconds", "success_rate")
@@ -55,17 +73,24 @@ def register(sub: Any) -> argparse.ArgumentParser:
         "cost",
         help="what failures cost per month, with and without live migration",
         description=(
-            f"The four costs of every failure per month ({HOURS_PER_MONTH} h), beside the cost with "
-            "live migration. Defaults: the vendor's published assumptions."
+            f"The four costs of every failure per month ({HOURS_PER_MONTH} h), beside the cost "
+            "with live migration. Defaults: the vendor's published assumptions."
         ),
     )
     for flag, field, metavar, text in _FLAGS:
         default = CostInputs.model_fields[field].default
-        kind: Callable[[str], Any] = int if field == "gpus" else str if field == "currency" else _decimal
+        kind: Callable[[str], Any] = (
+            int if field == "gpus" else str if field == "currency" else _decimal
+        )
         # --gpu-hour-usd: the spelling of the issue, kept as an alias.
         flags = (flag, "--gpu-hour-usd") if field == "gpu_hour_price" else (flag,)
         p.add_argument(
-            *flags, dest=field, type=kind, default=None, metavar=metavar, help=f"{text} (default {default})"
+            *flags,
+            dest=field,
+            type=kind,
+            default=None,
+            metavar=metavar,
+            help=f"{text} (default {default})",
         )
     p.add_argument(
         "--contract",
@@ -78,7 +103,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, ledger_for_contract: LedgerLookup | None = None) -> int:
-    """Compute and print; invalid inputs raise pydantic's ValidationError (the CLI exits 2 on it)."""
+    """Compute and print; invalid inputs raise pydantic's ValidationError (the CLI exits 2 on
+    it)."""
     given = {f: getattr(args, f) for _, f, _, _ in _FLAGS if getattr(args, f, None) is not None}
     inputs = CostInputs(**given)
     if args.contract is not None:
@@ -148,8 +174,8 @@ def render(result: MonthlyCost, contract: str | None = None) -> str:
         "Assumptions:",
         f"  month = {result.hours_per_month} h; mean time to failure {i.mttf_hours} h "
         f"-> {result.failures_per_month:.2f} failures/month",
-        f"  each failure idles all GPUs {i.replace_minutes} min replace + {i.restart_minutes} min restart "
-        f"+ {i.restore_minutes} min restore = {idle} min,",
+        f"  each failure idles all GPUs {i.replace_minutes} min replace + {i.restart_minutes} min "
+        f"restart + {i.restore_minutes} min restore = {idle} min,",
         f"  and recomputes half the {i.checkpoint_interval_hours} h checkpoint interval: "
         f"{_m(result.per_failure)} {i.currency} per failure",
         f"  with TorchPass: {i.success_rate * 100:.1f}% of failures live-migrate, pausing the job "
@@ -160,9 +186,9 @@ def render(result: MonthlyCost, contract: str | None = None) -> str:
 
 
 def run_with_contract(args: argparse.Namespace, settings: Any) -> int:
-    """`torchpass cost`; with --contract, measured on the contract's ledger alone: the counted rows of
-    its current trailing window, with the recovery times the ledger keeps (no incident workflow is read:
-    Temporal's retention may have deleted them)."""
+    """`torchpass cost`; with --contract, measured on the contract's ledger alone: the counted rows
+    of its current trailing window, with the recovery times the ledger keeps (no incident workflow
+    is read: Temporal's retention may have deleted them)."""
     from torchpass.cli.contract import contract_ledger_rows
     from workers import contract_client
 

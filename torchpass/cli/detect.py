@@ -1,6 +1,6 @@
-"""`torchpass detect kubernetes|slurm`: a cluster detector, telling the jobs under the state directory what
-happens to their nodes (`workers.detectors.kube`, `workers.detectors.slurm`). It runs until SIGTERM or
-Ctrl-C."""
+"""`torchpass detect kubernetes|slurm`: a cluster detector, telling the jobs under the state
+directory what happens to their nodes (`workers.detectors.kube`, `workers.detectors.slurm`). It runs
+until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
@@ -17,35 +17,47 @@ from torchpass.cli.common import CliError
 def register(sub: Any) -> None:
     d = sub.add_parser(
         "detect",
-        help="watch the cluster (Kubernetes or Slurm) and tell running jobs what happens to their nodes",
-        description="One per cluster, beside the control worker. It needs the state directory the jobs "
-        "register in (TORCHPASS_STATE_DIR: a shared volume where the jobs run on other hosts).",
+        help="watch the cluster (Kubernetes or Slurm) and tell running jobs what happens to their "
+        "nodes",
+        description="One per cluster, beside the control worker. It needs the state directory the "
+        "jobs register in (TORCHPASS_STATE_DIR: a shared volume where the jobs run on other "
+        "hosts).",
     )
     d.add_argument("scheduler", choices=("kubernetes", "slurm"))
     d.add_argument(
         "--kubeconfig", type=Path, help="kubernetes: a kubeconfig file (default: in-cluster config)"
     )
     d.add_argument("--namespace", default="torchpass", help="kubernetes: where the jobs' pods run")
-    d.add_argument("--job-label", default="torchpass.io/job", help="kubernetes: the label naming a pod's job")
+    d.add_argument(
+        "--job-label", default="torchpass.io/job", help="kubernetes: the label naming a pod's job"
+    )
     d.add_argument(
         "--spare-node-label",
         default=None,
-        help="kubernetes: keep the jobs' spare nodes (--spare-nodes) on Nodes of this label selector, each"
-        " a Pod from the job's spare-node PodTemplate (e.g. torchpass.io/spare-node=true)",
+        help="kubernetes: keep the jobs' spare nodes (--spare-nodes) on Nodes of this label "
+        "selector, each a Pod from the job's spare-node PodTemplate (e.g. "
+        "torchpass.io/spare-node=true)",
     )
-    d.add_argument("--resync", type=float, default=60.0, help="seconds between full reads of the cluster")
+    d.add_argument(
+        "--resync", type=float, default=60.0, help="seconds between full reads of the cluster"
+    )
     d.add_argument(
         "--poll", type=float, default=5.0, help="slurm: seconds between reads of the nodes' states"
     )
     d.add_argument("--partition", default=None, help="slurm: only the nodes of this partition")
     d.add_argument(
-        "--spare-partition", default=None, help="slurm: the partition spare nodes come from (--spare-nodes)"
+        "--spare-partition",
+        default=None,
+        help="slurm: the partition spare nodes come from (--spare-nodes)",
     )
-    d.add_argument("--spare-reservation", default=None, help="slurm: the reservation spare nodes come from")
+    d.add_argument(
+        "--spare-reservation", default=None, help="slurm: the reservation spare nodes come from"
+    )
     d.add_argument(
         "--node-command",
         default="torchpass",
-        help="slurm: how a spare node runs torchpass (e.g. '/opt/venv/bin/python -m torchpass.cli')",
+        help="slurm: how a spare node runs torchpass "
+        "(e.g. '/opt/venv/bin/python -m torchpass.cli')",
     )
     d.add_argument(
         "--node-host-command",
@@ -64,7 +76,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         from workers.detectors.slurm import SlurmDetector, SlurmSettings
 
         slurm = SlurmSettings(poll_seconds=args.poll, partition=args.partition)
-        detector = SlurmDetector(Jobs(settings.state_dir, "slurm"), slurm, _spares(args, settings.state_dir))
+        detector = SlurmDetector(
+            Jobs(settings.state_dir, "slurm"), slurm, _spares(args, settings.state_dir)
+        )
     done = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
@@ -112,7 +126,9 @@ def _kube(args: argparse.Namespace, jobs: Any) -> Any:
             config.load_incluster_config()
     except (config.ConfigException, OSError) as e:
         raise CliError(f"no Kubernetes API to watch: {e}") from None
-    settings = KubeSettings(namespace=args.namespace, job_label=args.job_label, resync_seconds=args.resync)
+    settings = KubeSettings(
+        namespace=args.namespace, job_label=args.job_label, resync_seconds=args.resync
+    )
     api = client.CoreV1Api()
     keep = None
     if args.spare_node_label:

@@ -64,7 +64,8 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
             for r in rows:
                 print(f"{r['incident']:<64} {r['kind']:<16} {r['outcome']:<17} {r['started']}")
         return 0
-    # As listed (the workflow id) or as `torchpass run` and the outcome print it (workflow id/run id).
+    # As listed (the workflow id) or as `torchpass run` and the outcome print it (workflow id/run
+    # id).
     workflow_id, _, run_id = args.incident.partition("/")
     handle = client.get_workflow_handle(workflow_id, run_id=run_id or None)
     try:
@@ -78,7 +79,9 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
         if recorded is None:
             status = await handle.query(IncidentMessage.STATUS)
             print(
-                json.dumps(status if isinstance(status, dict) else status.model_dump(mode="json"), indent=2)
+                json.dumps(
+                    status if isinstance(status, dict) else status.model_dump(mode="json"), indent=2
+                )
             )
             return 0
     outcome = MigrationOutcome.model_validate(recorded)
@@ -87,7 +90,8 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
 
 
 async def _recorded(handle: Any) -> Any:
-    """The outcome a running incident recorded already, None if none yet (or a run too old to say)."""
+    """The outcome a running incident recorded already, None if none yet (or a run too old to
+    say)."""
     try:
         return await handle.query(IncidentMessage.OUTCOME)
     except WorkflowQueryFailedError:

@@ -17,7 +17,9 @@ COMMANDS = ("jobs", "status", "inject", "drain")
 
 
 def register(sub: Any) -> None:
-    sub.add_parser("jobs", help="list this host's jobs: running, and lost (coordinator gone, unfinished)")
+    sub.add_parser(
+        "jobs", help="list this host's jobs: running, and lost (coordinator gone, unfinished)"
+    )
 
     s = sub.add_parser(
         "status", help="a running job's ranks: where each runs (node, local rank, pid), its step"
@@ -30,8 +32,12 @@ def register(sub: Any) -> None:
         "action", choices=["kill", "hang", "pause"], help="pause: SIGSTOP, SIGCONT after --seconds"
     )
     i.add_argument("--job", required=True)
-    i.add_argument("--rank", type=int, default=None, help="the rank to hit (not with donor or receiver)")
-    i.add_argument("--after-step", type=int, default=None, help="wait until the rank reaches this step")
+    i.add_argument(
+        "--rank", type=int, default=None, help="the rank to hit (not with donor or receiver)"
+    )
+    i.add_argument(
+        "--after-step", type=int, default=None, help="wait until the rank reaches this step"
+    )
     i.add_argument(
         "--during-transfer",
         choices=["rank", "donor", "receiver"],
@@ -45,11 +51,15 @@ def register(sub: Any) -> None:
     )
     i.add_argument("--seconds", type=float, default=5.0, help="how long a pause lasts")
 
-    d = sub.add_parser("drain", help="planned migration: move a healthy rank off its node (cordon/drain)")
+    d = sub.add_parser(
+        "drain", help="planned migration: move a healthy rank off its node (cordon/drain)"
+    )
     d.add_argument("--job", required=True)
     d.add_argument("--rank", type=int, required=True)
     d.add_argument("--reason", default="operator request", help="recorded on the incident")
-    d.add_argument("--cordon", action="store_true", help="report it as a node cordon rather than a drain")
+    d.add_argument(
+        "--cordon", action="store_true", help="report it as a node cordon rather than a drain"
+    )
 
 
 def run_command(args: argparse.Namespace, settings: Any) -> int:
@@ -66,11 +76,15 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
     from job_agent import wire
 
     if args.command == "status":
-        _print_status(_request(settings.state_dir, args.job, wire.StatusRequest(), wire.Status), args.json)
+        _print_status(
+            _request(settings.state_dir, args.job, wire.StatusRequest(), wire.Status), args.json
+        )
         return 0
     if args.command == "inject" and args.spare:
         if args.rank is not None or args.during_transfer or args.after_step is not None:
-            raise CliError("--spare hits a spare at once: not with --rank, --after-step or --during-transfer")
+            raise CliError(
+                "--spare hits a spare at once: not with --rank, --after-step or --during-transfer"
+            )
         frame = wire.Inject(action=args.action, slot=0, seconds=args.seconds, target="spare")
         reply = _request(settings.state_dir, args.job, frame)
         was, agent = reply.detail["was"], reply.detail["agent"]
@@ -99,7 +113,10 @@ def run_command(args: argparse.Namespace, settings: Any) -> int:
     kind = "cordon" if args.cordon else "drain"
     drain = wire.Drain(slot=args.rank, reason=args.reason, kind=kind)
     reply = _request(settings.state_dir, args.job, drain)
-    print(f"torchpass: rank {args.rank} of job {args.job} leaves {reply.detail['node']}: incident started")
+    print(
+        f"torchpass: rank {args.rank} of job {args.job} leaves {reply.detail['node']}: incident "
+        "started"
+    )
     return 0
 
 
@@ -120,8 +137,8 @@ def _print_status(st: Any, as_json: bool) -> None:
 
 
 def _request(state_dir: Path, job: str, frame: Any, answer: Any = None) -> Any:
-    """One request to a job's coordinator on this host; its reply (`Ok`, or the type `answer` names), or a
-    CliError saying why not."""
+    """One request to a job's coordinator on this host; its reply (`Ok`, or the type `answer`
+    names), or a CliError saying why not."""
     from job_agent import wire
     from job_agent.coordinator.jobs import UnknownJob, request
     from job_agent.wire.protocol import ProtocolError

@@ -1,9 +1,11 @@
-"""`torchpass run`: launch a training script under the agent, like torchrun, and wait for the job to end.
+"""`torchpass run`: launch a training script under the agent, like torchrun, and wait for the job to
+end.
 
-Its options say what the job is (`torchpass.job.JobSpec`): ranks, spares, nodes, timeouts, checkpoints,
-the contract its incidents count toward. The job runs on this host (its ranks and spares, or `--nnodes`
-nodes started here), or with `--remote` on the nodes `torchpass node` starts on their hosts; its result
-is printed, with each incident's outcome. The commands that talk to a running job are `torchpass.cli.job`.
+Its options say what the job is (`torchpass.job.JobSpec`): ranks, spares, nodes, timeouts,
+checkpoints, the contract its incidents count toward. The job runs on this host (its ranks and
+spares, or `--nnodes` nodes started here), or with `--remote` on the nodes `torchpass node` starts
+on their hosts; its result is printed, with each incident's outcome. The commands that talk to a
+running job are `torchpass.cli.job`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from torchpass.cli.common import EXIT_JOB_FAILED, CliError, connect, temporal_ar
 
 def register(sub: Any) -> None:
     r = sub.add_parser("run", help="launch a training script under the agent, like torchrun")
-    r.add_argument("--nproc", type=int, default=None, help="ranks (data-parallel replicas; default 2)")
+    r.add_argument(
+        "--nproc", type=int, default=None, help="ranks (data-parallel replicas; default 2)"
+    )
     r.add_argument("--spares", type=int, default=1, help="warm spare processes (one host)")
     r.add_argument(
         "--host",
@@ -27,28 +31,34 @@ def register(sub: Any) -> None:
         help="the address the coordinator listens on and its ranks and nodes reach it at",
     )
     r.add_argument("--nnodes", type=int, default=0, help="nodes of --nproc-per-node ranks each")
-    r.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (with --nnodes)")
+    r.add_argument(
+        "--nproc-per-node", type=int, default=None, help="ranks per node (with --nnodes)"
+    )
     r.add_argument("--spares-per-node", type=int, default=1, help="warm spares on each node")
     r.add_argument(
         "--spare-nodes",
         type=int,
         default=0,
-        help="spare nodes (no ranks, a node's worth of spares): started here, or with --remote kept by the "
-        "cluster detector from its spare partition or reservation",
+        help="spare nodes (no ranks, a node's worth of spares): started here, or with --remote "
+        "kept by the cluster detector from its spare partition or reservation",
     )
     r.add_argument(
         "--remote",
         action="store_true",
-        help="start no node here: print the `torchpass node` command for each host and wait for them",
+        help="start no node here: print the `torchpass node` command for each host and wait for "
+        "them",
     )
     r.add_argument("--job-id", default=None)
     r.add_argument(
         "--hang-timeout",
         type=float,
         default=10.0,
-        help="seconds without a heartbeat, or keeping peers waiting in a collective, before a rank is hung",
+        help="seconds without a heartbeat, or keeping peers waiting in a collective, before a rank "
+        "is hung",
     )
-    r.add_argument("--collective-timeout", type=float, default=60.0, help="seconds one collective may take")
+    r.add_argument(
+        "--collective-timeout", type=float, default=60.0, help="seconds one collective may take"
+    )
     r.add_argument(
         "--node-timeout",
         type=float,
@@ -58,8 +68,8 @@ def register(sub: Any) -> None:
     r.add_argument(
         "--batch-host",
         default=None,
-        help="under Slurm, the batch host (the template passes $SLURMD_NODENAME): a failure of that node "
-        "ends the whole Slurm job, so it is classified as the brief's node 0 failure",
+        help="under Slurm, the batch host (the template passes $SLURMD_NODENAME): a failure of "
+        "that node ends the whole Slurm job, so it is classified as the brief's node 0 failure",
     )
     r.add_argument(
         "--stripe-donors",
@@ -67,15 +77,22 @@ def register(sub: Any) -> None:
         default=3,
         help="replicas (one per node) a receiving rank takes slices of the state from at once",
     )
-    r.add_argument("--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints")
+    r.add_argument(
+        "--checkpoint-every", type=int, default=50, help="steps between fallback checkpoints"
+    )
     r.add_argument(
         "--verify-every",
         type=int,
         default=100,
-        help="steps between comparisons of the replicas' state digests (and after each recovery); 0: never",
+        help="steps between comparisons of the replicas' state digests (and after each recovery); "
+        "0: never",
     )
-    r.add_argument("--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)")
-    r.add_argument("--keep-checkpoints-after", action="store_true", help="keep them once the job finished")
+    r.add_argument(
+        "--keep-checkpoints", type=int, default=2, help="fallback checkpoints kept (the latest)"
+    )
+    r.add_argument(
+        "--keep-checkpoints-after", action="store_true", help="keep them once the job finished"
+    )
     r.add_argument(
         "--finish-grace",
         type=float,
@@ -86,35 +103,45 @@ def register(sub: Any) -> None:
         "--late-window",
         type=float,
         default=600.0,
-        help="seconds an incident stays open after its outcome, taking late evidence (a NotReady) into it",
+        help="seconds an incident stays open after its outcome, taking late evidence (a NotReady) "
+        "into it",
     )
     r.add_argument(
         "--control-plane-wait",
         type=float,
         default=5.0,
-        help="seconds an incident waits for Temporal before the job recovers by itself (filed later)",
+        help="seconds an incident waits for Temporal before the job recovers by itself (filed "
+        "later)",
     )
     r.add_argument(
         "--fresh",
         action="store_true",
-        help="start at step 0 even if an earlier run of this --job-id did not finish (by default it resumes "
-        "from that run's latest checkpoint)",
+        help="start at step 0 even if an earlier run of this --job-id did not finish (by default "
+        "it resumes from that run's latest checkpoint)",
     )
     r.add_argument(
         "--no-agent",
         action="store_true",
-        help="the script does not use the torchpass agent (an unmodified torchrun script): run it with "
-        "torchrun's environment; a failure restarts the whole job, the script loading its own checkpoint",
+        help="the script does not use the torchpass agent (an unmodified torchrun script): run it "
+        "with torchrun's environment; a failure restarts the whole job, the script loading its own "
+        "checkpoint",
     )
     r.add_argument(
-        "--max-restarts", type=int, default=3, help="whole-job restarts a --no-agent job gets before it fails"
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="whole-job restarts a --no-agent job gets before it fails",
     )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    r.add_argument("--customer", help="customer of the YOCO contract the job's incidents count toward")
+    r.add_argument(
+        "--customer", help="customer of the YOCO contract the job's incidents count toward"
+    )
     r.add_argument("--contract", help="that contract's id (with --customer)")
     r.add_argument("script", type=Path)
-    r.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
+    r.add_argument(
+        "script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)"
+    )
     temporal_args(r)
 
 
@@ -154,7 +181,9 @@ async def run(args: argparse.Namespace, settings: Any) -> int:
         spec_fields["job_id"] = args.job_id
     if args.nnodes:
         if not args.nproc_per_node or args.nproc not in (None, args.nnodes * args.nproc_per_node):
-            raise CliError("--nnodes takes --nproc-per-node (the world is their product; leave out --nproc)")
+            raise CliError(
+                "--nnodes takes --nproc-per-node (the world is their product; leave out --nproc)"
+            )
         spec_fields.update(nodes=args.nnodes, nproc=args.nnodes * args.nproc_per_node)
     elif args.remote or args.nproc_per_node:
         raise CliError("--remote and --nproc-per-node go with --nnodes")
@@ -171,28 +200,38 @@ async def run(args: argparse.Namespace, settings: Any) -> int:
         from workers.local_nodes import LocalNodes, plan, print_node_command, run_on_local_nodes
 
         where = "their hosts" if args.remote else "this host"
-        print(f"torchpass: job {spec.job_id}: {spec.nodes} nodes of {args.nproc_per_node} ranks on {where}")
+        print(
+            f"torchpass: job {spec.job_id}: {spec.nodes} nodes of {args.nproc_per_node} ranks on "
+            f"{where}"
+        )
     else:
-        print(f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)", flush=True)
-    no_spare = args.spares_per_node == 0 and args.spare_nodes == 0 if spec.nodes else spec.spares == 0
+        print(
+            f"torchpass: job {spec.job_id}: {spec.nproc} ranks + {spec.spares} warm spare(s)",
+            flush=True,
+        )
+    no_spare = (
+        args.spares_per_node == 0 and args.spare_nodes == 0 if spec.nodes else spec.spares == 0
+    )
     if not spec.agent:
         print(
-            "torchpass: --no-agent: the script runs as under torchrun; a failure restarts every rank (up to"
-            f" --max-restarts {spec.max_restarts}), the script loading its own checkpoint. With the agent"
-            " (docs/adopting.md) it would be migrated live",
+            "torchpass: --no-agent: the script runs as under torchrun; a failure restarts every "
+            f"rank (up to --max-restarts {spec.max_restarts}), the script loading its own "
+            "checkpoint. With the agent (docs/adopting.md) it would be migrated live",
             file=sys.stderr,
             flush=True,
         )
     elif no_spare and not args.remote:
         print(
-            "torchpass: warning: no warm spare: a failure is recovered by a checkpoint restart, not live"
-            ' (it is recorded as "spare resources not available"); give --spares',
+            "torchpass: warning: no warm spare: a failure is recovered by a checkpoint restart, "
+            'not live (it is recorded as "spare resources not available"); give --spares',
             file=sys.stderr,
             flush=True,
         )
     try:
         if spec.nodes and not args.remote:
-            nodes = plan(spec.nodes, args.nproc_per_node, args.spares_per_node, args.spare_nodes, spec.host)
+            nodes = plan(
+                spec.nodes, args.nproc_per_node, args.spares_per_node, args.spare_nodes, spec.host
+            )
             result = await run_on_local_nodes(spec, client, LocalNodes(spec, nodes))
         else:
             told = asyncio.create_task(print_node_command(spec)) if spec.nodes else None
@@ -206,18 +245,26 @@ async def run(args: argparse.Namespace, settings: Any) -> int:
 
 
 def _summary(result: dict[str, Any]) -> str:
-    lines = [f"torchpass: job {result['job_id']} {result['status']} after {result['steps_completed']} steps"]
+    lines = [
+        f"torchpass: job {result['job_id']} {result['status']} after {result['steps_completed']} "
+        "steps"
+    ]
     if resumed := result.get("resumed"):
         lines.append(
-            f"  resumed at step {resumed['checkpoint_step'] + 1}, from the earlier run's latest checkpoint "
-            f"({resumed['previous']}; its ranks had completed step {resumed['last_completed']}): "
-            f"{result['steps_recomputed']} step(s) recomputed in all, as the ranks reported them"
+            f"  resumed at step {resumed['checkpoint_step'] + 1}, from the earlier run's latest "
+            f"checkpoint ({resumed['previous']}; its ranks had completed step "
+            f"{resumed['last_completed']}): {result['steps_recomputed']} step(s) recomputed in "
+            "all, as the ranks reported them"
         )
     for o in result["incidents"]:
         lines.append(
-            f"  incident {o['incident_id']}: {o['kind']} -> {o['disposition']}, "
-            f"recovered in {o['recovery_seconds'] or 0:.2f} s, {o['steps_recomputed']} steps recomputed"
-            + (" (by the job itself: the control plane was away)" if o.get("handled_locally") else "")
+            f"  incident {o['incident_id']}: {o['kind']} -> {o['disposition']}, recovered in "
+            f"{o['recovery_seconds'] or 0:.2f} s, {o['steps_recomputed']} steps recomputed"
+            + (
+                " (by the job itself: the control plane was away)"
+                if o.get("handled_locally")
+                else ""
+            )
         )
         if o["disposition"] != "migrated":
             lines.append(f"    {o['classification']['reason']}")
@@ -225,11 +272,14 @@ def _summary(result: dict[str, Any]) -> str:
         lines.append(f"  {result['restarts']} whole-job restart(s)")
     if result.get("incidents_unfiled"):
         lines.append(
-            f"torchpass: {result['incidents_unfiled']} incident(s) the job handled itself were never filed "
-            "(Temporal did not come back in time); their records are in the job's local/ directory"
+            f"torchpass: {result['incidents_unfiled']} incident(s) the job handled itself were "
+            "never filed (Temporal did not come back in time); their records are in the job's "
+            "local/ directory"
         )
     if result.get("reports_undelivered"):
-        lines.append(f"torchpass: {result['reports_undelivered']} failure report(s) never reached Temporal")
+        lines.append(
+            f"torchpass: {result['reports_undelivered']} failure report(s) never reached Temporal"
+        )
     if result["error"]:
         lines.append(f"torchpass: {result['error']}")
     return "\n".join(lines)

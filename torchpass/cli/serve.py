@@ -1,4 +1,5 @@
-"""`torchpass server` (the embedded Temporal dev server) and `torchpass worker` (the control worker)."""
+"""`torchpass server` (the embedded Temporal dev server) and `torchpass worker` (the control
+worker)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ def register(sub: Any) -> None:
     s.add_argument("--ip", default="127.0.0.1")
     s.add_argument("--port", type=int, default=7233)
     s.add_argument("--ui-port", type=int, default=None, help="web UI port (default port + 1000)")
-    s.add_argument("--db-file", type=Path, default=None, help="SQLite file: incidents survive a restart")
+    s.add_argument(
+        "--db-file", type=Path, default=None, help="SQLite file: incidents survive a restart"
+    )
     w = sub.add_parser("worker", help="run the control worker (workflows + cluster activities)")
     temporal_args(w)
 
@@ -39,7 +42,8 @@ async def worker(settings: Any) -> int:
         # Not fatal (a contract may never owe a credit), but nobody should find out months later.
         print(
             "torchpass: warning: no billing destination (TORCHPASS_BILLING_WEBHOOK_URL and/or "
-            "TORCHPASS_BILLING_WORKFLOW_ID): YOCO credits stay pending on their contracts until one is set",
+            "TORCHPASS_BILLING_WORKFLOW_ID): YOCO credits stay pending on their contracts until "
+            "one is set",
             file=sys.stderr,
             flush=True,
         )

@@ -1,18 +1,21 @@
-"""Credit notices to billing: the signed body, how a receiver verifies it, what billing's answers mean.
+"""Credit notices to billing: the signed body, how a receiver verifies it, what billing's answers
+mean.
 
-Pure: no I/O and no Temporal. The sender (`activities.webhook`, used by the `deliver_credit` activity) and
-the reference receiver (`torchpass.dev.billing_receiver`) both build on these functions, so that sender
-and receiver cannot disagree on the body, the signature or what an answer means.
+Pure: no I/O and no Temporal. The sender (`activities.webhook`, used by the `deliver_credit`
+activity) and the reference receiver (`torchpass.dev.billing_receiver`) both build on these
+functions, so that sender and receiver cannot disagree on the body, the signature or what an answer
+means.
 
 Signing scheme (v1, Stripe-like):
 
-- body: the notice as canonical JSON: keys sorted, no whitespace, UTF-8, Decimals as strings, dates ISO 8601
+- body: the notice as canonical JSON: keys sorted, no whitespace, UTF-8, Decimals as strings, dates
+  ISO 8601
 - `X-Torchpass-Timestamp: <unix seconds>`
 - `X-Torchpass-Signature: v1=<hex HMAC-SHA256(secret, f"{timestamp}." + body)>`
 - `Idempotency-Key: <notice.idempotency_key>` (contract + period): the key billing deduplicates on
 
-The timestamp is signed with the body so that a captured request cannot be replayed after the receiver's
-tolerance; within it, the idempotency key makes a replay a recognisable duplicate.
+The timestamp is signed with the body so that a captured request cannot be replayed after the
+receiver's tolerance; within it, the idempotency key makes a replay a recognisable duplicate.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class TransientBillingError(BillingError):
 
 
 class PermanentBillingError(BillingError):
-    """No retry can cure it (wrong secret, wrong URL, a notice billing refuses): an operator must act."""
+    """No retry can cure it (wrong secret, wrong URL, a notice billing refuses): an operator must
+    act."""
 
 
 class BillingNotConfigured(PermanentBillingError):
@@ -57,18 +61,24 @@ class BillingNotConfigured(PermanentBillingError):
 
 
 class SignatureRejected(PermanentBillingError):
-    """A receiver refuses a request: bad or missing signature, or a timestamp outside the tolerance."""
+    """A receiver refuses a request: bad or missing signature, or a timestamp outside the
+    tolerance."""
 
 
 def canonical_body(notice: CreditNotice) -> bytes:
     """The notice as deterministic bytes: the same notice always signs to the same signature."""
-    data = notice.model_dump(mode="json")  # Decimal -> str, date -> ISO: no float ever carries money
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # Decimal -> str, date -> ISO: no float ever carries money
+    data = notice.model_dump(mode="json")
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
 
 
 def sign(body: bytes, timestamp: int, secret: str) -> str:
     """Hex HMAC-SHA256 over `f"{timestamp}."` followed by the body."""
-    return hmac.new(secret.encode("utf-8"), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return hmac.new(
+        secret.encode("utf-8"), f"{timestamp}.".encode() + body, hashlib.sha256
+    ).hexdigest()
 
 
 def signed_headers(
@@ -90,7 +100,8 @@ def verify(
     tolerance_s: float = DEFAULT_TOLERANCE_S,
     now: float | None = None,
 ) -> None:
-    """Raise SignatureRejected unless the body was signed with `secret` within `tolerance_s` of `now`."""
+    """Raise SignatureRejected unless the body was signed with `secret` within `tolerance_s` of
+    `now`."""
     lower = {k.lower(): v for k, v in headers.items()}
     raw_ts = lower.get(TIMESTAMP_HEADER.lower(), "")
     if not (raw_ts.isascii() and raw_ts.isdigit() and len(raw_ts) <= 12):
@@ -109,7 +120,8 @@ def verify(
 
 
 def _signatures(header: str) -> list[str]:
-    """The v1 signatures of a header such as `v1=ab12,v1=cd34` (two while a secret is being rotated)."""
+    """The v1 signatures of a header such as `v1=ab12,v1=cd34` (two while a secret is being
+    rotated)."""
     prefix = f"{SIGNATURE_VERSION}="
     return [p.strip()[len(prefix) :] for p in header.split(",") if p.strip().startswith(prefix)]
 
@@ -139,9 +151,9 @@ def interpret(reply: HttpReply) -> WebhookAck:
         raise TransientBillingError(f"billing webhook answered HTTP {reply.status}: {detail}")
     if reply.status in (401, 403):
         raise PermanentBillingError(
-            f"billing webhook refused the signature (HTTP {reply.status}: {detail}); not retried: check that "
-            "TORCHPASS_BILLING_WEBHOOK_SECRET matches the receiver's secret and that this host's clock is "
-            "right"
+            f"billing webhook refused the signature (HTTP {reply.status}: {detail}); not retried: "
+            "check that TORCHPASS_BILLING_WEBHOOK_SECRET matches the receiver's secret and that "
+            "this host's clock is right"
         )
     raise PermanentBillingError(
         f"billing webhook refused the notice (HTTP {reply.status}: {detail}); not retried: check "

@@ -1,10 +1,12 @@
-"""`ContractBook`: one contract's running state with the YOCO rules (`torchpass.contract.rules`) applied to
-it: the outcomes it records, the evaluations at each term's close and each expansion, and what it answers.
+"""`ContractBook`: one contract's running state with the YOCO rules (`torchpass.contract.rules`)
+applied to it: the outcomes it records, the evaluations at each term's close and each expansion, and
+what it answers.
 
-Its parts keep their own rules: the term running now and its renewal (`torchpass.contract.renewal.Term`),
-the jobs' coverage (`torchpass.contract.coverage.Jobs`), the evaluations and the credits they owe
-(`torchpass.contract.evaluation.Evaluations`), the ledger (`torchpass.contract.ledger.Ledger`) and the
-outcomes awaiting their check (`torchpass.contract.verify.Quarantine`).
+Its parts keep their own rules: the term running now and its renewal
+(`torchpass.contract.renewal.Term`), the jobs' coverage (`torchpass.contract.coverage.Jobs`), the
+evaluations and the credits they owe (`torchpass.contract.evaluation.Evaluations`), the ledger
+(`torchpass.contract.ledger.Ledger`) and the outcomes awaiting their check
+(`torchpass.contract.verify.Quarantine`).
 
 Pure, like the rules: ContractWorkflow holds one and feeds it the time (`workflow.now()`); its state
 travels across continue-as-new as one `ContractState`.
@@ -43,11 +45,12 @@ from torchpass.incident.outcome import MigrationOutcome
 
 
 class ContractBook:
-    """A contract's running state and the rules applied to it; `check_*` only read, the rest change it.
+    """A contract's running state and the rules applied to it; `check_*` only read, the rest change
+    it.
 
-    ContractWorkflow calls `check_*` from its update validators (a refusal is a typed error to the caller
-    and leaves no trace in history) and the matching method from the handler, on the book or on the part
-    the update is about (`term`, `jobs`)."""
+    ContractWorkflow calls `check_*` from its update validators (a refusal is a typed error to the
+    caller and leaves no trace in history) and the matching method from the handler, on the book or
+    on the part the update is about (`term`, `jobs`)."""
 
     def __init__(self, terms: ContractTerms, state: ContractState | None = None) -> None:
         s = state or ContractState(
@@ -58,8 +61,14 @@ class ContractBook:
         self.jobs = Jobs(terms, s.jobs)
         self.ledger = Ledger(s.ledger, s.rollups, s.rolled_through)
         self.entries = self.ledger.entries
-        self.evaluations = Evaluations(s.evaluations, s.pending_credits, s.deliveries, s.credit_retry_at)
-        self.duplicates, self.rejected_signals, self.pruned = s.duplicates, s.rejected_signals, s.pruned
+        self.evaluations = Evaluations(
+            s.evaluations, s.pending_credits, s.deliveries, s.credit_retry_at
+        )
+        self.duplicates, self.rejected_signals, self.pruned = (
+            s.duplicates,
+            s.rejected_signals,
+            s.pruned,
+        )
         self.runs, self.rules_version = s.runs, s.rules_version
         self.checks = Quarantine(s.unverified, s.rejected, s.rejected_claims)
 
@@ -89,20 +98,26 @@ class ContractBook:
             rejected_claims=self.checks.rejected_claims,
         )
 
-    # --- outcomes --------------------------------------------------------------------------------------
+    # --- outcomes
+    # --------------------------------------------------------------------------------------
 
     def receive(self, outcome: MigrationOutcome) -> bool:
-        """Hold an outcome until checked (a known incident id is a duplicate at once); False: refused."""
+        """Hold an outcome until checked (a known incident id is a duplicate at once); False:
+        refused."""
         if outcome.incident_id in self.entries:
             self.record_outcome(outcome)
             return True
         return self.checks.hold(outcome)
 
     def record_checked(self, outcome: MigrationOutcome, failure_key: str) -> bool:
-        """An outcome its check bore out: recorded, unless another run of the same failure's incident
-        (`failure_key`, the workflow id the check confirmed) already was; that one is refused."""
+        """An outcome its check bore out: recorded, unless another run of the same failure's
+        incident (`failure_key`, the workflow id the check confirmed) already was; that one is
+        refused."""
         if self.ledger.too_late(outcome.detected_at):
-            why = f"detected on {outcome.detected_at:%Y-%m-%d}, a day the ledger has rolled up to counts"
+            why = (
+                f"detected on {outcome.detected_at:%Y-%m-%d}, a day the ledger has rolled up to "
+                "counts"
+            )
             self.checks.reject(outcome.incident_id, outcome.job_id, outcome.detected_at, why)
             return False
         first = self.ledger.failures.get(failure_key)
@@ -115,7 +130,8 @@ class ContractBook:
         return False
 
     def record_outcome(self, outcome: MigrationOutcome) -> tuple[LedgerEntry, bool]:
-        """The ledger entry of an outcome, and whether it was a duplicate (then nothing else changes)."""
+        """The ledger entry of an outcome, and whether it was a duplicate (then nothing else
+        changes)."""
         known = self.entries.get(outcome.incident_id)
         if known is not None:
             self.duplicates += 1
@@ -133,15 +149,19 @@ class ContractBook:
         return entry, False
 
     def prune(self, today: date) -> int:
-        """Drop what no future window can count, so the carried ledger stays bounded; returns how many."""
+        """Drop what no future window can count, so the carried ledger stays bounded; returns how
+        many."""
         cutoff = day_start(prune_horizon(self.term.start, self.evaluations.last_evaluated(), today))
         pruned = self.ledger.prune(cutoff)
         self.pruned += pruned
         return pruned
 
-    # --- evaluations: at each term's close and each expansion --------------------------------------------
+    # --- evaluations: at each term's close and each expansion
+    # --------------------------------------------
 
-    def _evaluate(self, trigger: Trigger, period_end: date, apply_to: str, now: datetime) -> Evaluation:
+    def _evaluate(
+        self, trigger: Trigger, period_end: date, apply_to: str, now: datetime
+    ) -> Evaluation:
         ctx = EvaluationContext(
             customer_id=self.terms.customer_id,
             contract_id=self.terms.contract_id,
@@ -149,7 +169,8 @@ class ContractBook:
             term=self.term.number,
             trigger=trigger,
             period_end=period_end,
-            fee=self.term.fee,  # the fee in force over the period measured, before this event changes it
+            # the fee in force over the period measured, before this event changes it
+            fee=self.term.fee,
             apply_to=apply_to,
             credit_already_this_term=self.evaluations.credited_in(self.term.number),
             now=now,
@@ -171,7 +192,8 @@ class ContractBook:
         check_expansion_date(inp.on, earliest, today)
 
     def expand(self, inp: ExpandInput, now: datetime) -> Evaluation:
-        """Evaluate at the expansion (once per date: a second one that day is not evaluated again)."""
+        """Evaluate at the expansion (once per date: a second one that day is not evaluated
+        again)."""
         self.check_expand(inp, now.date())
         if self.evaluations.evaluated_on(inp.on):
             ev = Evaluation(
@@ -190,22 +212,28 @@ class ContractBook:
         return ev
 
     def close_term(self, now: datetime) -> Evaluation:
-        """The renewal date came: evaluate the term, then start the next one, or (not renewed) await a
-        late renewal for `terms.renewal_grace_days`, keeping the term, its dates and the ledger."""
+        """The renewal date came: evaluate the term, then start the next one, or (not renewed) await
+        a late renewal for `terms.renewal_grace_days`, keeping the term, its dates and the
+        ledger."""
         term = self.term
-        apply_to = f"renewal on {term.renewal_date}" if term.renewal else "next renewal or expansion"
+        apply_to = (
+            f"renewal on {term.renewal_date}" if term.renewal else "next renewal or expansion"
+        )
         ev = self._evaluate(Trigger.RENEWAL, term.renewal_date, apply_to, now)
         term.end()
         return ev
 
-    # --- queries ---------------------------------------------------------------------------------------
+    # --- queries
+    # ---------------------------------------------------------------------------------------
 
     def standing(self, now: datetime) -> Standing:
         """The window as if evaluated at the end of today, and the credit it would earn."""
         start, end = window_for(self.terms.start, now.date() + timedelta(days=1))
         t = tally(self.ledger.counted(), start, end)
         term, credits = self.term, self.evaluations
-        unpaid = tally(self.ledger.counted(), credit_start(start, end, credits.last_credited()), end)
+        unpaid = tally(
+            self.ledger.counted(), credit_start(start, end, credits.last_credited()), end
+        )
         projected = None
         if (
             credit_due(t.successful, t.qualifying)

@@ -2,17 +2,18 @@
 
 The brief's four costs of every failure, for a job that spans the whole cluster:
 
-* provisioning a replacement, restarting the job, restoring the last checkpoint: the whole job's GPUs sit
-  idle (and paid for) for replace + restart + restore minutes;
-* recomputing the work lost since that checkpoint: on average half a checkpoint interval on every GPU,
-  because a failure is equally likely to strike anywhere in the interval.
+* provisioning a replacement, restarting the job, restoring the last checkpoint: the whole job's
+  GPUs sit idle (and paid for) for replace + restart + restore minutes;
+* recomputing the work lost since that checkpoint: on average half a checkpoint interval on every
+  GPU, because a failure is equally likely to strike anywhere in the interval.
 
-A month is 730 hours (365 * 24 / 12) and the job fails every `mttf_hours` (the mean time to failure of
-the whole job, not of one GPU). With live migration a fraction `success_rate` of the failures idles the
-job only for `migration_seconds` and recomputes nothing; the rest fall back to the four costs.
+A month is 730 hours (365 * 24 / 12) and the job fails every `mttf_hours` (the mean time to failure
+of the whole job, not of one GPU). With live migration a fraction `success_rate` of the failures
+idles the job only for `migration_seconds` and recomputes nothing; the rest fall back to the four
+costs.
 
-Pure: no I/O. Arithmetic is exact (`Fraction`); each amount is rounded half-even to the cent once, at the
-end, and a total is the sum of its rounded lines so that a table adds up.
+Pure: no I/O. Arithmetic is exact (`Fraction`); each amount is rounded half-even to the cent once,
+at the end, and a total is the sum of its rounded lines so that a table adds up.
 """
 
 from __future__ import annotations
@@ -36,19 +37,32 @@ HOURS_PER_MONTH = Decimal(730)  # 365 days * 24 h / 12 months
 class CostInputs(Model):
     """A cluster and its failure profile. The defaults are the vendor's published assumptions."""
 
-    gpus: PositiveInt = Field(default=1024, description="GPUs of the job, all idle while it recovers")
+    gpus: PositiveInt = Field(
+        default=1024, description="GPUs of the job, all idle while it recovers"
+    )
     gpu_hour_price: Decimal = Field(default=Decimal(3), ge=0, description="price of one GPU-hour")
-    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$", description="ISO 4217 code of the price")
-    mttf_hours: Decimal = Field(default=Decimal("7.9"), gt=0, description="mean time to failure of the job")
+    currency: str = Field(
+        default="USD", pattern=r"^[A-Z]{3}$", description="ISO 4217 code of the price"
+    )
+    mttf_hours: Decimal = Field(
+        default=Decimal("7.9"), gt=0, description="mean time to failure of the job"
+    )
     checkpoint_interval_hours: Decimal = Field(default=Decimal("1.5"), gt=0)
-    replace_minutes: Decimal = Field(default=Decimal(10), ge=0, description="provision a replacement node")
+    replace_minutes: Decimal = Field(
+        default=Decimal(10), ge=0, description="provision a replacement node"
+    )
     restart_minutes: Decimal = Field(default=Decimal(5), ge=0, description="restart the job")
-    restore_minutes: Decimal = Field(default=Decimal(5), ge=0, description="load the last checkpoint")
+    restore_minutes: Decimal = Field(
+        default=Decimal(5), ge=0, description="load the last checkpoint"
+    )
     migration_seconds: Decimal = Field(
         default=Decimal(60), ge=0, description="whole-job pause of one live migration"
     )
     success_rate: Decimal = Field(
-        default=Decimal("0.9"), ge=0, le=1, description="share of failures resolved by live migration"
+        default=Decimal("0.9"),
+        ge=0,
+        le=1,
+        description="share of failures resolved by live migration",
     )
 
 
@@ -64,7 +78,8 @@ class CostBreakdown(Model):
 
 
 class MonthlyCost(Model):
-    """`monthly_cost`'s answer: the four costs without TorchPass, the same month with it, the savings."""
+    """`monthly_cost`'s answer: the four costs without TorchPass, the same month with it, the
+    savings."""
 
     inputs: CostInputs
     hours_per_month: Decimal
@@ -76,7 +91,8 @@ class MonthlyCost(Model):
 
 
 def _money(amount: Fraction, currency: str) -> Money:
-    # round() of a Fraction is exact and half-even, so no intermediate Decimal precision is involved.
+    # round() of a Fraction is exact and half-even, so no intermediate Decimal precision is
+    # involved.
     cents = round(amount * 100)
     return Money(amount=Decimal(cents).scaleb(-2), currency=currency)
 
@@ -123,7 +139,8 @@ class NoQualifyingOutcomes(ValueError):
 
 
 def _seconds(value: float) -> Decimal:
-    # str() keeps the value as recorded (1.74), where Decimal(float) would spell out its binary expansion.
+    # str() keeps the value as recorded (1.74), where Decimal(float) would spell out its binary
+    # expansion.
     return Decimal(str(value))
 
 
@@ -131,15 +148,19 @@ def inputs_from_outcomes(base: CostInputs, outcomes: Iterable[MigrationOutcome])
     """`base` with the success rate and migration time measured from real outcomes.
 
     Counted as the brief measures the guarantee: success rate = successful qualifying / qualifying.
-    Migration time is the median `recovery_seconds` of the successful ones (failure observed -> training
-    again). False alarms (`not_a_failure`) cost nothing and are left out. Where no successful migration
-    recorded a recovery time, `base.migration_seconds` stays.
+    Migration time is the median `recovery_seconds` of the successful ones (failure observed ->
+    training again). False alarms (`not_a_failure`) cost nothing and are left out. Where no
+    successful migration recorded a recovery time, `base.migration_seconds` stays.
     """
     counted = [
-        o for o in outcomes if o.classification.qualifying and o.disposition != Disposition.NOT_A_FAILURE
+        o
+        for o in outcomes
+        if o.classification.qualifying and o.disposition != Disposition.NOT_A_FAILURE
     ]
     if not counted:
-        raise NoQualifyingOutcomes("no qualifying failures recorded: nothing to measure the cost from")
+        raise NoQualifyingOutcomes(
+            "no qualifying failures recorded: nothing to measure the cost from"
+        )
     successful = [o for o in counted if o.success]
     return _measured(base, len(counted), [o.recovery_seconds for o in successful])
 
@@ -147,13 +168,15 @@ def inputs_from_outcomes(base: CostInputs, outcomes: Iterable[MigrationOutcome])
 def inputs_from_ledger(base: CostInputs, rows: Iterable[LedgerRow]) -> CostInputs:
     """`base` measured from a contract's ledger alone, as `inputs_from_outcomes` from outcomes.
 
-    Only counted rows (covered, qualifying, real failures: what the contract's rate counts) are used; a
-    row is successful when its status is `success`, and its `recovery_seconds` is the one the ledger kept
-    (to the millisecond). The caller chooses the rows: `torchpass cost --contract` passes the current
-    trailing window's (`torchpass.cli.contract.contract_ledger_rows`)."""
+    Only counted rows (covered, qualifying, real failures: what the contract's rate counts) are
+    used; a row is successful when its status is `success`, and its `recovery_seconds` is the one
+    the ledger kept (to the millisecond). The caller chooses the rows: `torchpass cost --contract`
+    passes the current trailing window's (`torchpass.cli.contract.contract_ledger_rows`)."""
     counted = [r for r in rows if r.counted]
     if not counted:
-        raise NoQualifyingOutcomes("no qualifying failures recorded: nothing to measure the cost from")
+        raise NoQualifyingOutcomes(
+            "no qualifying failures recorded: nothing to measure the cost from"
+        )
     successful = [r for r in counted if r.status is EntryStatus.SUCCESS]
     return _measured(base, len(counted), [r.recovery_seconds for r in successful])
 

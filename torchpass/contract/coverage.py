@@ -1,6 +1,7 @@
-"""Whether a job is covered by the YOCO guarantee at a given moment: its opt-ins, opt-outs and validations in
-time order (`JobCoverage`), and a contract's jobs with the rules that change their coverage (`Jobs`). An
-outcome's ledger status depends on its job's coverage when the failure was detected."""
+"""Whether a job is covered by the YOCO guarantee at a given moment: its opt-ins, opt-outs and
+validations in time order (`JobCoverage`), and a contract's jobs with the rules that change their
+coverage (`Jobs`). An outcome's ledger status depends on its job's coverage when the failure was
+detected."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from torchpass.validation.report import ValidationReport
 
 
 class CoverageChange(NamedTuple):
-    """From `at` on, the job is covered or not, for `status`'s reason (SUCCESS stands for covered)."""
+    """From `at` on, the job is covered or not, for `status`'s reason (SUCCESS stands for
+    covered)."""
 
     at: AwareDatetime
     status: EntryStatus
@@ -31,7 +33,8 @@ _OPT_MARKS = frozenset({EntryStatus.AWAITING_VALIDATION, EntryStatus.OPTED_OUT})
 
 
 class JobCoverage(Model):
-    """A job's opt-ins, opt-outs and validations, sorted by time: whether it was covered at any moment."""
+    """A job's opt-ins, opt-outs and validations, sorted by time: whether it was covered at any
+    moment."""
 
     job_id: str
     changes: tuple[CoverageChange, ...] = ()
@@ -60,15 +63,16 @@ class JobCoverage(Model):
 class Jobs:
     """A contract's jobs, each with its coverage, and the rules that change it; `check_*` only read.
 
-    ContractBook keeps one; ContractWorkflow's opt-in, opt-out and validation updates act on it, calling
-    `check_*` from their validators and the matching method from the handler."""
+    ContractBook keeps one; ContractWorkflow's opt-in, opt-out and validation updates act on it,
+    calling `check_*` from their validators and the matching method from the handler."""
 
     def __init__(self, terms: ContractTerms, jobs: Iterable[JobCoverage] = ()) -> None:
         self.terms = terms
         self.coverage = {j.job_id: j for j in jobs}
 
     def status(self, job_id: str, t: datetime) -> EntryStatus:
-        """SUCCESS when the job was covered at `t`, else why not (never opted in, for a job not known)."""
+        """SUCCESS when the job was covered at `t`, else why not (never opted in, for a job not
+        known)."""
         job = self.coverage.get(job_id)
         return job.at(t) if job else EntryStatus.NOT_OPTED_IN
 
@@ -76,7 +80,8 @@ class Jobs:
         return tuple(j for j, cov in self.coverage.items() if cov.at(now) is EntryStatus.SUCCESS)
 
     def opt_in(self, job_id: str, now: datetime) -> JobCoverage:
-        """Opt a job in from `now`: not covered until a validation passes. Opting in twice is a no-op."""
+        """Opt a job in from `now`: not covered until a validation passes. Opting in twice is a
+        no-op."""
         job = self.coverage.get(job_id, JobCoverage(job_id=job_id))
         if job.opt_in_mark() is None:
             job = job.with_change(CoverageChange(now, EntryStatus.AWAITING_VALIDATION))
@@ -87,7 +92,9 @@ class Jobs:
         job = self.coverage.get(job_id)
         mark = job.opt_in_mark() if job else None
         if mark is None:
-            raise ContractRuleError(ErrorType.CONTRACT_UNKNOWN_JOB, f"job {job_id!r} is not opted in")
+            raise ContractRuleError(
+                ErrorType.CONTRACT_UNKNOWN_JOB, f"job {job_id!r} is not opted in"
+            )
         return mark
 
     def opt_out(self, job_id: str, now: datetime) -> JobCoverage:
@@ -105,8 +112,8 @@ class Jobs:
         self.check_opted_in(report.job_id)
 
     def record_validation(self, report: ValidationReport) -> JobCoverage:
-        """A report covers (or uncovers) the job from its time, never before the opt-in it answers. One with
-        waived checks covers it on a development contract only (`validation_status`)."""
+        """A report covers (or uncovers) the job from its time, never before the opt-in it answers.
+        One with waived checks covers it on a development contract only (`validation_status`)."""
         mark = self.check_opted_in(report.job_id)
         status = validation_status(report, self.terms.purpose)
         change = CoverageChange(max(report.validated_at, mark.at), status)

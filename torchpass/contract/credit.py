@@ -1,8 +1,8 @@
 """Money and the credit notice: what the contract workflow sends to billing.
 
-Shared by the contract rules (`torchpass.contract.rules`), the contract workflow and the billing activities,
-so that the notice a billing system receives has one definition. Money is a `Decimal` with an ISO 4217
-currency; floats never carry an amount.
+Shared by the contract rules (`torchpass.contract.rules`), the contract workflow and the billing
+activities, so that the notice a billing system receives has one definition. Money is a `Decimal`
+with an ISO 4217 currency; floats never carry an amount.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator
 from torchpass.models import Model
 
 MAX_AMOUNT = Decimal("1e15")
-"""No license fee, credit or cost comes near a quadrillion; past it, Decimal arithmetic at its default
-28-digit precision would fail (InvalidOperation) deep inside a contract's evaluation."""
+"""No license fee, credit or cost comes near a quadrillion; past it, Decimal arithmetic at its
+default 28-digit precision would fail (InvalidOperation) deep inside a contract's evaluation."""
 MAX_PLACES = 6
 
 
@@ -52,7 +52,9 @@ class Money(Model):
 
     def times(self, factor: Decimal) -> Money:
         """This amount times an exact factor, rounded half-even to the cent."""
-        return Money(amount=(self.amount * factor).quantize(Decimal("0.01")), currency=self.currency)
+        return Money(
+            amount=(self.amount * factor).quantize(Decimal("0.01")), currency=self.currency
+        )
 
     def __str__(self) -> str:
         return f"{self.amount:,.2f} {self.currency}"
@@ -66,7 +68,9 @@ def credit_idempotency_key(contract_id: str, period_end: date) -> str:
 class CreditNotice(Model):
     """A YOCO credit owed to a customer, sent to billing exactly once per contract and period."""
 
-    idempotency_key: str = Field(min_length=1, description="contract + period; see credit_idempotency_key")
+    idempotency_key: str = Field(
+        min_length=1, description="contract + period; see credit_idempotency_key"
+    )
     contract_id: str = Field(min_length=1)
     customer_id: str = Field(min_length=1)
     period_start: date = Field(description="first day of the trailing window that was measured")
@@ -84,7 +88,9 @@ class CreditDelivery(Model):
     """What billing answered for one notice."""
 
     idempotency_key: str
-    webhook_status: int | None = Field(default=None, description="HTTP status of the accepting attempt")
+    webhook_status: int | None = Field(
+        default=None, description="HTTP status of the accepting attempt"
+    )
     duplicate: bool = Field(default=False, description="billing had already accepted this key")
     billing_workflow_signalled: bool = False
     delivered_at: AwareDatetime

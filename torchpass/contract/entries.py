@@ -1,5 +1,5 @@
-"""What a YOCO contract's ledger holds: the status of each outcome (and why one is not counted), its compact
-entry, a UTC day's entries rolled up to counts, and the claims the contract refused.
+"""What a YOCO contract's ledger holds: the status of each outcome (and why one is not counted), its
+compact entry, a UTC day's entries rolled up to counts, and the claims the contract refused.
 
 Entries are tuples, not models, so that a year of them fits one continue-as-new payload
 (`torchpass.contract.ledger` keeps them within that budget).
@@ -38,11 +38,12 @@ EXCLUSION_REASON: dict[EntryStatus, str] = {
     EntryStatus.NOT_OPTED_IN: "job not covered: not opted in to the YOCO guarantee",
     EntryStatus.AWAITING_VALIDATION: "job not covered: opted in, environment not yet validated",
     EntryStatus.VALIDATION_FAILED: "job not covered: environment validation failed",
-    EntryStatus.VALIDATION_WAIVED: "job not covered: validated with waived checks (development override), "
-    "not accepted on a customer contract",
+    EntryStatus.VALIDATION_WAIVED: "job not covered: validated with waived checks (development "
+    "override), not accepted on a customer contract",
     EntryStatus.OPTED_OUT: "job not covered: opted out of the YOCO guarantee",
     EntryStatus.SHARED_INFRASTRUCTURE: "disqualifying event: shared infrastructure failure",
-    EntryStatus.UNABLE_TO_RECOVER: "disqualifying event: unable to recover (includes no spare available)",
+    EntryStatus.UNABLE_TO_RECOVER: "disqualifying event: unable to recover (includes no spare "
+    "available)",
 }
 
 
@@ -55,14 +56,14 @@ class LedgerEntry(NamedTuple):
     status: EntryStatus
     late: bool = False
     duplicates: int = 0
-    # MigrationOutcome.recovery_seconds rounded to milliseconds, so that `torchpass cost --contract` needs
-    # only the ledger, not the incident workflows (which Temporal's retention deletes).
+    # MigrationOutcome.recovery_seconds rounded to milliseconds, so that `torchpass cost --contract`
+    # needs only the ledger, not the incident workflows (which Temporal's retention deletes).
     recovery_seconds: float | None = None
 
 
 class DayRollup(NamedTuple):
-    """A UTC day's entries of one status counted, no longer listed (`torchpass.contract.ledger`): windows are
-    whole days, so every tally over roll-ups is exact."""
+    """A UTC day's entries of one status counted, no longer listed (`torchpass.contract.ledger`):
+    windows are whole days, so every tally over roll-ups is exact."""
 
     day: date
     status: EntryStatus

@@ -1,6 +1,7 @@
-"""A YOCO contract's evaluations: what triggers one, the counts of a window, what an evaluation is about
-besides the ledger, the closed evaluation with the credit it issued (`torchpass.contract.rules.evaluate`
-makes one), and a contract's record of them with the credits owed until billing has them (`Evaluations`)."""
+"""A YOCO contract's evaluations: what triggers one, the counts of a window, what an evaluation is
+about besides the ledger, the closed evaluation with the credit it issued
+(`torchpass.contract.rules.evaluate` makes one), and a contract's record of them with the credits
+owed until billing has them (`Evaluations`)."""
 
 from __future__ import annotations
 
@@ -35,15 +36,21 @@ class Evaluation(Model):
     qualifying: NonNegativeInt = 0
     successful: NonNegativeInt = 0
     excluded: NonNegativeInt = 0
-    success_rate: Decimal | None = Field(default=None, description="floored to 6 places; None: no events")
+    success_rate: Decimal | None = Field(
+        default=None, description="floored to 6 places; None: no events"
+    )
     credit_period_start: date | None = Field(
         default=None,
-        description="where the outcomes the credit decision counts begin: the period start, or the end of "
-        "the last evaluation that issued a credit when that is later (the same failures are never paid "
-        "twice); None when not evaluated",
+        description="where the outcomes the credit decision counts begin: the period start, or the "
+        "end of the last evaluation that issued a credit when that is later (the same failures are "
+        "never paid twice); None when not evaluated",
     )
-    credit_qualifying: NonNegativeInt = Field(default=0, description="qualifying since credit_period_start")
-    credit_successful: NonNegativeInt = Field(default=0, description="successful since credit_period_start")
+    credit_qualifying: NonNegativeInt = Field(
+        default=0, description="qualifying since credit_period_start"
+    )
+    credit_successful: NonNegativeInt = Field(
+        default=0, description="successful since credit_period_start"
+    )
     fee: Money = Field(description="the annual fee the credit is a share of")
     credit: CreditNotice | None = None
     note: str
@@ -73,16 +80,17 @@ class EvaluationContext:
     credit_already_this_term: bool
     now: datetime
     credited_through: date | None = None  # period_end of the last evaluation that issued a credit
-    purpose: ContractPurpose = ContractPurpose.CUSTOMER  # a development contract never issues a credit
+    # a development contract never issues a credit
+    purpose: ContractPurpose = ContractPurpose.CUSTOMER
 
 
 class Evaluations:
-    """A contract's closed evaluations, and the credits they issued: pending until billing acknowledges
-    one (then a delivery). `credit_retry_at` is when a pending credit billing did not take is offered
-    again; ContractWorkflow sets it.
+    """A contract's closed evaluations, and the credits they issued: pending until billing
+    acknowledges one (then a delivery). `credit_retry_at` is when a pending credit billing did not
+    take is offered again; ContractWorkflow sets it.
 
-    The credit rules that look back (once per contract year, never twice for the same failures) read the
-    evaluations, which travel whole across continue-as-new and are never pruned."""
+    The credit rules that look back (once per contract year, never twice for the same failures) read
+    the evaluations, which travel whole across continue-as-new and are never pruned."""
 
     def __init__(
         self,

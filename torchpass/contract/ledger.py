@@ -1,9 +1,11 @@
-"""A contract's ledger: its entries one by one, within a budget that fits one continue-as-new payload.
+"""A contract's ledger: its entries one by one, within a budget that fits one continue-as-new
+payload.
 
-Pure, like the rules. Past the budget (`LEDGER_BUDGET` entries or about `LEDGER_BYTES` of them; Temporal
-refuses a payload over 2 MB) the oldest whole days are rolled up to counts, one `DayRollup` per UTC day and
-status. Windows begin and end on day boundaries, so every tally is what the whole ledger would give. What a
-roll-up forgets is who was counted: an outcome of a rolled-up day can no longer be told from a duplicate.
+Pure, like the rules. Past the budget (`LEDGER_BUDGET` entries or about `LEDGER_BYTES` of them;
+Temporal refuses a payload over 2 MB) the oldest whole days are rolled up to counts, one `DayRollup`
+per UTC day and status. Windows begin and end on day boundaries, so every tally is what the whole
+ledger would give. What a roll-up forgets is who was counted: an outcome of a rolled-up day can no
+longer be told from a duplicate.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from torchpass.contract.verify import split_run
 
 LEDGER_BUDGET = 10_000
 LEDGER_BYTES = 1_000_000
-ROLLUP_MIN_AGE = timedelta(days=2)  # from the newest entry: days an outcome of which may still arrive
+# from the newest entry: days an outcome of which may still arrive
+ROLLUP_MIN_AGE = timedelta(days=2)
 _ENTRY_OVERHEAD = 120  # bytes of one entry's JSON beyond its two ids
 
 
@@ -27,13 +30,17 @@ def _size(e: LedgerEntry) -> int:
 
 class Ledger:
     def __init__(
-        self, entries: Iterable[LedgerEntry], rollups: Iterable[DayRollup], rolled_through: date | None
+        self,
+        entries: Iterable[LedgerEntry],
+        rollups: Iterable[DayRollup],
+        rolled_through: date | None,
     ) -> None:
         self.entries = {e.incident_id: e for e in entries}  # insertion order is recording order
         self.rollups = {(r.day, r.status): r for r in rollups}
         self.rolled_through = rolled_through
         self._bytes = sum(_size(e) for e in self.entries.values())
-        # An incident's workflow id is its failure (job, failure domain, generation): run -> incident id.
+        # An incident's workflow id is its failure (job, failure domain, generation): run ->
+        # incident id.
         self.failures = {split_run(k)[0]: k for k in self.entries}
 
     def too_late(self, detected_at: datetime) -> bool:
@@ -55,8 +62,8 @@ class Ledger:
         return e
 
     def roll_up(self) -> int:
-        """Past the budget, roll the oldest whole days (never the latest two) up to counts, down to 90% of
-        it; returns how many entries went."""
+        """Past the budget, roll the oldest whole days (never the latest two) up to counts, down to
+        90% of it; returns how many entries went."""
         if len(self.entries) <= LEDGER_BUDGET and self._bytes <= LEDGER_BYTES:
             return 0
         by_age = sorted(self.entries.values(), key=lambda e: e.detected_at)
@@ -78,7 +85,8 @@ class Ledger:
         return gone
 
     def prune(self, cutoff: datetime) -> int:
-        """Drop what was detected before `cutoff`, entries and roll-ups; returns how many entries went."""
+        """Drop what was detected before `cutoff`, entries and roll-ups; returns how many entries
+        went."""
         old = [k for k, e in self.entries.items() if e.detected_at < cutoff]
         for k in old:
             self._drop(k)

@@ -1,6 +1,6 @@
-"""What a YOCO contract answers about itself: its standing (the `standing` query, `renew`'s answer and
-ContractWorkflow's final result) and its ledger, page by page (the `ledger` query), each row with why it is
-counted or not."""
+"""What a YOCO contract answers about itself: its standing (the `standing` query, `renew`'s answer
+and ContractWorkflow's final result) and its ledger, page by page (the `ledger` query), each row
+with why it is counted or not."""
 
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ class LedgerRow(Model):
     reason: str | None = Field(description="why it is excluded from the rate; None when counted")
     late: bool
     duplicates: NonNegativeInt
-    recovery_seconds: float | None = Field(default=None, description="failure observed -> training again")
+    recovery_seconds: float | None = Field(
+        default=None, description="failure observed -> training again"
+    )
 
     @classmethod
     def of(cls, e: LedgerEntry) -> LedgerRow:
@@ -71,7 +73,8 @@ class LedgerPage(Model):
 
 
 class Standing(Model):
-    """Where the contract stands now: the `standing` query's answer and the workflow's final result."""
+    """Where the contract stands now: the `standing` query's answer and the workflow's final
+    result."""
 
     customer_id: str
     contract_id: str
@@ -86,9 +89,12 @@ class Standing(Model):
         description="the term ended unrenewed: `renew` is still accepted until renewal_grace_ends",
     )
     renewal_grace_ends: date | None = Field(
-        default=None, description="while awaiting renewal: the contract lapses at 00:00 UTC that day"
+        default=None,
+        description="while awaiting renewal: the contract lapses at 00:00 UTC that day",
     )
-    lapsed: bool = Field(default=False, description="ended unrenewed: the workflow's final standing")
+    lapsed: bool = Field(
+        default=False, description="ended unrenewed: the workflow's final standing"
+    )
     window_start: date
     window_end: date = Field(description="exclusive: the end of today")
     qualifying: NonNegativeInt
@@ -109,6 +115,7 @@ class Standing(Model):
     rejected_signals: NonNegativeInt
     unverified: NonNegativeInt = Field(default=0, description="outcomes awaiting their check")
     rejected_claims: NonNegativeInt = Field(
-        default=0, description="outcomes and validations refused as unverifiable (see the ledger's rejected)"
+        default=0,
+        description="outcomes and validations refused as unverifiable (see the ledger's rejected)",
     )
     runs: NonNegativeInt

@@ -1,13 +1,13 @@
 """The YOCO contract rules, as pure functions: no Temporal, no clock, no I/O.
 
-Success rate = successful qualifying migrations / total qualifying migrations detected in the trailing 12
-months before the evaluation date (never before the contract start). Evaluations happen at each renewal
-and at each expansion; an expansion in the first contract year is evaluated only when at least 3 months
-were measured. A rate below 90% (compared exactly, as fractions) earns a credit of 25% of the annual fee,
-at most once per contract year, and never twice for the same failures: the outcomes detected since the
-last evaluation that issued a credit must on their own be below 90% too (`credit_start`). A development
-contract evaluates the same way but never issues a credit notice. The open cases the product brief leaves
-are decided in docs/contract.md.
+Success rate = successful qualifying migrations / total qualifying migrations detected in the
+trailing 12 months before the evaluation date (never before the contract start). Evaluations happen
+at each renewal and at each expansion; an expansion in the first contract year is evaluated only
+when at least 3 months were measured. A rate below 90% (compared exactly, as fractions) earns a
+credit of 25% of the annual fee, at most once per contract year, and never twice for the same
+failures: the outcomes detected since the last evaluation that issued a credit must on their own be
+below 90% too (`credit_start`). A development contract evaluates the same way but never issues a
+credit notice. The open cases the product brief leaves are decided in docs/contract.md.
 
 `ContractBook` (`torchpass.contract.book`) applies these rules to a contract's running state;
 ContractWorkflow holds one and feeds it the time (`workflow.now()`), so that everything here stays
@@ -35,13 +35,13 @@ TARGET_RATE = Fraction(9, 10)
 CREDIT_SHARE = Decimal("0.25")
 WINDOW_MONTHS = 12
 FIRST_YEAR_MIN_MONTHS = 3
-# Billing may report an expansion some days after it was bought; not further back than this, so that the
-# ledger can drop what no future window will count.
+# Billing may report an expansion some days after it was bought; not further back than this, so that
+# the ledger can drop what no future window will count.
 EXPANSION_BACKDATE_LIMIT = timedelta(days=31)
 RATE_PLACES = 6
 NO_DEVELOPMENT_CREDIT = (
-    "; no credit: a development contract never issues a credit notice to billing (its validations may "
-    "have waived checks; it is not a customer guarantee)"
+    "; no credit: a development contract never issues a credit notice to billing (its validations "
+    "may have waived checks; it is not a customer guarantee)"
 )
 
 
@@ -63,16 +63,18 @@ def window_for(contract_start: date, period_end: date) -> tuple[date, date]:
 
 
 def expansion_measured_enough(contract_start: date, on: date) -> bool:
-    """First-year expansions need 3 months measured (start -> expansion); later ones always count."""
+    """First-year expansions need 3 months measured (start -> expansion); later ones always
+    count."""
     in_first_year = on < add_months(contract_start, 12)
     return not in_first_year or add_months(contract_start, FIRST_YEAR_MIN_MONTHS) <= on
 
 
 def status_for(outcome: MigrationOutcome, coverage: EntryStatus) -> EntryStatus:
-    """Where an outcome stands: a false alarm first, then coverage, then the brief's disqualifying rows.
+    """Where an outcome stands: a false alarm first, then coverage, then the brief's disqualifying
+    rows.
 
-    The contract's own coverage record decides, not `outcome.covered`: the contract is where opt-in and
-    validation are recorded."""
+    The contract's own coverage record decides, not `outcome.covered`: the contract is where opt-in
+    and validation are recorded."""
     if outcome.disposition is Disposition.NOT_A_FAILURE:
         return EntryStatus.NOT_A_FAILURE
     if coverage is not EntryStatus.SUCCESS:
@@ -85,8 +87,9 @@ def status_for(outcome: MigrationOutcome, coverage: EntryStatus) -> EntryStatus:
 
 
 def validation_status(report: ValidationReport, purpose: ContractPurpose) -> EntryStatus:
-    """What a validation report makes of a job: covered (SUCCESS) when every check passed, or when the
-    only checks not passed were waived and the contract is a development one; otherwise not covered."""
+    """What a validation report makes of a job: covered (SUCCESS) when every check passed, or when
+    the only checks not passed were waived and the contract is a development one; otherwise not
+    covered."""
     if report.status is ReportStatus.PASSED:
         return EntryStatus.SUCCESS
     if report.status is ReportStatus.PASSED_WITH_WAIVERS:
@@ -97,8 +100,8 @@ def validation_status(report: ValidationReport, purpose: ContractPurpose) -> Ent
 
 
 def tally(entries: Iterable[LedgerEntry | DayRollup], start: date, end: date) -> Tally:
-    """Count the entries detected in ``[start, end)``, a day's roll-up as its count; the order of the
-    entries never matters."""
+    """Count the entries detected in ``[start, end)``, a day's roll-up as its count; the order of
+    the entries never matters."""
     lo, hi = day_start(start), day_start(end)
     t = Tally()
     for e in entries:
@@ -114,7 +117,8 @@ def tally(entries: Iterable[LedgerEntry | DayRollup], start: date, end: date) ->
 
 
 def success_rate(successful: int, qualifying: int) -> Decimal | None:
-    """The rate floored to 6 places (so a rate below 90% never reads as 0.900000); None without events."""
+    """The rate floored to 6 places (so a rate below 90% never reads as 0.900000); None without
+    events."""
     if qualifying == 0:
         return None
     scale = 10**RATE_PLACES
@@ -122,7 +126,8 @@ def success_rate(successful: int, qualifying: int) -> Decimal | None:
 
 
 def credit_due(successful: int, qualifying: int) -> bool:
-    """Below 90%, exactly: 90% itself earns nothing, and no qualifying failure means no rate at all."""
+    """Below 90%, exactly: 90% itself earns nothing, and no qualifying failure means no rate at
+    all."""
     return qualifying > 0 and Fraction(successful, qualifying) < TARGET_RATE
 
 
@@ -132,14 +137,15 @@ def summary(t: Tally) -> str:
     verdict = "below" if credit_due(t.successful, t.qualifying) else "meets"
     rate = Fraction(t.successful, t.qualifying)
     return (
-        f"{t.successful}/{t.qualifying} qualifying failures live-migrated ({float(rate):.2%}), {verdict} 90%"
+        f"{t.successful}/{t.qualifying} qualifying failures live-migrated ({float(rate):.2%}), "
+        f"{verdict} 90%"
     )
 
 
 def credit_start(window_start: date, window_end: date, credited_through: date | None) -> date:
-    """Where the outcomes a credit decision may count begin: the window's start, or the end of the last
-    evaluation that issued a credit when that is later. Trailing windows overlap across evaluations; what
-    an earlier credit already measured is never paid again."""
+    """Where the outcomes a credit decision may count begin: the window's start, or the end of the
+    last evaluation that issued a credit when that is later. Trailing windows overlap across
+    evaluations; what an earlier credit already measured is never paid again."""
     if credited_through is None:
         return window_start
     return min(max(window_start, credited_through), window_end)
@@ -150,17 +156,19 @@ def _unpaid_note(unpaid: Tally, since: date) -> str:
         return f"; no credit: no qualifying failure since the last credit (period ended {since})"
     rate = Fraction(unpaid.successful, unpaid.qualifying)
     return (
-        f"; no credit: since the last credit (period ended {since}) {unpaid.successful}/{unpaid.qualifying} "
-        f"({float(rate):.2%}) meets 90%, and the failures it paid for are never paid twice"
+        f"; no credit: since the last credit (period ended {since}) "
+        f"{unpaid.successful}/{unpaid.qualifying} ({float(rate):.2%}) meets 90%, and the failures "
+        "it paid for are never paid twice"
     )
 
 
 def evaluate(ctx: EvaluationContext, entries: Iterable[LedgerEntry | DayRollup]) -> Evaluation:
     """One evaluation: the tally of its window and, when due, the one credit notice of its period.
 
-    The rate shown is the full trailing window's. A credit needs that rate below 90% *and* the outcomes
-    not yet measured by a credited evaluation (``[credit_start, end)``) below 90% on their own; the
-    notice then names that unpaid period and its counts, so that no two notices cover the same outcome."""
+    The rate shown is the full trailing window's. A credit needs that rate below 90% *and* the
+    outcomes not yet measured by a credited evaluation (``[credit_start, end)``) below 90% on their
+    own; the notice then names that unpaid period and its counts, so that no two notices cover the
+    same outcome."""
     start, end = window_for(ctx.contract_start, ctx.period_end)
     base = {"trigger": ctx.trigger, "term": ctx.term, "period_start": start, "period_end": end}
     if ctx.trigger is Trigger.EXPANSION and not expansion_measured_enough(ctx.contract_start, end):
@@ -213,8 +221,8 @@ def evaluate(ctx: EvaluationContext, entries: Iterable[LedgerEntry | DayRollup])
 def prune_horizon(term_start: date, last_evaluated: date | None, today: date) -> date:
     """Entries detected before this day can fall in no future window.
 
-    A future evaluation ends no earlier than the current term's start, the last evaluation, and today
-    less the expansion back-dating limit; its window reaches 12 months before that."""
+    A future evaluation ends no earlier than the current term's start, the last evaluation, and
+    today less the expansion back-dating limit; its window reaches 12 months before that."""
     earliest_end = max(term_start, last_evaluated or term_start, today - EXPANSION_BACKDATE_LIMIT)
     return add_months(earliest_end, -WINDOW_MONTHS)
 
@@ -222,10 +230,13 @@ def prune_horizon(term_start: date, last_evaluated: date | None, today: date) ->
 def check_fee(current: Money, new: Money) -> None:
     if new.currency != current.currency:
         raise ContractRuleError(
-            ErrorType.CONTRACT_CURRENCY_MISMATCH, f"fee in {new.currency}, contract in {current.currency}"
+            ErrorType.CONTRACT_CURRENCY_MISMATCH,
+            f"fee in {new.currency}, contract in {current.currency}",
         )
     if new.amount <= 0:
-        raise ContractRuleError(ErrorType.CONTRACT_INVALID_FEE, f"annual fee must be positive, got {new}")
+        raise ContractRuleError(
+            ErrorType.CONTRACT_INVALID_FEE, f"annual fee must be positive, got {new}"
+        )
 
 
 def check_expansion_date(on: date, earliest: date, today: date) -> None:
@@ -233,5 +244,6 @@ def check_expansion_date(on: date, earliest: date, today: date) -> None:
     lowest = max(earliest, today - EXPANSION_BACKDATE_LIMIT)
     if not lowest <= on <= today:
         raise ContractRuleError(
-            ErrorType.CONTRACT_DATES_OUT_OF_ORDER, f"expansion date {on} must be within [{lowest}, {today}]"
+            ErrorType.CONTRACT_DATES_OUT_OF_ORDER,
+            f"expansion date {on} must be within [{lowest}, {today}]",
         )

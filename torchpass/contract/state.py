@@ -1,6 +1,6 @@
 """What a YOCO contract carries across continue-as-new: its running state (`ContractState`, which
-`torchpass.contract.book.ContractBook` is built from and saved to), and ContractWorkflow's input, the terms
-with that state."""
+`torchpass.contract.book.ContractBook` is built from and saved to), and ContractWorkflow's input,
+the terms with that state."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from torchpass.models import Model
 
 
 class ContractState(Model):
-    """Everything a contract carries across continue-as-new. The ledger holds only what a future window
-    can still count (see `ContractBook.prune`)."""
+    """Everything a contract carries across continue-as-new. The ledger holds only what a future
+    window can still count (see `ContractBook.prune`)."""
 
     term: NonNegativeInt = 0
     term_start: date
@@ -28,13 +28,18 @@ class ContractState(Model):
     renewal: RenewInput | None = Field(default=None, description="set once the customer renewed")
     awaiting_renewal: bool = Field(
         default=False,
-        description="the term ending at renewal_date was evaluated without a renewal: a `renew` within "
-        "terms.renewal_grace_days starts the next term from renewal_date, else the contract lapses",
+        description="the term ending at renewal_date was evaluated without a renewal: a `renew` "
+        "within terms.renewal_grace_days starts the next term from renewal_date, else the contract "
+        "lapses",
     )
     jobs: tuple[JobCoverage, ...] = ()
     ledger: tuple[LedgerEntry, ...] = ()
-    rollups: tuple[DayRollup, ...] = Field(default=(), description="the oldest days' entries, counted")
-    rolled_through: date | None = Field(default=None, description="the last day rolled up (none later)")
+    rollups: tuple[DayRollup, ...] = Field(
+        default=(), description="the oldest days' entries, counted"
+    )
+    rolled_through: date | None = Field(
+        default=None, description="the last day rolled up (none later)"
+    )
     evaluations: tuple[Evaluation, ...] = ()
     pending_credits: tuple[CreditNotice, ...] = ()
     deliveries: tuple[CreditDelivery, ...] = ()
@@ -44,15 +49,21 @@ class ContractState(Model):
     duplicates: NonNegativeInt = 0
     rejected_signals: NonNegativeInt = 0
     unverified: tuple[MigrationOutcome, ...] = Field(
-        default=(), description="outcomes received and not yet checked against their incident workflows"
+        default=(),
+        description="outcomes received and not yet checked against their incident workflows",
     )
     rejected: tuple[RejectedClaim, ...] = Field(
-        default=(), description="the latest outcomes and validations refused as unverifiable, with why"
+        default=(),
+        description="the latest outcomes and validations refused as unverifiable, with why",
     )
     rejected_claims: NonNegativeInt = Field(default=0, description="every claim ever refused")
-    pruned: NonNegativeInt = Field(default=0, description="entries dropped as too old for any window")
+    pruned: NonNegativeInt = Field(
+        default=0, description="entries dropped as too old for any window"
+    )
     runs: NonNegativeInt = Field(default=0, description="continue-as-new count")
-    rules_version: int = Field(default=1, description="bumped when the rules change; see docs/contract.md")
+    rules_version: int = Field(
+        default=1, description="bumped when the rules change; see docs/contract.md"
+    )
 
 
 class ContractInput(Model):

@@ -1,17 +1,18 @@
-"""What the contract checks before its ledger counts anything: the claim against the workflow that made it.
+"""What the contract checks before its ledger counts anything: the claim against the workflow that
+made it.
 
-An outcome arrives as a signal anyone with access to Temporal can send, a validation as an update anyone
-can run. Neither is counted on its word. The control worker reads the history of the workflow the claim
-names (`IncidentFacts`, `ValidationFacts`) and these pure rules judge it:
+An outcome arrives as a signal anyone with access to Temporal can send, a validation as an update
+anyone can run. Neither is counted on its word. The control worker reads the history of the workflow
+the claim names (`IncidentFacts`, `ValidationFacts`) and these pure rules judge it:
 
-- an outcome is genuine when its `incident_id` names a `MigrationWorkflow` run that was started for the
-  same job and failure domain and itself signalled exactly this outcome to this contract;
-- a validation report is genuine when its `source` names an `EnvironmentValidationWorkflow` run, for the
-  same contract and job, that itself asked to record exactly this report.
+- an outcome is genuine when its `incident_id` names a `MigrationWorkflow` run that was started for
+  the same job and failure domain and itself signalled exactly this outcome to this contract;
+- a validation report is genuine when its `source` names an `EnvironmentValidationWorkflow` run, for
+  the same contract and job, that itself asked to record exactly this report.
 
-An incident's workflow id is its failure (`torchpass.ids.incident_workflow_id` of job, failure domain and
-world generation), checked against its own start input: the contract recognises the same failure told
-twice, by two runs of that workflow id, and counts it once.
+An incident's workflow id is its failure (`torchpass.ids.incident_workflow_id` of job, failure
+domain and world generation), checked against its own start input: the contract recognises the same
+failure told twice, by two runs of that workflow id, and counts it once.
 """
 
 from __future__ import annotations
@@ -29,19 +30,25 @@ from torchpass.validation.report import ValidateInput, ValidationReport
 
 MAX_REASON = 500
 MAX_CLAIMS = 50  # outcomes judged by one activity call
-MAX_EVENTS = 10_000  # of a claimed workflow's history read before it is judged too long to be genuine
-MAX_UNVERIFIED = 1000  # outcomes awaiting their check; past it a flood is refused, the ledger unharmed
+# of a claimed workflow's history read before it is judged too long to be genuine
+MAX_EVENTS = 10_000
+# outcomes awaiting their check; past it a flood is refused, the ledger unharmed
+MAX_UNVERIFIED = 1000
 MAX_REJECTED_KEPT = 100  # refused claims kept with their reason (every one is counted)
 
 
 class Verdict(Model):
     """The contract's answer to one claim."""
 
-    claim: str = Field(max_length=MAX_INCIDENT_ID + 20, description="the incident id or report source")
+    claim: str = Field(
+        max_length=MAX_INCIDENT_ID + 20, description="the incident id or report source"
+    )
     accepted: bool
     reason: str = Field(default="", max_length=MAX_REASON, description="why it was refused")
     failure_key: str | None = Field(
-        default=None, max_length=1000, description="the failure's incident workflow id, once confirmed"
+        default=None,
+        max_length=1000,
+        description="the failure's incident workflow id, once confirmed",
     )
 
 
@@ -62,13 +69,17 @@ class Verdicts(Model):
 
 
 class IncidentFacts(Model):
-    """What an incident workflow's own history says: its type, its start input, what it signalled."""
+    """What an incident workflow's own history says: its type, its start input, what it
+    signalled."""
 
     found: bool
     workflow_type: str = ""
-    report: FailureReport | None = Field(default=None, description="its start input, when it decodes")
+    report: FailureReport | None = Field(
+        default=None, description="its start input, when it decodes"
+    )
     signalled: tuple[MigrationOutcome, ...] = Field(
-        default=(), description="the record_outcome signals it sent to the claiming contract, decoded"
+        default=(),
+        description="the record_outcome signals it sent to the claiming contract, decoded",
     )
     detail: str = Field(default="", max_length=MAX_REASON)
 
@@ -78,7 +89,8 @@ class ValidationFacts(Model):
     workflow_type: str = ""
     request: ValidateInput | None = None
     recorded: tuple[ValidationReport, ...] = Field(
-        default=(), description="the reports it asked to record, decoded from its own activity inputs"
+        default=(),
+        description="the reports it asked to record, decoded from its own activity inputs",
     )
     detail: str = Field(default="", max_length=MAX_REASON)
 
@@ -97,14 +109,19 @@ def failure_key(report: FailureReport) -> str:
 
 
 def at_key(workflow_id: str, key: str) -> bool:
-    """Whether an incident workflow's id is its failure's key, or the fresh id the job moved it to when a
-    squatter held that one (the key, ':x' and 16 hex digits:
-    `job_agent.coordinator.incident.tracker.IncidentTracker.rekey`). Both count under the key, so the squatted
-    and the moved incident are one failure in the ledger."""
+    """Whether an incident workflow's id is its failure's key, or the fresh id the job moved it to
+    when a squatter held that one (the key, ':x' and 16 hex digits:
+    `job_agent.coordinator.incident.tracker.IncidentTracker.rekey`). Both count under the key, so
+    the squatted and the moved incident are one failure in the ledger."""
     if workflow_id == key:
         return True
     head, sep, tail = workflow_id.rpartition(":x")
-    return bool(sep) and head == key and len(tail) == REKEY_HEX and all(c in "0123456789abcdef" for c in tail)
+    return (
+        bool(sep)
+        and head == key
+        and len(tail) == REKEY_HEX
+        and all(c in "0123456789abcdef" for c in tail)
+    )
 
 
 def _refused(claim: str, why: str) -> Verdict:
@@ -120,13 +137,15 @@ def judge_outcome(outcome: MigrationOutcome, facts: IncidentFacts) -> Verdict:
     if facts.workflow_type != WorkflowName.MIGRATION:
         return _refused(claim, f"not an incident: the workflow is a {facts.workflow_type!r}")
     if facts.report is None:
-        return _refused(claim, f"the incident's start input is not a failure report: {facts.detail}")
+        return _refused(
+            claim, f"the incident's start input is not a failure report: {facts.detail}"
+        )
     ev = facts.report.evidence
     if (ev.job_id, ev.failure_domain) != (outcome.job_id, outcome.failure_domain):
         return _refused(
             claim,
-            f"the incident was started for job {ev.job_id!r} on {ev.failure_domain!r}, the outcome claims "
-            f"{outcome.job_id!r} on {outcome.failure_domain!r}",
+            f"the incident was started for job {ev.job_id!r} on {ev.failure_domain!r}, the outcome "
+            f"claims {outcome.job_id!r} on {outcome.failure_domain!r}",
         )
     key = failure_key(facts.report)
     if not at_key(split_run(claim)[0], key):
@@ -154,9 +173,10 @@ def judge_validation(report: ValidationReport, facts: ValidationFacts) -> Verdic
 
 
 class Quarantine:
-    """A contract's claims not counted: the outcomes awaiting their check, and the refused (the latest,
-    with why, apart from the ledger: they never count, nor block the genuine outcome of their incident id
-    arriving later). Part of `ContractBook`, carried across continue-as-new in its state."""
+    """A contract's claims not counted: the outcomes awaiting their check, and the refused (the
+    latest, with why, apart from the ledger: they never count, nor block the genuine outcome of
+    their incident id arriving later). Part of `ContractBook`, carried across continue-as-new in its
+    state."""
 
     def __init__(
         self,
@@ -170,7 +190,12 @@ class Quarantine:
 
     def hold(self, outcome: MigrationOutcome) -> bool:
         if len(self.unverified) >= MAX_UNVERIFIED:
-            self.reject(outcome.incident_id, outcome.job_id, outcome.detected_at, "too many awaiting a check")
+            self.reject(
+                outcome.incident_id,
+                outcome.job_id,
+                outcome.detected_at,
+                "too many awaiting a check",
+            )
             return False
         self.unverified.append(outcome)
         return True

@@ -1,1 +1,2 @@
-"""Development tools: the live-migration demo, the embedded dev server, a reference billing receiver."""
+"""Development tools: the live-migration demo, the embedded dev server, a reference billing
+receiver."""

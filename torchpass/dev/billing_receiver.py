@@ -1,8 +1,9 @@
-"""A reference receiver for torchpass credit notices: what a billing team can copy, and what the tests use.
+"""A reference receiver for torchpass credit notices: what a billing team can copy, and what the
+tests use.
 
-It checks the signature and timestamp (`torchpass.contract.billing.verify`), accepts each idempotency key once
-and answers a repeat as a duplicate, so that a retried, replayed or duplicated notice never becomes a second
-credit. Answers:
+It checks the signature and timestamp (`torchpass.contract.billing.verify`), accepts each
+idempotency key once and answers a repeat as a duplicate, so that a retried, replayed or duplicated
+notice never becomes a second credit. Answers:
 
 - 200 `{"accepted": true, "idempotency_key": ...}` the first time a key is seen
 - 200 `{"duplicate": true, "idempotency_key": ...}` every later time
@@ -11,10 +12,10 @@ credit. Answers:
 - 503 for the first `fail_first` requests, to show (and test) the sender's retries
 
 Run it: `TORCHPASS_BILLING_WEBHOOK_SECRET=... python -m torchpass.dev.billing_receiver --port 8088
---ledger credits.json` (a secret of at least 16 characters). The ledger file keeps accepted keys across a
-restart; `--in-memory` instead must be asked for, since a notice replayed after a restart would then be
-accepted again. A request must arrive within 10 s; a body over 1 MiB, or an absurd Content-Length or
-timestamp, is refused with a 4xx answer.
+--ledger credits.json` (a secret of at least 16 characters). The ledger file keeps accepted keys
+across a restart; `--in-memory` instead must be asked for, since a notice replayed after a restart
+would then be accepted again. A request must arrive within 10 s; a body over 1 MiB, or an absurd
+Content-Length or timestamp, is refused with a 4xx answer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from torchpass.contract.billing import DEFAULT_TOLERANCE_S, IDEMPOTENCY_HEADER, SignatureRejected, verify
+from torchpass.contract.billing import (
+    DEFAULT_TOLERANCE_S,
+    IDEMPOTENCY_HEADER,
+    SignatureRejected,
+    verify,
+)
 from torchpass.contract.credit import CreditNotice
 
 _MAX_BODY_BYTES = 1024 * 1024
@@ -40,7 +46,8 @@ Answer = tuple[int, dict[str, Any]]
 
 
 class CreditLedger:
-    """Accepted notices by key; persisted to a JSON file if given one, so deduplication survives restarts."""
+    """Accepted notices by key; persisted to a JSON file if given one, so deduplication survives
+    restarts."""
 
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
@@ -50,7 +57,8 @@ class CreditLedger:
             self._entries = json.loads(path.read_text())
 
     def accept(self, notice: CreditNotice) -> bool:
-        """Record the notice; False if its key was accepted before. Check and record are one step."""
+        """Record the notice; False if its key was accepted before. Check and record are one
+        step."""
         with self._lock:
             if notice.idempotency_key in self._entries:
                 return False
@@ -113,7 +121,9 @@ class BillingReceiver:
             self.attempts += 1
             attempt = self.attempts
         if attempt <= self._fail_first:
-            return 503, {"error": f"failing on purpose: attempt {attempt} of the first {self._fail_first}"}
+            return 503, {
+                "error": f"failing on purpose: attempt {attempt} of the first {self._fail_first}"
+            }
         try:
             verify(body, headers, self._secret, self._tolerance_s)
             notice = CreditNotice.model_validate_json(body)
@@ -142,7 +152,8 @@ class BillingReceiver:
         return status, {"error": reason}
 
     def serve_forever(self) -> None:
-        """Serve in this thread until interrupted (the command line); tests use start/stop instead."""
+        """Serve in this thread until interrupted (the command line); tests use start/stop
+        instead."""
         try:
             self._server.serve_forever()
         except KeyboardInterrupt:
@@ -167,7 +178,10 @@ class BillingReceiver:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
@@ -186,7 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        # The time a client may take to send its request: a silent one never holds a thread for long.
+        # The time a client may take to send its request: a silent one never holds a thread for
+        # long.
         self.connection.settimeout(self.server.receiver.read_timeout)
 
     def do_POST(self) -> None:
@@ -208,13 +223,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def log_message(self, format: str, *args: Any) -> None:
-        pass  # the receiver's lists are the record; stderr lines per request would only be noise in tests
+        # the receiver's lists are the record; stderr lines per request would only be noise in tests
+        pass
 
 
 def serve(
     port: int, secret: str, path: Path | None = None, host: str = "127.0.0.1", fail_first: int = 0
 ) -> None:
-    """Serve until interrupted, deduplicating into the ledger file at `path` (in memory without one)."""
+    """Serve until interrupted, deduplicating into the ledger file at `path` (in memory without
+    one)."""
     receiver = BillingReceiver(secret, ledger=path, fail_first=fail_first, host=host, port=port)
     print(f"billing receiver on {receiver.url}, ledger {path or 'in memory'}", flush=True)
     receiver.serve_forever()
@@ -225,20 +242,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8088)
     p.add_argument("--host", default="127.0.0.1")
     dedupe = p.add_mutually_exclusive_group(required=True)
-    dedupe.add_argument("--ledger", type=Path, help="JSON file of accepted notices: dedupe survives restarts")
+    dedupe.add_argument(
+        "--ledger", type=Path, help="JSON file of accepted notices: dedupe survives restarts"
+    )
     dedupe.add_argument(
         "--in-memory",
         action="store_true",
-        help="forget accepted keys on restart (a replayed notice would then be accepted again): demos only",
+        help="forget accepted keys on restart (a replayed notice would then be accepted again): "
+        "demos only",
     )
-    p.add_argument("--fail-first", type=int, default=0, help="answer the first N requests with 503 (demos)")
+    p.add_argument(
+        "--fail-first", type=int, default=0, help="answer the first N requests with 503 (demos)"
+    )
     args = p.parse_args(argv)
-    # The secret comes from the environment, never argv, which every user of the host can read in ps.
+    # The secret comes from the environment, never argv, which every user of the host can read in
+    # ps.
     secret = os.environ.get("TORCHPASS_BILLING_WEBHOOK_SECRET")
     if not secret:
         p.error("set TORCHPASS_BILLING_WEBHOOK_SECRET to the secret the control worker signs with")
     if len(secret) < MIN_SECRET_CHARS:
-        p.error(f"TORCHPASS_BILLING_WEBHOOK_SECRET must have at least {MIN_SECRET_CHARS} characters")
+        p.error(
+            f"TORCHPASS_BILLING_WEBHOOK_SECRET must have at least {MIN_SECRET_CHARS} characters"
+        )
     serve(args.port, secret, args.ledger, args.host, args.fail_first)
 
 

@@ -1,17 +1,18 @@
-"""`make demo`: a 4-rank job on two nodes loses a rank to SIGKILL, then another to a hang, then a whole
-node; all three are live-migrated.
+"""`make demo`: a 4-rank job on two nodes loses a rank to SIGKILL, then another to a hang, then a
+whole node; all three are live-migrated.
 
 Everything is real: the embedded Temporal dev server with its web UI, the control worker, the job's
-coordinator and worker, three node agents (`torchpass node`: two of two ranks and a warm spare each, and a
-spare node with two warm spares), each on a host of its own where this machine can make network
-namespaces (else on a loopback address of its own), and torch.distributed processes (gloo on CPU). The
-killed and the hung rank are each replaced by the spare on their own node; the node lost (the one holding
-rank 0) is replaced by the spare node. The job belongs to a YOCO contract: it is opted in and its
-environment validated before the failures, and the incidents are recorded on the contract, whose standing
-is printed at the end. The final state is compared with an uninterrupted reference run of the same job on
-one host. Exit 0 only if every failure was migrated live, no completed step was recomputed, the states
-are bitwise equal and the contract counted every migration. `--keep` leaves the server running
-afterwards, for the web UI and `torchpass contract show`.
+coordinator and worker, three node agents (`torchpass node`: two of two ranks and a warm spare each,
+and a spare node with two warm spares), each on a host of its own where this machine can make
+network namespaces (else on a loopback address of its own), and torch.distributed processes (gloo on
+CPU). The killed and the hung rank are each replaced by the spare on their own node; the node lost
+(the one holding rank 0) is replaced by the spare node. The job belongs to a YOCO contract: it is
+opted in and its environment validated before the failures, and the incidents are recorded on the
+contract, whose standing is printed at the end. The final state is compared with an uninterrupted
+reference run of the same job on one host. Exit 0 only if every failure was migrated live, no
+completed step was recomputed, the states are bitwise equal and the contract counted every
+migration. `--keep` leaves the server running afterwards, for the web UI and `torchpass contract
+show`.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def _spec(
 
 
 async def _open_contract(client: Client) -> None:
-    # The demo's host has no scheduler, so its check is waived: only a development contract accepts that.
+    # The demo's host has no scheduler, so its check is waived: only a development contract accepts
+    # that.
     await cc.open_development_contract(client, CONTRACT, JOB, "120000.00")
     print(f"demo: contract {CONTRACT.contract_id} created, job {JOB} opted in", flush=True)
     print(f"demo: {DEVELOPMENT_BANNER}", flush=True)
@@ -82,7 +84,10 @@ async def _validate(client: Client) -> bool:
     report = await cc.validate_job(client, CONTRACT.customer_id, CONTRACT.contract_id, JOB)
     for c in report.checks:
         print(f"demo:   {format_check(c)}", flush=True)
-    covered = JOB in (await cc.get_standing(client, CONTRACT.customer_id, CONTRACT.contract_id)).covered_jobs
+    covered = (
+        JOB
+        in (await cc.get_standing(client, CONTRACT.customer_id, CONTRACT.contract_id)).covered_jobs
+    )
     waived = f" ({', '.join(report.waived)} waived)" if report.waived else ""
     verdict = f"validated{waived}: job covered" if covered else "NOT validated"
     print(f"demo: environment {verdict}", flush=True)
@@ -140,7 +145,10 @@ def _nodes(hosts: Fabric) -> list[LocalNode]:
 async def _migrated_run(client: Client, state_dir: Path) -> tuple[JobResult, bool]:
     await _open_contract(client)
     with fabric(3) as hosts:
-        print(f"demo: hosts of the job's nodes: {hosts.mode} ({', '.join(h.address for h in hosts.hosts)})")
+        print(
+            f"demo: hosts of the job's nodes: {hosts.mode} "
+            f"({', '.join(h.address for h in hosts.hosts)})"
+        )
         spec = _spec(state_dir, JOB, spares=0, contract=CONTRACT, nodes=2, host=hosts.coordinator)
         nodes = LocalNodes(spec, _nodes(hosts))
         job = asyncio.create_task(run_on_local_nodes(spec, client, nodes))
@@ -150,7 +158,10 @@ async def _migrated_run(client: Client, state_dir: Path) -> tuple[JobResult, boo
             await _inject(state_dir, JOB)
             name, step = NODE_LOSS
             await nodes.lose_at(name, step)
-            print(f"demo: node {name} lost whole at step {step} (its agent and its ranks killed)", flush=True)
+            print(
+                f"demo: node {name} lost whole at step {step} (its agent and its ranks killed)",
+                flush=True,
+            )
         except BaseException:
             job.cancel()
             raise
@@ -174,17 +185,23 @@ async def main() -> int:
     ui = f"http://127.0.0.1:{ui_port}"
     address = env.client.service_client.config.target_host
     print(f"demo: Temporal dev server up at {address}, web UI at {ui}", flush=True)
-    # This host runs neither Slurm nor Kubernetes: the demo's worker waives that one check, and says so.
+    # This host runs neither Slurm nor Kubernetes: the demo's worker waives that one check, and says
+    # so.
     waive = Settings.load(validation={"allow_local": True})
     with tempfile.TemporaryDirectory(prefix="torchpass-demo-") as tmp:
         state_dir = Path(tmp)
         async with env, control_worker(env.client, waive):
             t0 = time.monotonic()
             reference = await run_job(_spec(state_dir, "demo-reference", spares=0), env.client)
-            print(f"demo: reference run {reference.status} in {time.monotonic() - t0:.1f} s", flush=True)
+            print(
+                f"demo: reference run {reference.status} in {time.monotonic() - t0:.1f} s",
+                flush=True,
+            )
             t0 = time.monotonic()
             result, validated = await _migrated_run(env.client, state_dir)
-            print(f"demo: migrated run {result.status} in {time.monotonic() - t0:.1f} s", flush=True)
+            print(
+                f"demo: migrated run {result.status} in {time.monotonic() - t0:.1f} s", flush=True
+            )
             standing = await _standing(env.client)
             ok = _verdict(result, reference, ui, standing) and validated
             page = await cc.get_ledger(env.client, CONTRACT.customer_id, CONTRACT.contract_id)

@@ -1,15 +1,15 @@
 """Several hosts on one machine, for the demo and the multi-node tests.
 
 Where network namespaces can be made (root on Linux), each host is a namespace of its own with one
-address, and every host and the coordinator's end sit on one bridge in a namespace of the fixture's own:
-a real L2 segment, real routing, a host reachable only at its address. The addresses come from
-198.18.0.0/15 (set aside for benchmarking networks, never routed), one /24 per fixture. Everything is
-created with names unique to the fixture and deleted at its end, also when a test fails; no interface
-the fixture did not create is touched.
+address, and every host and the coordinator's end sit on one bridge in a namespace of the fixture's
+own: a real L2 segment, real routing, a host reachable only at its address. The addresses come from
+198.18.0.0/15 (set aside for benchmarking networks, never routed), one /24 per fixture. Everything
+is created with names unique to the fixture and deleted at its end, also when a test fails; no
+interface the fixture did not create is touched.
 
-Where namespaces cannot be made, each host is one loopback address (127.0.0.2, 127.0.0.3, ...): that still
-catches an address hard-coded to 127.0.0.1 or a listener on the wrong one, but not routing. `Fabric.mode`
-says which, and the tests print it.
+Where namespaces cannot be made, each host is one loopback address (127.0.0.2, 127.0.0.3, ...): that
+still catches an address hard-coded to 127.0.0.1 or a listener on the wrong one, but not routing.
+`Fabric.mode` says which, and the tests print it.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def _remove(namespaces: list[str]) -> None:
 
 @contextlib.contextmanager
 def fabric(n: int) -> Iterator[Fabric]:
-    """`n` hosts and an address for the coordinator: namespaces on a bridge, else loopback addresses."""
+    """`n` hosts and an address for the coordinator: namespaces on a bridge, else loopback
+    addresses."""
     tag = "tp" + secrets.token_hex(3)  # interface names stay under 15 characters
     made: list[str] = []
     f: Fabric | None = None
@@ -113,7 +114,9 @@ def fabric(n: int) -> Iterator[Fabric]:
         f = Fabric("netns", f"{net}.1", hosts)
     except (OSError, subprocess.SubprocessError):
         _remove(made)
-        f = Fabric("loopback", "127.0.0.1", [Host(f"node{i}", f"127.0.0.{2 + i}") for i in range(n)])
+        f = Fabric(
+            "loopback", "127.0.0.1", [Host(f"node{i}", f"127.0.0.{2 + i}") for i in range(n)]
+        )
     try:
         yield f
     finally:

@@ -1,17 +1,18 @@
 """The event-classification table: evidence of a failure -> a row of the product brief.
 
-A pure function, no Temporal and no I/O, so that every example in the brief's qualifying and disqualifying
-tables is one unit test. The rules, first match wins:
+A pure function, no Temporal and no I/O, so that every example in the brief's qualifying and
+disqualifying tables is one unit test. The rules, first match wins:
 
 1. any shared-infrastructure evidence (fabric outage, filesystem, host memory) -> disqualifying;
-2. some shard has lost every rank holding it (no healthy replica left to rebuild from), from the shards the
-   ranks reported (or, without them, lost slots reaching the redundancy) -> unable to recover;
-3. a failure (not a planned drain) of the Slurm batch host ("node 0": it runs the batch script and the
-   coordinator, and Slurm ends the whole job with it) -> unable to recover;
+2. some shard has lost every rank holding it (no healthy replica left to rebuild from), from the
+   shards the ranks reported (or, without them, lost slots reaching the redundancy) -> unable to
+   recover;
+3. a failure (not a planned drain) of the Slurm batch host ("node 0": it runs the batch script and
+   the coordinator, and Slurm ends the whole job with it) -> unable to recover;
 4. no spare available -> unable to recover;
 5. silent data corruption -> unable to recover;
-6. otherwise the most specific qualifying row: host/GPU/fabric beats interruption beats planned, because a
-   node power loss is also reported as dropped connections and exited processes.
+6. otherwise the most specific qualifying row: host/GPU/fabric beats interruption beats planned,
+   because a node power loss is also reported as dropped connections and exited processes.
 
 The result never depends on the order in which evidence arrived.
 """
@@ -87,20 +88,22 @@ _RANK: dict[FailureKind, int] = {
 
 # The brief's row titles, quoted so that a reason can be traced to the contract.
 ROW_TITLE: dict[Category, str] = {
-    Category.PLANNED: "Planned migration via Cordon (K8s) or DRAIN state (Slurm) or other supported signal",
+    Category.PLANNED: "Planned migration via Cordon (K8s) or DRAIN state (Slurm) or other "
+    "supported signal",
     Category.INTERRUPTION: "Job, process or training execution interruption",
     Category.HOST_GPU_FABRIC: "Host, GPU, or local fabric failure",
     Category.SHARED_INFRASTRUCTURE: "Shared infrastructure failure",
     Category.UNABLE_TO_RECOVER: "Unable to recover",
 }
 
-MAX_REASON = 4000  # a reason names the kinds and domains it saw: a node with 256 reports stays readable
+# a reason names the kinds and domains it saw: a node with 256 reports stays readable
+MAX_REASON = 4000
 SDC_REASON = "silent data corruption"
 NO_SPARE_REASON = "no spare available (failures due to spare resources not being available)"
 NO_AGENT_REASON = (
-    "not configured for live migration: the script runs without the torchpass agent (--no-agent), so only"
-    " a whole-job restart from its own checkpoint is possible; with the agent (docs/adopting.md) this"
-    " failure would have been a live migration"
+    "not configured for live migration: the script runs without the torchpass agent (--no-agent), "
+    "so only a whole-job restart from its own checkpoint is possible; with the agent "
+    "(docs/adopting.md) this failure would have been a live migration"
 )
 
 
@@ -115,8 +118,9 @@ def primary_kind(evidence: Iterable[Evidence]) -> FailureKind:
 def classify_input(
     evidence: tuple[Evidence, ...], confirm: ConfirmResult | None, spare_lost: bool = False
 ) -> ClassifyInput:
-    """What the classifier sees of an incident: its evidence and what the job measured at confirm (the
-    lost slots, the shards, whether spares were there; `spare_lost`: the reservation then found none)."""
+    """What the classifier sees of an incident: its evidence and what the job measured at confirm
+    (the lost slots, the shards, whether spares were there; `spare_lost`: the reservation then found
+    none)."""
     if confirm is None:
         return ClassifyInput(evidence=evidence, world_size=0, redundancy=0)
     ready = confirm.spares_ready
@@ -135,7 +139,8 @@ def classify_input(
 
 
 def classify(inp: ClassifyInput) -> Classification:
-    """Map the evidence of one incident to a row of the brief's tables, with a reason naming the row."""
+    """Map the evidence of one incident to a row of the brief's tables, with a reason naming the
+    row."""
     kind = primary_kind(inp.evidence)
     category = CATEGORY_OF[kind]
     if category is Category.SHARED_INFRASTRUCTURE:
@@ -155,7 +160,9 @@ def classify(inp: ClassifyInput) -> Classification:
 def resyncs(c: Classification) -> bool:
     """Whether the only reason an incident is unable to recover is a replica that differs from its
     shard's majority (the other reasons come first): the majority's state rebuilds it, live."""
-    return c.kind is K.SILENT_DATA_CORRUPTION and c.reason.startswith(unable_to_recover(SDC_REASON).reason)
+    return c.kind is K.SILENT_DATA_CORRUPTION and c.reason.startswith(
+        unable_to_recover(SDC_REASON).reason
+    )
 
 
 def unable_to_recover(reason: str) -> Classification:
@@ -164,26 +171,28 @@ def unable_to_recover(reason: str) -> Classification:
 
 
 def unclassified(error: str) -> Classification:
-    """The classification step failed: qualifying, with why. Reads no table, so a workflow may call it."""
+    """The classification step failed: qualifying, with why. Reads no table, so a workflow may call
+    it."""
     return Classification(
         category=Category.UNCLASSIFIED,
         qualifying=True,
-        reason=f"not classified ({error[:1000]}); counted as qualifying: torchpass's own failure never "
-        "disqualifies a customer's failure",
+        reason=f"not classified ({error[:1000]}); counted as qualifying: torchpass's own failure "
+        "never disqualifies a customer's failure",
     )
 
 
 def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
     if not inp.agent:
         yield NO_AGENT_REASON
-    # A rank a planned move takes out while healthy gives its own state: only a failed slot needs a replica.
+    # A rank a planned move takes out while healthy gives its own state: only a failed slot needs a
+    # replica.
     lost = set(inp.lost_slots) - set(inp.leaving_slots)
     if lost and inp.shard_of:
         orphaned = sorted({s for s in inp.shard_of.values() if _holders(inp, s) <= lost})
         if orphaned:
             yield (
-                f"failures exceeding parallelism redundancy: slot(s) {sorted(lost)} held every replica of "
-                f"shard(s) {', '.join(orphaned)}, no healthy replica left"
+                f"failures exceeding parallelism redundancy: slot(s) {sorted(lost)} held every "
+                f"replica of shard(s) {', '.join(orphaned)}, no healthy replica left"
             )
     elif lost and len(lost) >= inp.redundancy:
         yield (
@@ -192,8 +201,8 @@ def _unable_reasons(inp: ClassifyInput) -> Iterable[str]:
         )
     if _slurm_node0(inp):
         yield (
-            f"node 0 failures with Slurm: {inp.batch_host} is the allocation's batch host (it runs the batch"
-            " script and the coordinator; Slurm ends the whole job with it)"
+            f"node 0 failures with Slurm: {inp.batch_host} is the allocation's batch host (it runs "
+            "the batch script and the coordinator; Slurm ends the whole job with it)"
         )
     if not inp.spare_available:
         yield NO_SPARE_REASON
@@ -206,8 +215,9 @@ def _holders(inp: ClassifyInput, shard: str) -> set[int]:
 
 
 def _slurm_node0(inp: ClassifyInput) -> bool:
-    """A failure of the Slurm batch host. A drain of it is planned, not a failure: it keeps running while
-    its ranks move. Whichever node ran rank 0 is not special: its ranks move like any other's."""
+    """A failure of the Slurm batch host. A drain of it is planned, not a failure: it keeps running
+    while its ranks move. Whichever node ran rank 0 is not special: its ranks move like any
+    other's."""
     return inp.batch_host is not None and any(
         e.failure_domain == inp.batch_host for e in inp.evidence if not planned(e)
     )
@@ -219,8 +229,8 @@ def planned(ev: Evidence) -> bool:
 
 
 def leaving_slots(evidence: Iterable[Evidence]) -> set[int]:
-    """Slots whose every report is a planned signal: ranks a planned move takes out while healthy, each
-    the donor of its own state."""
+    """Slots whose every report is a planned signal: ranks a planned move takes out while healthy,
+    each the donor of its own state."""
     evidence = list(evidence)
     failed = {s for ev in evidence if not planned(ev) for s in ev.slots}
     return {s for ev in evidence if planned(ev) for s in ev.slots} - failed
@@ -236,7 +246,9 @@ def _disqualified(category: Category, reason: str) -> Classification:
 
 
 def _kinds(evidence: Iterable[Evidence], category: Category) -> str:
-    kinds = sorted({e.kind for e in evidence if CATEGORY_OF[e.kind] is category}, key=_RANK.__getitem__)
+    kinds = sorted(
+        {e.kind for e in evidence if CATEGORY_OF[e.kind] is category}, key=_RANK.__getitem__
+    )
     return ", ".join(kinds)
 
 

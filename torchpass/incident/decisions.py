@@ -1,7 +1,8 @@
-"""Pure decisions of the migration workflow: what to do once an incident is confirmed and classified.
+"""Pure decisions of the migration workflow: what to do once an incident is confirmed and
+classified.
 
-No I/O and no workflow calls, so they are unit-tested without Temporal. How hard each step is retried and
-how long it may take is in `torchpass.policies`.
+No I/O and no workflow calls, so they are unit-tested without Temporal. How hard each step is
+retried and how long it may take is in `torchpass.policies`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ class RecoveryAction(StrEnum):
 def plan_recovery(
     classification: Classification, confirm: ConfirmResult, resync: bool = False
 ) -> RecoveryAction:
-    """Nothing for a false alarm; a checkpoint restart where live migration cannot help; else migrate.
-    `resync`: a replica found corrupted, with a healthy majority of its shard to rebuild it from, is
-    migrated live (the brief's table still does not count it)."""
+    """Nothing for a false alarm; a checkpoint restart where live migration cannot help; else
+    migrate. `resync`: a replica found corrupted, with a healthy majority of its shard to rebuild it
+    from, is migrated live (the brief's table still does not count it)."""
     if not confirm.confirmed:
         return RecoveryAction.NOTHING
     if resync:

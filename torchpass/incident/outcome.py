@@ -1,4 +1,5 @@
-"""The record of one incident (`MigrationOutcome`): what the contract counts and what an SRE reads."""
+"""The record of one incident (`MigrationOutcome`): what the contract counts and what an SRE
+reads."""
 
 from __future__ import annotations
 
@@ -8,8 +9,22 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, Field, NonNegativeInt, field_validator
 
-from torchpass.incident.steps import ConfirmResult, FallbackResult, IncidentRef, RejoinResult, TransferProof
-from torchpass.models import Classification, Disposition, Evidence, FailureKind, Model, Phase, PhaseTiming
+from torchpass.incident.steps import (
+    ConfirmResult,
+    FallbackResult,
+    IncidentRef,
+    RejoinResult,
+    TransferProof,
+)
+from torchpass.models import (
+    Classification,
+    Disposition,
+    Evidence,
+    FailureKind,
+    Model,
+    Phase,
+    PhaseTiming,
+)
 
 MAX_INCIDENT_ID = 1100  # Temporal's workflow ids are at most 1000 characters, a run id 36
 MAX_ERROR = 4000
@@ -26,22 +41,30 @@ def bounded_error(text: str | None) -> str | None:
 class MigrationOutcome(Model):
     """The record of one incident: what billing counts and what an SRE reads."""
 
-    incident_id: str = Field(min_length=1, max_length=MAX_INCIDENT_ID, description="workflow id/run id")
+    incident_id: str = Field(
+        min_length=1, max_length=MAX_INCIDENT_ID, description="workflow id/run id"
+    )
     job_id: str = Field(min_length=1, max_length=200)
     failure_domain: str = Field(min_length=1, max_length=200)
     kind: FailureKind
     evidence_count: NonNegativeInt
     classification: Classification
-    covered: bool = Field(description="the job runs under a YOCO contract (see ConfirmResult.covered)")
+    covered: bool = Field(
+        description="the job runs under a YOCO contract (see ConfirmResult.covered)"
+    )
     disposition: Disposition
     success: bool = Field(description="live-migrated: no restart, no rollback, no recomputed step")
     lost_slots: tuple[NonNegativeInt, ...] = ()
     steps_recomputed: NonNegativeInt = Field(
-        default=0, description="completed steps run again, measured from the ranks' own step reports"
+        default=0,
+        description="completed steps run again, measured from the ranks' own step reports",
     )
-    step_before: int | None = Field(default=None, description="last step any rank completed before it")
+    step_before: int | None = Field(
+        default=None, description="last step any rank completed before it"
+    )
     resumed_steps: dict[int, int] = Field(
-        default_factory=dict, description="slot -> the first step each rank reported entering after it"
+        default_factory=dict,
+        description="slot -> the first step each rank reported entering after it",
     )
     phases: tuple[PhaseTiming, ...] = ()
     proof: TransferProof | None = None
@@ -49,17 +72,20 @@ class MigrationOutcome(Model):
     error: str | None = Field(default=None, max_length=MAX_ERROR)
     detected_at: AwareDatetime
     recovered_at: AwareDatetime | None = None
-    recovery_seconds: float | None = Field(default=None, description="failure observed -> training again")
+    recovery_seconds: float | None = Field(
+        default=None, description="failure observed -> training again"
+    )
     last_progress_at: AwareDatetime | None = Field(
         default=None, description="a hang: when the hung rank last made progress (before detection)"
     )
     recovery_from_last_progress_seconds: float | None = Field(
-        default=None, description="a hang: last progress -> training again (the hang timeout included)"
+        default=None,
+        description="a hang: last progress -> training again (the hang timeout included)",
     )
     handled_locally: bool = Field(
         default=False,
-        description="the job carried the steps out itself (no workflow step reached it in time); the "
-        "workflow filed its record later, re-checked and classified on the control worker",
+        description="the job carried the steps out itself (no workflow step reached it in time); "
+        "the workflow filed its record later, re-checked and classified on the control worker",
     )
 
     @field_validator("phases")
@@ -114,8 +140,9 @@ def build_outcome(
     """The record of an incident: every figure is the job's measurement or the workflow's own clock.
 
     Steps recomputed, the step before and the steps the ranks resumed at come from the rejoin or the
-    fallback (the ranks' own step reports); success needs a live migration with none recomputed. For a
-    hang, recovery is also timed from the rank's last progress, so the hang timeout is not hidden."""
+    fallback (the ranks' own step reports); success needs a live migration with none recomputed. For
+    a hang, recovery is also timed from the rank's last progress, so the hang timeout is not
+    hidden."""
     first = evidence[0]
     detected = min(e.observed_at for e in evidence)
     progressed = [e.last_progress_at for e in evidence if e.last_progress_at is not None]
@@ -128,7 +155,9 @@ def build_outcome(
     else:
         step_before = ending.fallback.failed_at_step if ending.fallback is not None else None
     lost_during = ending.proof.lost_during if ending.proof is not None else ()
-    detect = PhaseTiming(phase=Phase.DETECT, seconds=max(0.0, (started_at - detected).total_seconds()))
+    detect = PhaseTiming(
+        phase=Phase.DETECT, seconds=max(0.0, (started_at - detected).total_seconds())
+    )
     return MigrationOutcome(
         incident_id=incident_id,
         job_id=first.job_id,
@@ -139,7 +168,8 @@ def build_outcome(
         covered=confirm.covered if confirm else False,
         disposition=ending.disposition,
         success=ending.disposition is Disposition.MIGRATED and recomputed == 0,
-        # What confirm found, and what the recovery lost on the way and re-planned around (the proof's).
+        # What confirm found, and what the recovery lost on the way and re-planned around (the
+        # proof's).
         lost_slots=tuple(sorted({*(confirm.lost_slots if confirm else ()), *lost_during})),
         steps_recomputed=recomputed,
         step_before=step_before,
@@ -152,5 +182,7 @@ def build_outcome(
         recovered_at=recovered,
         recovery_seconds=_seconds(detected, recovered),
         last_progress_at=last_progress,
-        recovery_from_last_progress_seconds=_seconds(last_progress, recovered) if last_progress else None,
+        recovery_from_last_progress_seconds=_seconds(last_progress, recovered)
+        if last_progress
+        else None,
     )

@@ -1,9 +1,9 @@
 """Environment validation for YOCO opt-in: the pass rules of each check, and the report they make.
 
-Only a job whose latest report passed is covered by the guarantee (product brief: "Opt in to the YOCO
-Guarantee and we will validate your environment"). Activities gather the facts (`facts.py`); the pure
-functions here judge them into `CheckResult`s (`report.py`), so that every pass rule is unit-tested
-without Temporal, torch or a cluster.
+Only a job whose latest report passed is covered by the guarantee (product brief: "Opt in to the
+YOCO Guarantee and we will validate your environment"). Activities gather the facts (`facts.py`);
+the pure functions here judge them into `CheckResult`s (`report.py`), so that every pass rule is
+unit-tested without Temporal, torch or a cluster.
 """
 
 from __future__ import annotations
@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from torchpass.validation.facts import ControlPlaneFacts, JobDescription, RankEnvironment, SchedulerFacts
+from torchpass.validation.facts import (
+    ControlPlaneFacts,
+    JobDescription,
+    RankEnvironment,
+    SchedulerFacts,
+)
 from torchpass.validation.report import (
     Check,
     CheckResult,
@@ -31,24 +36,32 @@ def _torch_in_range(version: str) -> tuple[bool, str]:
         ok = version_in_range(version)
     except ValueError as e:
         return False, str(e)
-    return ok, f"torch {version} {'is' if ok else 'is not'} in the supported range {SUPPORTED_TORCH}"
+    return (
+        ok,
+        f"torch {version} {'is' if ok else 'is not'} in the supported range {SUPPORTED_TORCH}",
+    )
 
 
-# --- the pass rules -----------------------------------------------------------------------------------
+# --- the pass rules
+# -----------------------------------------------------------------------------------
 
 
 def evaluate_job(desc: JobDescription | None, unreachable: str = "") -> list[CheckResult]:
     """The job's own checks: agent present, its torch and backend, its spare pool, its redundancy.
 
-    `desc` is None when the job did not answer `describe_job`: the agent check fails with `unreachable`
-    and the checks that need the job's answer fail as not checked.
+    `desc` is None when the job did not answer `describe_job`: the agent check fails with
+    `unreachable` and the checks that need the job's answer fail as not checked.
     """
     if desc is None:
         why = unreachable or "no answer"
         return [
-            CheckResult(name=Check.AGENT, passed=False, detail=f"the job's agent did not answer: {why}"),
+            CheckResult(
+                name=Check.AGENT, passed=False, detail=f"the job's agent did not answer: {why}"
+            ),
             *(
-                CheckResult(name=n, passed=False, detail="not checked: the job's agent did not answer")
+                CheckResult(
+                    name=n, passed=False, detail="not checked: the job's agent did not answer"
+                )
                 for n in (Check.TORCH, Check.BACKEND, Check.SPARES, Check.REDUNDANCY)
             ),
         ]
@@ -58,7 +71,8 @@ def evaluate_job(desc: JobDescription | None, unreachable: str = "") -> list[Che
 def _agent(d: JobDescription) -> CheckResult:
     seen = (
         f"coordinator of {d.job_id} (torchpass {d.agent_version}, state {d.state}, generation "
-        f"{d.generation}): {d.ranks_connected} of {d.world_size} rank slots held by a connected agent"
+        f"{d.generation}): {d.ranks_connected} of {d.world_size} rank slots held by a connected "
+        "agent"
     )
     ok = d.ranks_connected == d.world_size and d.state == "training"
     if not ok:
@@ -66,8 +80,9 @@ def _agent(d: JobDescription) -> CheckResult:
     if not d.live_migration:
         ok = False
         seen += (
-            "; it runs without the agent (--no-agent): a failure restarts the whole job from the script's"
-            " checkpoint and is never migrated live; run it under the agent (docs/adopting.md)"
+            "; it runs without the agent (--no-agent): a failure restarts the whole job from the "
+            "script's checkpoint and is never migrated live; run it under the agent "
+            "(docs/adopting.md)"
         )
     return CheckResult(name=Check.AGENT, passed=ok, detail=seen)
 
@@ -79,14 +94,18 @@ def _ranks(env: RankEnvironment) -> str:
 def _job_torch(d: JobDescription) -> CheckResult:
     envs = d.rank_environments()
     if not envs:
-        return CheckResult(name=Check.TORCH, passed=False, detail="no rank has reported its torch yet")
+        return CheckResult(
+            name=Check.TORCH, passed=False, detail="no rank has reported its torch yet"
+        )
     verdicts = [(_torch_in_range(e.torch_version), e) for e in envs]
     detail = "; ".join(f"{_ranks(e)}: {why}" for (_, why), e in verdicts)
     return CheckResult(name=Check.TORCH, passed=all(ok for (ok, _), _ in verdicts), detail=detail)
 
 
 def _backend_of(e: RankEnvironment) -> tuple[bool, str]:
-    detail = f"backend {e.backend}: {'available' if e.backend_available else 'NOT available'} in torch"
+    detail = (
+        f"backend {e.backend}: {'available' if e.backend_available else 'NOT available'} in torch"
+    )
     ok = e.backend_available
     if e.backend == "nccl":
         if e.nccl_version is None:
@@ -101,7 +120,9 @@ def _backend_of(e: RankEnvironment) -> tuple[bool, str]:
 def _backend(d: JobDescription) -> CheckResult:
     envs = d.rank_environments()
     if not envs:
-        return CheckResult(name=Check.BACKEND, passed=False, detail="no rank has reported its backend yet")
+        return CheckResult(
+            name=Check.BACKEND, passed=False, detail="no rank has reported its backend yet"
+        )
     verdicts = [(_backend_of(e), e) for e in envs]
     detail = "; ".join(f"{_ranks(e)}: {why}" for (_, why), e in verdicts)
     return CheckResult(name=Check.BACKEND, passed=all(ok for (ok, _), _ in verdicts), detail=detail)
@@ -112,10 +133,11 @@ def _spares(d: JobDescription) -> CheckResult:
     ok = d.spares_ready >= 1
     if not ok:
         detail += (
-            "; an empty pool means no migration is possible (a disqualifying event), validate again once a "
-            "spare is warm"
+            "; an empty pool means no migration is possible (a disqualifying event), validate "
+            "again once a spare is warm"
             if d.spares_warming
-            else "; an empty pool means no migration is possible (a disqualifying event): run with --spares"
+            else "; an empty pool means no migration is possible (a disqualifying event): run with "
+            "--spares"
         )
     return CheckResult(name=Check.SPARES, passed=ok, detail=detail)
 
@@ -128,8 +150,8 @@ def _redundancy(d: JobDescription) -> CheckResult:
     detail = f"{d.parallelism}, replicas per shard {{{layout}}}"
     if low:
         detail += (
-            f"; shard(s) {', '.join(low)} below {MIN_REDUNDANCY} replicas: a lost rank could not be "
-            "rebuilt from a peer (failures exceeding parallelism redundancy are not covered)"
+            f"; shard(s) {', '.join(low)} below {MIN_REDUNDANCY} replicas: a lost rank could not "
+            "be rebuilt from a peer (failures exceeding parallelism redundancy are not covered)"
         )
     return CheckResult(name=Check.REDUNDANCY, passed=not low, detail=detail[:4000])
 
@@ -146,11 +168,15 @@ def evaluate_control_plane(f: ControlPlaneFacts) -> list[CheckResult]:
         )
     else:
         temporal = CheckResult(
-            name=Check.TEMPORAL, passed=False, detail=f"Temporal server did not answer: {f.temporal_error}"
+            name=Check.TEMPORAL,
+            passed=False,
+            detail=f"Temporal server did not answer: {f.temporal_error}",
         )
     if f.torch_version is None:
         torch = CheckResult(
-            name=Check.CONTROL_TORCH, passed=False, detail=f"torch is not importable: {f.torch_error}"
+            name=Check.CONTROL_TORCH,
+            passed=False,
+            detail=f"torch is not importable: {f.torch_error}",
         )
     else:
         ok, detail = _torch_in_range(f.torch_version)
@@ -164,23 +190,29 @@ def evaluate_control_plane(f: ControlPlaneFacts) -> list[CheckResult]:
 
 
 def evaluate_scheduler(f: SchedulerFacts) -> CheckResult:
-    """Kubernetes or Slurm must be found; a local run is only waived (never passed) by the dev override."""
+    """Kubernetes or Slurm must be found; a local run is only waived (never passed) by the dev
+    override."""
     found = [p for p in f.probes if p.found]
     seen = "; ".join(f"{p.scheduler}: {p.detail}" for p in f.probes) or "nothing probed"
     if found:
         names = " and ".join(p.scheduler for p in found)
-        return CheckResult(name=Check.SCHEDULER, passed=True, detail=f"{names} detected ({seen})"[:4000])
+        return CheckResult(
+            name=Check.SCHEDULER, passed=True, detail=f"{names} detected ({seen})"[:4000]
+        )
     if f.allow_local:
         return CheckResult(
             name=Check.SCHEDULER,
             status=CheckStatus.WAIVED,
             detail=(
-                f"no Kubernetes or Slurm found ({seen}); WAIVED under the local-development override "
-                "(allow_local, TORCHPASS_VALIDATION_ALLOW_LOCAL): a local run is not a TorchPass-supported "
-                "environment, and a customer contract does not accept a waived check"
+                f"no Kubernetes or Slurm found ({seen}); WAIVED under the local-development "
+                "override (allow_local, TORCHPASS_VALIDATION_ALLOW_LOCAL): a local run is not a "
+                "TorchPass-supported environment, and a customer contract does not accept a waived "
+                "check"
             )[:4000],
         )
-    detail = f"neither Kubernetes nor Slurm found ({seen}); TorchPass supports jobs under one of them"
+    detail = (
+        f"neither Kubernetes nor Slurm found ({seen}); TorchPass supports jobs under one of them"
+    )
     return CheckResult(name=Check.SCHEDULER, passed=False, detail=detail[:4000])
 
 
@@ -208,5 +240,9 @@ def build_report(
 def with_check(report: ValidationReport, check: CheckResult) -> ValidationReport:
     """The report with one more check (its verdict recomputed)."""
     return build_report(
-        report.contract_id, report.job_id, (*report.checks, check), report.validated_at, report.source
+        report.contract_id,
+        report.job_id,
+        (*report.checks, check),
+        report.validated_at,
+        report.source,
     )

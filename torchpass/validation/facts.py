@@ -1,6 +1,6 @@
-"""The facts validation activities gather and the checks judge: what a job's coordinator says of the job
-and its ranks (`JobDescription`), what the control worker sees of itself and of Temporal, which schedulers
-it found. Nothing here imports temporalio: the job agent builds `JobDescription` too."""
+"""The facts validation activities gather and the checks judge: what a job's coordinator says of the
+job and its ranks (`JobDescription`), what the control worker sees of itself and of Temporal, which
+schedulers it found. Nothing here imports temporalio: the job agent builds `JobDescription` too."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ class RankEnvironment(Model):
 
 
 class JobDescription(Model):
-    """What a job's coordinator says about itself (the `describe_job` activity). The ranks' torch and
-    backend are in `environments`, one per distinct answer of the connected ranks (a job of one kind of
-    host has one); the single fields before it are what a job described before ranks reported their own
-    (kept so that recorded histories still read)."""
+    """What a job's coordinator says about itself (the `describe_job` activity). The ranks' torch
+    and backend are in `environments`, one per distinct answer of the connected ranks (a job of one
+    kind of host has one); the single fields before it are what a job described before ranks
+    reported their own (kept so that recorded histories still read)."""
 
     job_id: str
     agent_version: str = Field(description="torchpass.__version__ of the job's agent")
@@ -41,7 +41,8 @@ class JobDescription(Model):
     world_size: int = Field(ge=1)
     ranks_connected: NonNegativeInt = Field(description="live rank slots held by a connected agent")
     live_migration: bool = Field(
-        default=True, description="its ranks run the agent (False: `--no-agent`, a whole-job restart)"
+        default=True,
+        description="its ranks run the agent (False: `--no-agent`, a whole-job restart)",
     )
     spares_ready: NonNegativeInt = Field(description="warm spares free to be reserved")
     spares_warming: NonNegativeInt = Field(description="spares launched but not yet warm")
@@ -51,11 +52,14 @@ class JobDescription(Model):
     cuda_available: bool = False
     nccl_version: str | None = None
     parallelism: Literal["data_parallel"] = "data_parallel"
-    shard_replicas: dict[str, int] = Field(description="shard -> number of ranks holding a replica of it")
+    shard_replicas: dict[str, int] = Field(
+        description="shard -> number of ranks holding a replica of it"
+    )
     environments: tuple[RankEnvironment, ...] = Field(default=(), max_length=1024)
 
     def rank_environments(self) -> tuple[RankEnvironment, ...]:
-        """The ranks' environments; for a description from before they were reported, its one answer."""
+        """The ranks' environments; for a description from before they were reported, its one
+        answer."""
         if self.environments or self.backend is None or self.torch_version is None:
             return self.environments
         legacy = RankEnvironment(
@@ -94,4 +98,6 @@ class SchedulerProbe(Model):
 
 class SchedulerFacts(Model):
     probes: tuple[SchedulerProbe, ...]
-    allow_local: bool = Field(default=False, description="development override: no scheduler is waived")
+    allow_local: bool = Field(
+        default=False, description="development override: no scheduler is waived"
+    )

@@ -1,18 +1,21 @@
-"""Version numbers as the environment checks compare them: release numbers only, PEP 440-style clauses."""
+"""Version numbers as the environment checks compare them: release numbers only, PEP 440-style
+clauses."""
 
 from __future__ import annotations
 
 import re
 
 SUPPORTED_TORCH = ">=2.6,<3"
-"""The torch range torchpass supports; the same as pyproject's dependency (a unit test keeps them equal)."""
+"""The torch range torchpass supports; the same as pyproject's dependency (a unit test keeps them
+equal)."""
 
 _RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
 
 
 def parse_version(text: str) -> tuple[int, ...]:
-    """The release numbers of a version: '2.13.0+cpu' -> (2, 13, 0); local and pre-release tags dropped."""
+    """The release numbers of a version: '2.13.0+cpu' -> (2, 13, 0); local and pre-release tags
+    dropped."""
     m = _RELEASE.match(text)
     if m is None:
         raise ValueError(f"not a version: {text!r}")

@@ -2,21 +2,22 @@
 
 What it reports (`workers.detectors.reports.Seen`), each to the jobs it concerns:
 
-- a Node cordoned (`spec.unschedulable`, or the `node.kubernetes.io/unschedulable` taint) -> a planned
-  move of every rank on it while it still works (`kubectl cordon`, `kubectl drain`);
-- a Node whose Ready condition is False or Unknown -> a node failure (the job takes it for one only if
-  it no longer hears from the node itself);
-- a Pod of a job (label `torchpass.io/job`) deleted, evicted or terminating -> an interruption of that
-  job's ranks on the Pod's node.
+- a Node cordoned (`spec.unschedulable`, or the `node.kubernetes.io/unschedulable` taint) -> a
+  planned move of every rank on it while it still works (`kubectl cordon`, `kubectl drain`);
+- a Node whose Ready condition is False or Unknown -> a node failure (the job takes it for one only
+  if it no longer hears from the node itself);
+- a Pod of a job (label `torchpass.io/job`) deleted, evicted or terminating -> an interruption of
+  that job's ranks on the Pod's node.
 
-Each kind of object is listed, then watched from the list's resourceVersion. A watch that ends is resumed
-from the last resourceVersion seen (bookmarks included); one the server no longer serves (410 Gone) and any
-other error lead to a fresh list, after a bounded back-off; and every `resync` seconds the lists are
-read again whatever happened, so that a job that could not be reached hears it then. Everything is said
-again on each list: the observations' keys make that harmless.
+Each kind of object is listed, then watched from the list's resourceVersion. A watch that ends is
+resumed from the last resourceVersion seen (bookmarks included); one the server no longer serves
+(410 Gone) and any other error lead to a fresh list, after a bounded back-off; and every `resync`
+seconds the lists are read again whatever happened, so that a job that could not be reached hears it
+then. Everything is said again on each list: the observations' keys make that harmless.
 
 After a job acted on a node's failure, the node is left cordoned with the reason in an annotation
-(`torchpass.io/reason`), so that nothing is scheduled on it until somebody repairs it and uncordons it.
+(`torchpass.io/reason`), so that nothing is scheduled on it until somebody repairs it and uncordons
+it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ class KubeSettings(BaseModel):
     namespace: str = Field(default="torchpass", min_length=1, max_length=63)
     job_label: str = Field(default="torchpass.io/job", min_length=1, max_length=253)
     resync_seconds: float = Field(default=60.0, gt=0, le=3600)
-    watch_seconds: int = Field(default=30, gt=0, le=3600, description="server-side bound of one watch")
-    spare_seconds: float = Field(default=5.0, gt=0, le=3600, description="between passes of the spare keeper")
+    watch_seconds: int = Field(
+        default=30, gt=0, le=3600, description="server-side bound of one watch"
+    )
+    spare_seconds: float = Field(
+        default=5.0, gt=0, le=3600, description="between passes of the spare keeper"
+    )
     cordon_after_failure: bool = True
 
 
@@ -62,22 +67,31 @@ def node_seen(node: Any) -> list[Seen]:
     name, uid = meta.name, meta.uid or meta.name
     out = []
     taints = [
-        t for t in (spec.taints if spec is not None and spec.taints else ()) if t.key == UNSCHEDULABLE_TAINT
+        t
+        for t in (spec.taints if spec is not None and spec.taints else ())
+        if t.key == UNSCHEDULABLE_TAINT
     ]
     if (spec is not None and spec.unschedulable) or taints:
         why = (meta.annotations or {}).get(REASON_ANNOTATION) or "cordoned"
         out.append(Seen(name, FailureKind.NODE_CORDON, f"{uid}:cordon", f"node cordoned: {why}"))
-    conditions = node.status.conditions if node.status is not None and node.status.conditions else ()
+    conditions = (
+        node.status.conditions if node.status is not None and node.status.conditions else ()
+    )
     for c in conditions:
         if c.type == "Ready" and c.status != "True":
             since = _when(c.last_transition_time)
-            why = f"Ready={c.status}" + (f" ({c.reason}: {c.message})" if c.reason or c.message else "")
-            out.append(Seen(name, FailureKind.NODE_NOT_READY, f"{uid}:ready:{c.status}:{since}", why))
+            why = f"Ready={c.status}" + (
+                f" ({c.reason}: {c.message})" if c.reason or c.message else ""
+            )
+            out.append(
+                Seen(name, FailureKind.NODE_NOT_READY, f"{uid}:ready:{c.status}:{since}", why)
+            )
     return out
 
 
 def pod_seen(event: str, pod: Any, job_label: str) -> Seen | None:
-    """A job's Pod deleted, evicted or terminating: an interruption of that job on the Pod's node."""
+    """A job's Pod deleted, evicted or terminating: an interruption of that job on the Pod's
+    node."""
     meta = pod.metadata
     job = (meta.labels or {}).get(job_label)
     node = pod.spec.node_name if pod.spec is not None else None
@@ -99,7 +113,8 @@ def _when(t: datetime | None) -> str:
 
 
 class KubeDetector:
-    """Watches Nodes (cluster-wide) and the jobs' Pods (in `settings.namespace`) until `stop` is set."""
+    """Watches Nodes (cluster-wide) and the jobs' Pods (in `settings.namespace`) until `stop` is
+    set."""
 
     def __init__(
         self,
@@ -119,13 +134,18 @@ class KubeDetector:
         self._lock = threading.Lock()
 
     def run(self) -> None:
-        """Both watches, each in a thread of its own (and the spare keeper in a third), until `close`."""
+        """Both watches, each in a thread of its own (and the spare keeper in a third), until
+        `close`."""
         threads = [
-            threading.Thread(target=self.follow, args=(kind,), name=f"torchpass-kube-{kind}", daemon=True)
+            threading.Thread(
+                target=self.follow, args=(kind,), name=f"torchpass-kube-{kind}", daemon=True
+            )
             for kind in ("nodes", "pods")
         ]
         if self.keep_spares is not None:
-            threads.append(threading.Thread(target=self._keep, name="torchpass-kube-spares", daemon=True))
+            threads.append(
+                threading.Thread(target=self._keep, name="torchpass-kube-spares", daemon=True)
+            )
         for t in threads:
             t.start()
         for t in threads:
@@ -145,7 +165,8 @@ class KubeDetector:
             for w in self._watches:
                 w.stop()
 
-    # --- one kind of object: list, watch, resync -----------------------------------------------------
+    # --- one kind of object: list, watch, resync
+    # -----------------------------------------------------
 
     def follow(self, kind: str) -> None:
         lister, handle = self._of(kind)
@@ -180,9 +201,9 @@ class KubeDetector:
             return self.api.list_node, self._node
         ns, label = self.settings.namespace, self.settings.job_label
 
-        # A partial, not a closure: the watch reads the type of what it streams from the lister's signature
-        # (V1PodList). A closure's says nothing, so every watched Pod came as a plain dict, and the first
-        # one killed the Pods' thread.
+        # A partial, not a closure: the watch reads the type of what it streams from the lister's
+        # signature (V1PodList). A closure's says nothing, so every watched Pod came as a plain
+        # dict, and the first one killed the Pods' thread.
         pods = functools.partial(self.api.list_namespaced_pod, ns, label_selector=label)
         return pods, self._pod
 
@@ -192,7 +213,9 @@ class KubeDetector:
             handle("LISTED", obj)
         return str(listed.metadata.resource_version)
 
-    def _watch(self, lister: Callable[..., Any], handle: Callable[[str, Any], None], rv: str) -> None:
+    def _watch(
+        self, lister: Callable[..., Any], handle: Callable[[str, Any], None], rv: str
+    ) -> None:
         """Until the next resync: each watch resumed from the last resourceVersion it saw."""
         resync_at = time.monotonic() + self.settings.resync_seconds
         while not self.stop.is_set() and (left := resync_at - time.monotonic()) > 0:
@@ -214,14 +237,17 @@ class KubeDetector:
     def _events(
         self, w: watch.Watch, lister: Callable[..., Any], rv: str, bound: int
     ) -> Iterator[dict[str, Any]]:
-        for ev in w.stream(lister, resource_version=rv, timeout_seconds=bound, allow_watch_bookmarks=True):
+        for ev in w.stream(
+            lister, resource_version=rv, timeout_seconds=bound, allow_watch_bookmarks=True
+        ):
             if self.stop.is_set():
                 w.stop()
                 return
             if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
                 yield ev
 
-    # --- what each object says -----------------------------------------------------------------------
+    # --- what each object says
+    # -----------------------------------------------------------------------
 
     def _node(self, event: str, node: Any) -> None:
         if event == "DELETED":
@@ -241,9 +267,13 @@ class KubeDetector:
             self.jobs.tell(seen)
 
     def _leave_cordoned(self, seen: Seen, jobs: list[str]) -> None:
-        """The node failed under a job that acted on it: cordoned, with why, until somebody repairs it."""
+        """The node failed under a job that acted on it: cordoned, with why, until somebody repairs
+        it."""
         why = f"torchpass: {seen.kind.value} ({seen.reason}); job(s) {', '.join(jobs)} moved off it"
-        body = {"spec": {"unschedulable": True}, "metadata": {"annotations": {REASON_ANNOTATION: why[:1000]}}}
+        body = {
+            "spec": {"unschedulable": True},
+            "metadata": {"annotations": {REASON_ANNOTATION: why[:1000]}},
+        }
         try:
             self.api.patch_node(seen.node, body)
         except (ApiException, HTTPError, OSError) as e:

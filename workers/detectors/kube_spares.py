@@ -1,20 +1,21 @@
-"""Spare nodes for jobs on Kubernetes: the job's node agent Pod created on a free, labelled spare Node
-(run by the Kubernetes detector, `torchpass detect kubernetes --spare-node-label`).
+"""Spare nodes for jobs on Kubernetes: the job's node agent Pod created on a free, labelled spare
+Node (run by the Kubernetes detector, `torchpass detect kubernetes --spare-node-label`).
 
-A job started with `--spare-nodes N --remote` (deploy/kubernetes/job: the coordinator's flags) asks for N
-idle spare nodes. How its spare-node agent runs is a PodTemplate in the jobs' namespace, labelled with the
-job and `app.kubernetes.io/name: torchpass-spare-node` (`deploy/kubernetes/job/spare-node.yaml`). At each
-pass the keeper counts the job's idle nodes (its own status: joined, no rank, not cordoned) and its
-spare-node Pods not yet joined (pending, or running before their agent joined). For each one missing it
-takes a free spare Node (labelled, Ready, schedulable, not one of the job's nodes, running no spare-node
-Pod of any job) and creates a Pod from the template bound to it (`spec.nodeName`): reserving the node is
-creating its agent there. The agent joins the job as a spare node; once a cordon moved ranks onto it, it
-is idle no more and the next pass takes another free node, if there is one.
+A job started with `--spare-nodes N --remote` (deploy/kubernetes/job: the coordinator's flags) asks
+for N idle spare nodes. How its spare-node agent runs is a PodTemplate in the jobs' namespace,
+labelled with the job and `app.kubernetes.io/name: torchpass-spare-node`
+(`deploy/kubernetes/job/spare-node.yaml`). At each pass the keeper counts the job's idle nodes (its
+own status: joined, no rank, not cordoned) and its spare-node Pods not yet joined (pending, or
+running before their agent joined). For each one missing it takes a free spare Node (labelled,
+Ready, schedulable, not one of the job's nodes, running no spare-node Pod of any job) and creates a
+Pod from the template bound to it (`spec.nodeName`): reserving the node is creating its agent there.
+The agent joins the job as a spare node; once a cordon moved ranks onto it, it is idle no more and
+the next pass takes another free node, if there is one.
 
-Bounded like the Slurm keeper (`workers.detectors.spare_nodes.Budget`). Needs `create` on pods and `list` on
-podtemplates in the namespace (deploy/kubernetes/rbac.yaml); it deletes nothing: a spare-node Pod's agent
-exits with its job (restartPolicy Never), and the Pod is owned by the job's PodTemplate, so Kubernetes'
-garbage collector deletes it with the job's objects.
+Bounded like the Slurm keeper (`workers.detectors.spare_nodes.Budget`). Needs `create` on pods and
+`list` on podtemplates in the namespace (deploy/kubernetes/rbac.yaml); it deletes nothing: a
+spare-node Pod's agent exits with its job (restartPolicy Never), and the Pod is owned by the job's
+PodTemplate, so Kubernetes' garbage collector deletes it with the job's objects.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class KubeSpares:
         ns = self.settings.namespace
         try:
             pods: list[Any] = (
-                self.api.list_namespaced_pod(ns, label_selector=f"{APP_LABEL}={SPARE_APP}").items or []
+                self.api.list_namespaced_pod(ns, label_selector=f"{APP_LABEL}={SPARE_APP}").items
+                or []
             )
             nodes: list[Any] = self.api.list_node(label_selector=self.node_label).items or []
         except (ApiException, HTTPError, OSError, ValueError) as e:
@@ -76,16 +78,25 @@ class KubeSpares:
         free = [n.metadata.name for n in nodes if _ready(n) and n.metadata.name not in taken]
         created = []
         for w in jobs:
-            mine = [p for p in live if (p.metadata.labels or {}).get(self.settings.job_label) == w.job_id]
+            mine = [
+                p
+                for p in live
+                if (p.metadata.labels or {}).get(self.settings.job_label) == w.job_id
+            ]
             running_on = [p.spec.node_name if _phase(p) == "Running" else None for p in mine]
             for _ in range(missing(w.count, w.status, running_on)):
                 node = next((n for n in free if n not in w.status.nodes), None)
                 if node is None:
                     log.warning(
-                        "job %s: no free spare node (label %s) for its spare node", w.job_id, self.node_label
+                        "job %s: no free spare node (label %s) for its spare node",
+                        w.job_id,
+                        self.node_label,
                     )
                     break
-                if not self._budget.take(w.job_id, w.count) or (name := self._create(w, node)) is None:
+                if (
+                    not self._budget.take(w.job_id, w.count)
+                    or (name := self._create(w, node)) is None
+                ):
                     break
                 free.remove(node)
                 created.append(name)
@@ -111,8 +122,9 @@ class KubeSpares:
         source: Any = templates[0]
         template: Any = copy.deepcopy(source.template)
         labels = {**(template.metadata.labels or {}), label: w.job_id, APP_LABEL: SPARE_APP}
-        # Owned by the job's template: deleting the job's objects (`kubectl delete -k`) has Kubernetes'
-        # garbage collector delete its spare-node Pods, ended or not, with no delete right here.
+        # Owned by the job's template: deleting the job's objects (`kubectl delete -k`) has
+        # Kubernetes' garbage collector delete its spare-node Pods, ended or not, with no delete
+        # right here.
         owner = client.V1OwnerReference(
             api_version="v1", kind="PodTemplate", name=source.metadata.name, uid=source.metadata.uid
         )
@@ -121,7 +133,9 @@ class KubeSpares:
         )
         template.spec.node_name = node  # the node reserved: the scheduler is not asked
         try:
-            pod: Any = self.api.create_namespaced_pod(ns, client.V1Pod(metadata=meta, spec=template.spec))
+            pod: Any = self.api.create_namespaced_pod(
+                ns, client.V1Pod(metadata=meta, spec=template.spec)
+            )
         except (ApiException, HTTPError, OSError, ValueError) as e:
             log.warning("job %s: its spare node on %s could not be created: %r", w.job_id, node, e)
             return None
@@ -135,5 +149,7 @@ def _phase(pod: Any) -> str | None:
 
 def _ready(node: Any) -> bool:
     """Ready, not cordoned (what the detector reports of a node is its trouble: nothing, here)."""
-    conditions = node.status.conditions if node.status is not None and node.status.conditions else ()
+    conditions = (
+        node.status.conditions if node.status is not None and node.status.conditions else ()
+    )
     return not node_seen(node) and any(c.type == "Ready" and c.status == "True" for c in conditions)

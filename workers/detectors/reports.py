@@ -1,15 +1,15 @@
-"""What the cluster detectors (`workers.detectors.kube`, `workers.detectors.slurm`) share: telling the jobs
-what they saw.
+"""What the cluster detectors (`workers.detectors.kube`, `workers.detectors.slurm`) share: telling
+the jobs what they saw.
 
-A detector reads the scheduler's view of its nodes and turns each change that matters into a `Seen`: a node
-cordoned or drained, NotReady or DOWN, a job's pod on it deleted. Every job registered under the state
-directory hears it as a `wire.NodeEvent` over its authenticated control channel (a pod's deletion only the job
-it belongs to). The job checks the claim against its own view and answers whether it acted
-(`job_agent.coordinator.detect.cluster`); its coordinator folds what it acts on into the incident of that
-node, so that the signals of one failure make one incident.
+A detector reads the scheduler's view of its nodes and turns each change that matters into a `Seen`:
+a node cordoned or drained, NotReady or DOWN, a job's pod on it deleted. Every job registered under
+the state directory hears it as a `wire.NodeEvent` over its authenticated control channel (a pod's
+deletion only the job it belongs to). The job checks the claim against its own view and answers
+whether it acted (`job_agent.coordinator.detect.cluster`); its coordinator folds what it acts on
+into the incident of that node, so that the signals of one failure make one incident.
 
-Nothing here keeps state between runs: a detector re-reads the whole cluster after a restart or a lost
-watch and says everything again, and each observation's key makes the second hearing a no-op.
+Nothing here keeps state between runs: a detector re-reads the whole cluster after a restart or a
+lost watch and says everything again, and each observation's key makes the second hearing a no-op.
 """
 
 from __future__ import annotations
@@ -28,15 +28,16 @@ from torchpass.models import FailureKind
 
 log = logging.getLogger("torchpass.detect")
 ASK_TIMEOUT = timedelta(seconds=5)
-MAX_JOBS = 1024  # jobs told of one node in one pass: a state directory cannot make a detector unbounded
+# jobs told of one node in one pass: a state directory cannot make a detector unbounded
+MAX_JOBS = 1024
 
 Source = Literal["kubernetes", "slurm"]
 
 
 @dataclass(frozen=True)
 class Seen:
-    """One observation of one node. `key` names it for good (the same state re-read gives the same key);
-    `job` limits it to one job (a pod of that job), else every job hears it."""
+    """One observation of one node. `key` names it for good (the same state re-read gives the same
+    key); `job` limits it to one job (a pod of that job), else every job hears it."""
 
     node: str
     kind: FailureKind
@@ -47,8 +48,8 @@ class Seen:
 
 @dataclass(frozen=True)
 class Told:
-    """A job's answer to a `Seen`: whether it acted (moved or lost ranks there), its words, or the error
-    that kept it from answering (it will hear it again at the next resync)."""
+    """A job's answer to a `Seen`: whether it acted (moved or lost ranks there), its words, or the
+    error that kept it from answering (it will hear it again at the next resync)."""
 
     job_id: str
     acted: bool
@@ -64,7 +65,8 @@ class Jobs:
         self.timeout = timeout
 
     def tell(self, seen: Seen) -> list[Told]:
-        """Every job concerned hears `seen`; their answers (a job that cannot be reached is one too)."""
+        """Every job concerned hears `seen`; their answers (a job that cannot be reached is one
+        too)."""
         frame = wire.NodeEvent(
             node=seen.node,
             kind=seen.kind,
@@ -82,7 +84,11 @@ class Jobs:
         for t in out:
             if t.acted:
                 log.warning(
-                    "job %s acted on %s of node %s: %s", t.job_id, seen.kind.value, seen.node, t.detail
+                    "job %s acted on %s of node %s: %s",
+                    t.job_id,
+                    seen.kind.value,
+                    seen.node,
+                    t.detail,
                 )
         return out
 

@@ -2,17 +2,18 @@
 
 Each read lists every node with its state, the reason and the reason's timestamp (`sinfo --Node`):
 
-- DRAIN, DRAINING or DRAINED -> a planned move of every rank on the node (the reason is the operator's);
-- DOWN, FAIL, FAILING, or not responding (`*`) -> a node failure (the job takes it for one only if it no
-  longer hears from the node itself).
+- DRAIN, DRAINING or DRAINED -> a planned move of every rank on the node (the reason is the
+  operator's);
+- DOWN, FAIL, FAILING, or not responding (`*`) -> a node failure (the job takes it for one only if
+  it no longer hears from the node itself).
 
-Slurm has no watch: the detector polls (`poll_seconds`), and every read says everything again; the keys
-(node, state, the reason's timestamp) make the second hearing a no-op. After a job acted on a node's
-failure, the node is set to DRAIN with the reason (`scontrol update`), so that Slurm gives it to no job
-until somebody repairs it and resumes it.
+Slurm has no watch: the detector polls (`poll_seconds`), and every read says everything again; the
+keys (node, state, the reason's timestamp) make the second hearing a no-op. After a job acted on a
+node's failure, the node is set to DRAIN with the reason (`scontrol update`), so that Slurm gives it
+to no job until somebody repairs it and resumes it.
 
-With spare nodes configured (`--spare-partition`, `--spare-reservation`), each poll also keeps the spare
-nodes the jobs asked for (`workers.detectors.slurm_spares`).
+With spare nodes configured (`--spare-partition`, `--spare-reservation`), each poll also keeps the
+spare nodes the jobs asked for (`workers.detectors.slurm_spares`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from workers.detectors.reports import Jobs, Seen, acted
 log = logging.getLogger("torchpass.slurm")
 COMMAND_TIMEOUT = 15.0
 MAX_OUTPUT = 4 << 20  # a cluster of tens of thousands of nodes reads in well under this
-SEP = "\x1f"  # no node name, state or timestamp holds it; the reason comes last and may hold anything
+# no node name, state or timestamp holds it; the reason comes last and may hold anything
+SEP = "\x1f"
 _DRAINING = {"drain", "drained", "draining"}
 _FAILED = {"down", "fail", "failing", "not_responding", "no_respond"}
 
@@ -40,7 +42,9 @@ class SlurmSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     poll_seconds: float = Field(default=5.0, gt=0, le=3600)
-    partition: str | None = Field(default=None, max_length=200, description="only this partition's nodes")
+    partition: str | None = Field(
+        default=None, max_length=200, description="only this partition's nodes"
+    )
     drain_after_failure: bool = True
 
 
@@ -49,16 +53,22 @@ class SlurmError(Exception):
 
 
 def slurm(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> str:
-    """Run one Slurm client command (`sinfo`, `scontrol`, ...); its output. Every call goes through here:
-    bounded in time and in what it reads, with the command's own words in the error."""
+    """Run one Slurm client command (`sinfo`, `scontrol`, ...); its output. Every call goes through
+    here: bounded in time and in what it reads, with the command's own words in the error."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmError(f"{argv[0]}: {e}") from None
     if done.returncode != 0:
-        raise SlurmError(f"{' '.join(argv[:3])}: exit {done.returncode}: {done.stderr.strip()[:500]}")
+        raise SlurmError(
+            f"{' '.join(argv[:3])}: exit {done.returncode}: {done.stderr.strip()[:500]}"
+        )
     if len(done.stdout) > MAX_OUTPUT:
-        raise SlurmError(f"{argv[0]}: {len(done.stdout)} characters of output, more than {MAX_OUTPUT}")
+        raise SlurmError(
+            f"{argv[0]}: {len(done.stdout)} characters of output, more than {MAX_OUTPUT}"
+        )
     return done.stdout
 
 
@@ -81,7 +91,9 @@ def read_nodes(partition: str | None = None) -> list[NodeState]:
         if len(parts) != 4 or not parts[0].strip():
             raise SlurmError(f"sinfo: unreadable line {line[:200]!r}")
         name, state, since, reason = (p.strip() for p in parts)
-        out.setdefault(name, NodeState(name, state.lower(), "" if reason == "none" else reason, since))
+        out.setdefault(
+            name, NodeState(name, state.lower(), "" if reason == "none" else reason, since)
+        )
     return list(out.values())
 
 
@@ -93,7 +105,10 @@ def node_seen(n: NodeState) -> Seen | None:
     if not_responding or words & _FAILED:
         why = f"State={n.state.upper()}" + (f" ({n.reason})" if n.reason else "")
         return Seen(
-            n.name, FailureKind.NODE_FAILURE, f"{n.name}:{base}{'*' if not_responding else ''}:{n.since}", why
+            n.name,
+            FailureKind.NODE_FAILURE,
+            f"{n.name}:{base}{'*' if not_responding else ''}:{n.since}",
+            why,
         )
     if words & _DRAINING:
         return Seen(
@@ -116,7 +131,8 @@ class SlurmDetector:
     ) -> None:
         self.jobs = jobs
         self.settings = settings or SlurmSettings()
-        self.keep_spares = keep_spares  # `workers.detectors.slurm_spares.SlurmSpares.keep`, at each poll
+        # `workers.detectors.slurm_spares.SlurmSpares.keep`, at each poll
+        self.keep_spares = keep_spares
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -128,7 +144,8 @@ class SlurmDetector:
         self.stop.set()
 
     def poll(self) -> None:
-        """One read of every node; each that matters is told to the jobs. Then the jobs' spare nodes."""
+        """One read of every node; each that matters is told to the jobs. Then the jobs' spare
+        nodes."""
         self._tell_nodes()
         if self.keep_spares is not None:
             self.keep_spares()

@@ -1,22 +1,24 @@
 """Spare nodes for Slurm jobs, from a spare partition or reservation (run by the Slurm detector).
 
-A job started with `--spare-nodes N` (the sbatch template's `KEEP_SPARE_NODES`) asks to have N idle spare
-nodes. Each is a one-node Slurm job of its own, submitted to the configured spare partition and/or
-reservation and named `torchpass-spare-<job id>`, that runs the job's node agent with no slots and as many
-warm spares as a node of the job runs ranks (`torchpass node --slots 0 --spares S`, the job's script and
-arguments as the job registered them). It joins the running job as a spare node: a drained or failed
-node's ranks move to its spares.
+A job started with `--spare-nodes N` (the sbatch template's `KEEP_SPARE_NODES`) asks to have N idle
+spare nodes. Each is a one-node Slurm job of its own, submitted to the configured spare partition
+and/or reservation and named `torchpass-spare-<job id>`, that runs the job's node agent with no
+slots and as many warm spares as a node of the job runs ranks (`torchpass node --slots 0 --spares
+S`, the job's script and arguments as the job registered them). It joins the running job as a spare
+node: a drained or failed node's ranks move to its spares.
 
 At each poll, for every job under the state directory asking for spare nodes, the keeper counts the
-job's joined nodes that run no rank (idle: the allocation's own spare nodes count too) and its spare-node
-Slurm jobs not yet joined (pending, configuring, or running before their agent joined), and submits the
-difference. A spare node whose spares took over a drained node's ranks is idle no more: the next poll asks
-Slurm for another, which waits in the queue until the partition has a node. Everything is re-read each
-time (Slurm's queue and the job's own status), so a restarted detector submits nothing twice.
+job's joined nodes that run no rank (idle: the allocation's own spare nodes count too) and its
+spare-node Slurm jobs not yet joined (pending, configuring, or running before their agent joined),
+and submits the difference. A spare node whose spares took over a drained node's ranks is idle no
+more: the next poll asks Slurm for another, which waits in the queue until the partition has a node.
+Everything is re-read each time (Slurm's queue and the job's own status), so a restarted detector
+submits nothing twice.
 
-Bounds: a job gets at most its N plus `spare_nodes.RETRY_STARTS` submissions per `START_WINDOW` (a node
-agent that cannot start ends at once and would otherwise be submitted again at every poll). A spare-node
-job whose job no longer runs (its directory is here, its coordinator is not) is cancelled.
+Bounds: a job gets at most its N plus `spare_nodes.RETRY_STARTS` submissions per `START_WINDOW` (a
+node agent that cannot start ends at once and would otherwise be submitted again at every poll). A
+spare-node job whose job no longer runs (its directory is here, its coordinator is not) is
+cancelled.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ class SpareNodeSettings(BaseModel):
     partition: str | None = Field(default=None, min_length=1, max_length=200)
     reservation: str | None = Field(default=None, min_length=1, max_length=200)
     node_command: str = Field(
-        default="torchpass", min_length=1, max_length=1000, description="how a spare node runs torchpass"
+        default="torchpass",
+        min_length=1,
+        max_length=1000,
+        description="how a spare node runs torchpass",
     )
     host_command: str = Field(
         default="hostname -i",
@@ -55,7 +60,9 @@ class SpareNodeSettings(BaseModel):
         max_length=1000,
         description="prints the spare node's address, reachable from every other node",
     )
-    sbatch_args: tuple[str, ...] = Field(default=(), max_length=32, description="e.g. --account, --time")
+    sbatch_args: tuple[str, ...] = Field(
+        default=(), max_length=32, description="e.g. --account, --time"
+    )
 
     @model_validator(mode="after")
     def _somewhere(self) -> SpareNodeSettings:
@@ -117,9 +124,16 @@ class SlurmSpares:
         jobs, running = wanted(self.state_dir, self._timeout)
         submitted = []
         for w in jobs:
-            mine = [q.node if q.state == "RUNNING" else None for q in queued if q.name == job_name(w.job_id)]
+            mine = [
+                q.node if q.state == "RUNNING" else None
+                for q in queued
+                if q.name == job_name(w.job_id)
+            ]
             for _ in range(missing(w.count, w.status, mine)):
-                if not self._budget.take(w.job_id, w.count) or (slurm_id := self._submit(w)) is None:
+                if (
+                    not self._budget.take(w.job_id, w.count)
+                    or (slurm_id := self._submit(w)) is None
+                ):
                     break
                 submitted.append(slurm_id)
         self._cancel_orphans(queued, running)
@@ -129,8 +143,9 @@ class SlurmSpares:
         s, job_id, job_dir = self.settings, w.job_id, self.state_dir / "jobs" / w.job_id
         node = shlex.join(["node", "--job", job_id, "--slots", "0", "--spares", str(w.spares)])
         rest = shlex.join(["--watch-path", str(self.state_dir), w.script, *w.args])
+        state_dir = shlex.quote(str(self.state_dir))
         command = (
-            f"export TORCHPASS_STATE_DIR={shlex.quote(str(self.state_dir))}; exec {s.node_command} {node}"
+            f"export TORCHPASS_STATE_DIR={state_dir}; exec {s.node_command} {node}"
             f' --name "$SLURMD_NODENAME" --host "$({s.host_command})" {rest}'
         )
         argv = [
@@ -161,6 +176,10 @@ class SlurmSpares:
                 try:
                     self._run(["scancel", q.slurm_id])
                 except SlurmError as e:
-                    log.warning("spare node %s of ended job %s not cancelled: %s", q.slurm_id, job_id, e)
+                    log.warning(
+                        "spare node %s of ended job %s not cancelled: %s", q.slurm_id, job_id, e
+                    )
                 else:
-                    log.warning("spare node %s cancelled: job %s no longer runs", q.slurm_id, job_id)
+                    log.warning(
+                        "spare node %s cancelled: job %s no longer runs", q.slurm_id, job_id
+                    )

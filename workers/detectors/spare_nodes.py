@@ -1,11 +1,12 @@
 """What the spare-node keepers of both schedulers share (`workers.detectors.slurm_spares`,
 `workers.detectors.kube_spares`).
 
-A job started with `--spare-nodes N --remote` registers how a node agent of it starts (`spare_node` in
-its `job.json`: N, a node's worth of spares, its script and arguments). A keeper reads every job asking,
-asks each for its status over its authenticated control channel (the job's own view: which of its nodes
-are idle spare nodes), and starts what is missing on its scheduler. Every figure is re-read at each pass,
-so a restarted keeper starts nothing twice; what it starts is bounded per job and window.
+A job started with `--spare-nodes N --remote` registers how a node agent of it starts (`spare_node`
+in its `job.json`: N, a node's worth of spares, its script and arguments). A keeper reads every job
+asking, asks each for its status over its authenticated control channel (the job's own view: which
+of its nodes are idle spare nodes), and starts what is missing on its scheduler. Every figure is
+re-read at each pass, so a restarted keeper starts nothing twice; what it starts is bounded per job
+and window.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from job_agent.coordinator.jobs import ask, registered_jobs
 from workers.detectors.reports import ASK_TIMEOUT, MAX_JOBS
 
 log = logging.getLogger("torchpass.detect")
-RETRY_STARTS = 2  # beyond a job's N, per window: spare nodes that ended before joining, started again
+# beyond a job's N, per window: spare nodes that ended before joining, started again
+RETRY_STARTS = 2
 START_WINDOW = timedelta(minutes=10)
 MAX_AT_ONCE = 64
 
@@ -42,8 +44,8 @@ class Wanted:
 
 
 def wanted(state_dir: Path, timeout: timedelta = ASK_TIMEOUT) -> tuple[list[Wanted], set[str]]:
-    """The training jobs under `state_dir` asking for spare nodes, each with its status; and the ids of
-    every job whose coordinator runs."""
+    """The training jobs under `state_dir` asking for spare nodes, each with its status; and the ids
+    of every job whose coordinator runs."""
     running: set[str] = set()
     out = []
     for info in registered_jobs(state_dir)[:MAX_JOBS]:
@@ -78,15 +80,15 @@ def _asking(job_id: str, info: dict[str, Any], timeout: timedelta) -> Wanted | N
 
 def missing(count: int, status: wire.Status, running_on: Iterable[str | None]) -> int:
     """Spare nodes a job still lacks: `count` less its idle nodes (joined, no rank, not cordoned or
-    drained, as the job says) and the spare nodes started but not yet joined (`running_on`: where each
-    runs, None while it waits for a node; one whose agent has not joined yet is on its way)."""
+    drained, as the job says) and the spare nodes started but not yet joined (`running_on`: where
+    each runs, None while it waits for a node; one whose agent has not joined yet is on its way)."""
     joining = [n for n in running_on if n is None or n not in status.nodes]
     return max(0, min(MAX_AT_ONCE, count - len(status.idle_nodes) - len(joining)))
 
 
 class Budget:
-    """At most a job's N + RETRY_STARTS starts per START_WINDOW: a spare node whose agent cannot start
-    ends at once, and would otherwise be started again at every pass."""
+    """At most a job's N + RETRY_STARTS starts per START_WINDOW: a spare node whose agent cannot
+    start ends at once, and would otherwise be started again at every pass."""
 
     def __init__(self) -> None:
         self._started: dict[str, deque[float]] = {}
@@ -97,7 +99,12 @@ class Budget:
         while recent and now - recent[0] > START_WINDOW.total_seconds():
             recent.popleft()
         if len(recent) >= count + RETRY_STARTS:
-            log.error("job %s: %d spare nodes started within %s; not more", job_id, len(recent), START_WINDOW)
+            log.error(
+                "job %s: %d spare nodes started within %s; not more",
+                job_id,
+                len(recent),
+                START_WINDOW,
+            )
             return False
         recent.append(now)
         return True

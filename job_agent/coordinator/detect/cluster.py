@@ -1,22 +1,23 @@
 """What a cluster detector says of a node (`wire.NodeEvent`), checked against the job's own view.
 
-A detector (`workers.detectors.kube`, `workers.detectors.slurm`) watches the scheduler and tells each job what
-happened to a node: cordoned or set to DRAIN (move the work off while it still runs), NotReady, DOWN or FAIL,
-or the job's pod on it deleted. That is a claim; the job decides what it means for itself:
+A detector (`workers.detectors.kube`, `workers.detectors.slurm`) watches the scheduler and tells
+each job what happened to a node: cordoned or set to DRAIN (move the work off while it still runs),
+NotReady, DOWN or FAIL, or the job's pod on it deleted. That is a claim; the job decides what it
+means for itself:
 
-- a node with none of the job's ranks concerns it only so far as no spare of the job there is used any
-  more, and nothing starts;
-- a planned signal moves every rank on the node off, to spares on other nodes, at a step boundary (the
-  brief's planned migration);
+- a node with none of the job's ranks concerns it only so far as no spare of the job there is used
+  any more, and nothing starts;
+- a planned signal moves every rank on the node off, to spares on other nodes, at a step boundary
+  (the brief's planned migration);
 - a failure is taken for one only when the job's own view agrees: the node's agent (or, without node
-  agents, its ranks) unheard for `QUIET`. Then its ranks are fenced and killed, and the evidence is of the
-  cluster's kind (NotReady, DOWN, pod deleted). A node the job still hears from is not lost, whatever the
-  scheduler thinks (a kubelet cut off from the API server, a Slurm controller that lost touch): its ranks
-  are moved off as a planned move, while they work, and the evidence says why.
+  agents, its ranks) unheard for `QUIET`. Then its ranks are fenced and killed, and the evidence is
+  of the cluster's kind (NotReady, DOWN, pod deleted). A node the job still hears from is not lost,
+  whatever the scheduler thinks (a kubelet cut off from the API server, a Slurm controller that lost
+  touch): its ranks are moved off as a planned move, while they work, and the evidence says why.
 
-Every observation has a key. Heard again (a restarted detector re-reads the same state, a watch resumes
-over an event already delivered) it starts nothing: the keys heard are kept, bounded, and a move already
-made leaves no rank on the node to move.
+Every observation has a key. Heard again (a restarted detector re-reads the same state, a watch
+resumes over an event already delivered) it starts nothing: the keys heard are kept, bounded, and a
+move already made leaves no rank on the node to move.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class ClusterSignals:
         self.quiet = QUIET.total_seconds()
         self._launcher = launcher
         self._nodes = launcher if isinstance(launcher, NodeLauncher) else None
-        self.avoid = avoid  # shared with the spare pool and the node launcher: nothing new goes there
+        # shared with the spare pool and the node launcher: nothing new goes there
+        self.avoid = avoid
         self._heard: OrderedDict[str, str] = OrderedDict()
 
     def heard(self, ev: wire.NodeEvent, state: str) -> tuple[wire.Ok | wire.Error, Evidence | None]:
@@ -72,9 +74,11 @@ class ClusterSignals:
         if ranks and state != "training":  # not heard: the detector's next resync says it again
             return _nothing(f"job {self._job_id} is {state}: not yet"), None
         self._remember(key, f"{ev.kind.value} of {ev.node}")
-        if ev.kind not in CLUSTER_PLANNED and self._answers(ev.node, ranks, time.monotonic() - self.quiet):
-            # The job heard from the node a moment ago: it decides once it has listened for `quiet` (a
-            # power loss is seen here within that time; a node that still talks is not lost).
+        if ev.kind not in CLUSTER_PLANNED and self._answers(
+            ev.node, ranks, time.monotonic() - self.quiet
+        ):
+            # The job heard from the node a moment ago: it decides once it has listened for `quiet`
+            # (a power loss is seen here within that time; a node that still talks is not lost).
             asyncio.get_running_loop().call_later(self.quiet, self._recheck, ev, time.monotonic())
             return _nothing(f"checking: job {self._job_id} heard from {ev.node} just now"), None
         return self._decide(ev, ranks, lost=ev.kind not in CLUSTER_PLANNED)
@@ -106,30 +110,53 @@ class ClusterSignals:
         ), evidence
 
     def _of_incident(self, ev: wire.NodeEvent) -> tuple[wire.Ok, Evidence | None]:
-        """A node with no rank left: one more piece of evidence of the incident that lost its ranks (a power
-        loss seen first as the ranks' exits, then as NotReady); if that failure's outcome is recorded
-        already, a late report into its history (its workflow lingers for it); else nothing."""
+        """A node with no rank left: one more piece of evidence of the incident that lost its ranks
+        (a power loss seen first as the ranks' exits, then as NotReady); if that failure's outcome
+        is recorded already, a late report into its history (its workflow lingers for it); else
+        nothing."""
         inc = self._incidents.current
         slots = sorted(
             {s for e in inc.evidence if e.failure_domain == ev.node for s in e.slots} if inc else ()
         )
-        failed = ev.kind not in CLUSTER_PLANNED  # a cordon after the node failed is no news of the failure
-        if (inc is None or not slots) and failed and (done := self._incidents.recent(ev.node)) is not None:
+        # a cordon after the node failed is no news of the failure
+        failed = ev.kind not in CLUSTER_PLANNED
+        if (
+            (inc is None or not slots)
+            and failed
+            and (done := self._incidents.recent(ev.node)) is not None
+        ):
             late = self._evidence(ev, ev.kind, done.lost_slots, "lost with it, already replaced")
             self._incidents.late(late, done.incident_id)
-            detail = {"acted": True, "slots": list(done.lost_slots), "kind": ev.kind.value, "late": True}
+            detail = {
+                "acted": True,
+                "slots": list(done.lost_slots),
+                "kind": ev.kind.value,
+                "late": True,
+            }
             return wire.Ok(detail={**detail, "incident": done.incident_id}), None
         if inc is None or not slots:
             return _nothing(f"no rank of job {self._job_id} runs on {ev.node}"), None
         evidence = self._evidence(ev, ev.kind, tuple(slots), "lost with it")
         return wire.Ok(
-            detail={"acted": True, "slots": slots, "kind": ev.kind.value, "incident": inc.workflow_id}
+            detail={
+                "acted": True,
+                "slots": slots,
+                "kind": ev.kind.value,
+                "incident": inc.workflow_id,
+            }
         ), evidence
 
     def _evidence(
-        self, ev: wire.NodeEvent, kind: FailureKind, slots: tuple[int, ...], what: str, why: str = ""
+        self,
+        ev: wire.NodeEvent,
+        kind: FailureKind,
+        slots: tuple[int, ...],
+        what: str,
+        why: str = "",
     ) -> Evidence:
-        said = f"{ev.source}: node {ev.node} {ev.kind.value}" + (f" ({ev.reason})" if ev.reason else "")
+        said = f"{ev.source}: node {ev.node} {ev.kind.value}" + (
+            f" ({ev.reason})" if ev.reason else ""
+        )
         return Evidence(
             kind=kind,
             source=EventSource(ev.source),
@@ -142,8 +169,8 @@ class ClusterSignals:
         )
 
     def _answers(self, node: str, ranks: list[Member], since: float) -> bool:
-        """Whether the job heard from `node` after `since` (monotonic): its agent, or (ranks started by
-        the coordinator itself) its ranks."""
+        """Whether the job heard from `node` after `since` (monotonic): its agent, or (ranks started
+        by the coordinator itself) its ranks."""
         if self._nodes is not None:
             n = self._nodes.nodes.get(node)
             return n is not None and n.alive and n.last_heard > since

@@ -1,15 +1,17 @@
-"""What the node agents say of their hosts (`wire.HostReport`), as evidence of the failures it explains.
+"""What the node agents say of their hosts (`wire.HostReport`), as evidence of the failures it
+explains.
 
-A watched filesystem full or unmounted, a host out of memory, a process OOM-killed: on its own none of
-these is a failure of the job (a full disk matters only to the step that writes to it), so a report starts
-no incident. It is kept, per node, while it holds and for `WINDOW` after it ended (an OOM kill frees the
-memory it was about), and it joins the evidence of a failure of that node's ranks that it can explain: a
-process that exited or was cut off, a hang, a failed collective. A GPU that fell off the bus or a node that
-lost power is not explained by a full disk; those stay what they are.
+A watched filesystem full or unmounted, a host out of memory, a process OOM-killed: on its own none
+of these is a failure of the job (a full disk matters only to the step that writes to it), so a
+report starts no incident. It is kept, per node, while it holds and for `WINDOW` after it ended (an
+OOM kill frees the memory it was about), and it joins the evidence of a failure of that node's ranks
+that it can explain: a process that exited or was cut off, a hang, a failed collective. A GPU that
+fell off the bus or a node that lost power is not explained by a full disk; those stay what they
+are.
 
-Either order works: a rank's exit heard first, then the node's report (the node reads its counters as it
-reaps the process), or the other way round. Each condition joins an incident once, and only before the
-incident is frozen (its classification is made by then).
+Either order works: a rank's exit heard first, then the node's report (the node reads its counters
+as it reaps the process), or the other way round. Each condition joins an incident once, and only
+before the incident is frozen (its classification is made by then).
 """
 
 from __future__ import annotations
@@ -66,14 +68,18 @@ class HostConditions:
         self._joined: set[tuple[str, FailureKind, str]] = set()  # (node, kind, key)
 
     def heard(self, node: str, report: wire.HostReport) -> None:
-        """Keep `report`; it joins the incident now in progress if that incident lost ranks on `node` (to a
-        failure it can explain) and is not frozen yet."""
+        """Keep `report`; it joins the incident now in progress if that incident lost ranks on
+        `node` (to a failure it can explain) and is not frozen yet."""
         key = (report.kind, report.path or ",".join(report.agent_ids))
         held = self._nodes.setdefault(node, {})
         self._nodes.move_to_end(node)
         if report.active:
             slots = tuple(
-                sorted(m.slot for a in report.agent_ids if (m := self._roster.members.get(a)) and m.slot >= 0)
+                sorted(
+                    m.slot
+                    for a in report.agent_ids
+                    if (m := self._roster.members.get(a)) and m.slot >= 0
+                )
             )
             held[key] = _Condition(report, datetime.now(UTC), slots)
         elif key in held:
@@ -88,7 +94,8 @@ class HostConditions:
             self._incidents.add(ev)
 
     def explaining(self, ev: Evidence) -> list[Evidence]:
-        """The conditions of `ev`'s node that may explain it (none for a failure they cannot explain)."""
+        """The conditions of `ev`'s node that may explain it (none for a failure they cannot
+        explain)."""
         held = self._nodes.get(ev.failure_domain)
         inc = self._incidents.current
         if ev.kind not in EXPLAINED or not held or inc is None or inc.past_freeze:
@@ -127,7 +134,9 @@ class HostConditions:
 
     def _bound(self, held: dict[tuple[FailureKind, str], _Condition]) -> None:
         now = time.monotonic()
-        for key in [k for k, c in held.items() if c.ended and now - c.ended > WINDOW.total_seconds()]:
+        for key in [
+            k for k, c in held.items() if c.ended and now - c.ended > WINDOW.total_seconds()
+        ]:
             del held[key]
         while len(held) > MAX_PER_NODE:
             del held[next(iter(held))]

@@ -1,11 +1,14 @@
-"""Failure detection: what the coordinator sees of its members, turned into evidence for an incident.
+"""Failure detection: what the coordinator sees of its members, turned into evidence for an
+incident.
 
-- lost: a member's connection closed; its exit status (or a device error it reported first) names it;
+- lost: a member's connection closed; its exit status (or a device error it reported first) names
+  it;
 - hung: a rank silent past the hang timeout, or absent from a collective its peers have waited in;
-- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank alive.
+- stalled: ranks frozen with nobody lost, i.e. a collective failed or timed out with every rank
+  alive.
 
-(The other way round, a failure someone else reports that the job's own view contradicts, is the confirm
-step's: `incident/claims.py`.)
+(The other way round, a failure someone else reports that the job's own view contradicts, is the
+confirm step's: `incident/claims.py`.)
 
 Each returns `Evidence` and decides nothing else: the incident's workflow does.
 """
@@ -24,13 +27,15 @@ from job_agent.launch.launcher import signal_name
 from job_agent.wire.operator import MemberState
 from torchpass.models import EventSource, Evidence, FailureKind
 
-# Nodes holding ranks lost within this window, half the job's or more (two at least), are one outage of what
-# they share (a switch, the fabric), not host failures.
+# Nodes holding ranks lost within this window, half the job's or more (two at least), are one outage
+# of what they share (a switch, the fabric), not host failures.
 FABRIC_WINDOW = timedelta(seconds=30)
 
 
 class Detector:
-    def __init__(self, job_id: str, roster: Roster, hang_timeout: timedelta, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self, job_id: str, roster: Roster, hang_timeout: timedelta, clock: Clock = SYSTEM
+    ) -> None:
         self._clock = clock
         self._job_id = job_id
         self._roster = roster
@@ -50,22 +55,31 @@ class Detector:
         return Evidence.model_validate(fields)
 
     def lost(self, m: Member, code: int | None, reason: str, observed: float) -> Evidence:
-        """A rank's connection closed at wall time `observed`; `code` is its exit status if it ended."""
+        """A rank's connection closed at wall time `observed`; `code` is its exit status if it
+        ended."""
         at = datetime.fromtimestamp(observed, UTC)
         device = m.device_error
         if device is not None:
-            return self._evidence(m, FailureKind.CUDA_ERROR, device.detail, observed_at=at, exit_code=code)
+            return self._evidence(
+                m, FailureKind.CUDA_ERROR, device.detail, observed_at=at, exit_code=code
+            )
         if code is not None:
             detail = f"rank {m.slot} ({m.agent_id}) {signal_name(code)}"
-            return self._evidence(m, FailureKind.PROCESS_EXIT, detail, observed_at=at, exit_code=code)
+            return self._evidence(
+                m, FailureKind.PROCESS_EXIT, detail, observed_at=at, exit_code=code
+            )
         detail = f"rank {m.slot} connection lost: {reason}"
         return self._evidence(m, FailureKind.CONNECTION_LOST, detail, observed_at=at)
 
     def node_lost(
-        self, node: str, observed: float, world_size: int, why: str = "its agent's connection closed"
+        self,
+        node: str,
+        observed: float,
+        world_size: int,
+        why: str = "its agent's connection closed",
     ) -> Evidence | None:
-        """A node agent's connection closed at wall time `observed`: the node failed, taking the slots it
-        held (None when it held none: a spare node's loss only costs its spares)."""
+        """A node agent's connection closed at wall time `observed`: the node failed, taking the
+        slots it held (None when it held none: a spare node's loss only costs its spares)."""
         homes = {s: self._roster.home(s) for s in range(world_size)}
         slots = tuple(s for s, n in homes.items() if n == node)
         if not slots:
@@ -75,11 +89,14 @@ class Detector:
             n: t for n, t in self._nodes_lost.items() if now - t < FABRIC_WINDOW.total_seconds()
         }
         self._nodes_lost[node] = now
-        kind, detail = FailureKind.NODE_FAILURE, f"node {node} lost: {why} ({len(slots)} rank(s) on it)"
+        kind, detail = (
+            FailureKind.NODE_FAILURE,
+            f"node {node} lost: {why} ({len(slots)} rank(s) on it)",
+        )
         held = {n for n in homes.values() if n is not None} | set(self._nodes_lost)
         if len(self._nodes_lost) >= 2 and 2 * len(self._nodes_lost) >= len(held):
-            # Half the job's nodes or more gone within seconds: not one host's failure but what they share
-            # (a switch, the fabric, their power): the brief's shared-infrastructure row.
+            # Half the job's nodes or more gone within seconds: not one host's failure but what they
+            # share (a switch, the fabric, their power): the brief's shared-infrastructure row.
             kind = FailureKind.FABRIC_OUTAGE
             detail += (
                 f"; {len(self._nodes_lost)} of the job's {len(held)} nodes lost within"
@@ -97,10 +114,10 @@ class Detector:
         )
 
     def gpu(self, node: str, report: wire.GpuReport) -> tuple[Evidence | None, list[Member]]:
-        """A node's GPU report, checked against the job's own view: the evidence for those of the named
-        processes that are training ranks on that node (none: nothing to do), and those ranks. A warning
-        is a planned move (the ranks freeze at a step boundary, then leave); a failure, evidence of the GPU's
-        kind."""
+        """A node's GPU report, checked against the job's own view: the evidence for those of the
+        named processes that are training ranks on that node (none: nothing to do), and those ranks.
+        A warning is a planned move (the ranks freeze at a step boundary, then leave); a failure,
+        evidence of the GPU's kind."""
         ranks = [
             m
             for a in report.agent_ids
@@ -135,7 +152,8 @@ class Detector:
                 m.last_heartbeat,
                 m.collective_step,
                 m.collective_at,
-                m.busy is not None or m.collective_step < 0,  # busy, or yet to reach its first collective
+                # busy, or yet to reach its first collective
+                m.busy is not None or m.collective_step < 0,
             )
             for m in training
         ]
@@ -144,8 +162,9 @@ class Detector:
             m = self._roster.at(hang.slot)
             if m is None:
                 continue
-            # A silent rank's last sign of life is its heartbeat; a rank that still heart-beats but never
-            # came to the collective last progressed when it entered its last step or collective.
+            # A silent rank's last sign of life is its heartbeat; a rank that still heart-beats but
+            # never came to the collective last progressed when it entered its last step or
+            # collective.
             last = min(m.last_heartbeat, m.last_progress) if hang.silent else m.last_progress
             out.append(
                 self._evidence(
@@ -159,8 +178,9 @@ class Detector:
         return out
 
     def silent(self, now: float, members: Sequence[Member]) -> list[tuple[Member, Evidence | None]]:
-        """Members not heard from at all (not even a heartbeat) for the hang timeout: stopped or wedged.
-        Each with its hang evidence when it holds a slot (a spare not yet given one is only replaced)."""
+        """Members not heard from at all (not even a heartbeat) for the hang timeout: stopped or
+        wedged. Each with its hang evidence when it holds a slot (a spare not yet given one is only
+        replaced)."""
         out: list[tuple[Member, Evidence | None]] = []
         for m in members:
             if not m.alive or m.fenced or now - m.last_heartbeat <= self._hang.total_seconds():
@@ -178,9 +198,10 @@ class Detector:
     def stalled(self, now: float, world_size: int) -> Evidence | None:
         """Ranks frozen with nobody lost: a collective failed or timed out with every rank alive.
 
-        Reported once every rank of the world is frozen (nobody died: a dead rank is never "frozen"), or
-        when some have been frozen past the hang timeout while the rest still heart-beat in a collective
-        of their own. A real loss or hang is detected well within that time and takes precedence.
+        Reported once every rank of the world is frozen (nobody died: a dead rank is never
+        "frozen"), or when some have been frozen past the hang timeout while the rest still
+        heart-beat in a collective of their own. A real loss or hang is detected well within that
+        time and takes precedence.
         """
         ranks = self._roster.ranks()
         frozen = [m for m in ranks if m.state is MemberState.FROZEN and m.frozen_at is not None]
@@ -197,7 +218,8 @@ class Detector:
             job_id=self._job_id,
             failure_domain="collective",
             slots=(),
-            detail=f"ranks {sorted(m.slot for m in frozen)} left a failed collective with every rank alive"
-            f" ({len(frozen)} of {world_size} frozen for {waited:.1f} s); re-forming the group in place",
+            detail=f"ranks {sorted(m.slot for m in frozen)} left a failed collective with every "
+            f"rank alive ({len(frozen)} of {world_size} frozen for {waited:.1f} s); re-forming the "
+            "group in place",
             observed_at=self._clock.as_wall(first),
         )

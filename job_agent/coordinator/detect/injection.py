@@ -1,8 +1,9 @@
-"""Operator requests to a running job: failure injection (tests, demos, chaos) and planned migration.
+"""Operator requests to a running job: failure injection (tests, demos, chaos) and planned
+migration.
 
-`torchpass inject kill|hang|pause` fires when the rank reaches the given step; `torchpass drain` turns a
-cordon or drain into planned-migration evidence while the rank is still healthy (it is fenced only once
-every rank froze, by the incident's freeze step).
+`torchpass inject kill|hang|pause` fires when the rank reaches the given step; `torchpass drain`
+turns a cordon or drain into planned-migration evidence while the rank is still healthy (it is
+fenced only once every rank froze, by the incident's freeze step).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class Injector:
         return wire.Ok(detail=detail)
 
     def _hit_spare(self, req: wire.Inject) -> wire.Ok | wire.Error:
-        """A spare process, at once: one still starting up if any (the case that once failed the whole
-        job), else a warm one nobody holds. The pool replaces it; nothing is migrated."""
+        """A spare process, at once: one still starting up if any (the case that once failed the
+        whole job), else a warm one nobody holds. The pool replaces it; nothing is migrated."""
         starting = sorted(a for a, p in self._roster.pending.items() if p.role is Role.SPARE)
         warm = sorted(
             m.agent_id
@@ -90,7 +91,8 @@ class Injector:
             job_id=self._job_id,
             failure_domain=m.node,
             slots=(m.slot,),
-            detail=f"planned migration of rank {m.slot} off {m.node}: {req.reason or 'operator request'}",
+            detail=f"planned migration of rank {m.slot} off {m.node}: "
+            f"{req.reason or 'operator request'}",
             observed_at=datetime.now(UTC),
         )
         return wire.Ok(detail={"slot": m.slot, "node": m.node}), ev
@@ -106,10 +108,12 @@ class Injector:
             self._fire(req, m)
 
     def on_transfer(self, donor: Member, receivers: Sequence[Member]) -> None:
-        """A state transfer is about to start: fire the injections armed for it (one per transfer; with
-        `after_step`, only once the world has completed that step)."""
+        """A state transfer is about to start: fire the injections armed for it (one per transfer;
+        with `after_step`, only once the world has completed that step)."""
         for req in list(self._armed):
-            if req.during != "transfer" or (req.after_step is not None and donor.completed < req.after_step):
+            if req.during != "transfer" or (
+                req.after_step is not None and donor.completed < req.after_step
+            ):
                 continue
             if req.target is InjectTarget.DONOR:
                 m: Member | None = donor
@@ -123,8 +127,8 @@ class Injector:
                 return
 
     def on_regroup(self) -> None:
-        """A recovery's group is about to form: fire the injections armed for it (with `after_step`, only
-        once the rank has completed that step)."""
+        """A recovery's group is about to form: fire the injections armed for it (with `after_step`,
+        only once the rank has completed that step)."""
         for req in list(self._armed):
             m = self._roster.at(req.slot)
             if req.during != "regroup" or m is None:

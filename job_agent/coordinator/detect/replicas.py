@@ -1,13 +1,13 @@
 """The replicas compared: silent divergence and data corruption found while the job trains.
 
-At the steps the job checks (every `verify_every` steps, and right after each recovery's redone step)
-every rank reports the digest of the state it holds as it enters the step (`wire.Step.digest`). Once all
-ranks reported one step, the coordinator compares them within each shard: ranks holding the same shard
-must hold the same bytes. A rank that differs from the majority of its shard's replicas is evidence of its
-own kind (silent data corruption, the brief's "Unable to recover" row, so never counted), and the
-recovery that follows fences it and rebuilds its state from the majority, live. A shard whose replicas
-split with no majority has no state to trust: all of them are named, and with no replica left the job
-restarts from its checkpoint.
+At the steps the job checks (every `verify_every` steps, and right after each recovery's redone
+step) every rank reports the digest of the state it holds as it enters the step
+(`wire.Step.digest`). Once all ranks reported one step, the coordinator compares them within each
+shard: ranks holding the same shard must hold the same bytes. A rank that differs from the majority
+of its shard's replicas is evidence of its own kind (silent data corruption, the brief's "Unable to
+recover" row, so never counted), and the recovery that follows fences it and rebuilds its state from
+the majority, live. A shard whose replicas split with no majority has no state to trust: all of them
+are named, and with no replica left the job restarts from its checkpoint.
 
 The comparison is the coordinator's, from each rank's own report: no rank judges another.
 """
@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 from job_agent.coordinator.members import Roster
 from torchpass.models import EventSource, Evidence, FailureKind
 
-MAX_OPEN_STEPS = 8  # steps some rank has not reported yet (a lost rank never will): the oldest dropped
+# steps some rank has not reported yet (a lost rank never will): the oldest dropped
+MAX_OPEN_STEPS = 8
 
 
 class ReplicaChecks:
@@ -33,9 +34,13 @@ class ReplicaChecks:
         self._steps: dict[int, dict[int, str]] = {}
 
     def reported(self, slot: int, step: int, digest: str | None) -> None:
-        """Rank `slot` entered `step` holding `digest` (None: not a step the job checks); a divergence is
-        reported once every rank has."""
-        if digest is not None and 0 <= slot < self.world_size and (ev := self._compare(slot, step, digest)):
+        """Rank `slot` entered `step` holding `digest` (None: not a step the job checks); a
+        divergence is reported once every rank has."""
+        if (
+            digest is not None
+            and 0 <= slot < self.world_size
+            and (ev := self._compare(slot, step, digest))
+        ):
             self._report(ev)
 
     def _compare(self, slot: int, step: int, digest: str) -> Evidence | None:
@@ -50,7 +55,8 @@ class ReplicaChecks:
         if not odd:
             return None
         slots = ", ".join(map(str, odd))
-        for s in odd:  # the processes that held another state: the evidence stands while they hold it
+        # the processes that held another state: the evidence stands while they hold it
+        for s in odd:
             if (m := self.roster.at(s)) is not None:
                 self.roster.suspects[s] = m.agent_id
         return Evidence(
@@ -59,16 +65,19 @@ class ReplicaChecks:
             job_id=self.job_id,
             failure_domain=self.roster.home(odd[0]) or "unknown",
             slots=tuple(odd),
-            detail=f"rank(s) {slots} held another state than the majority of their shard's replicas after"
-            f" step {step - 1} (digests {', '.join(at[s][:12] for s in odd)})",
+            detail=f"rank(s) {slots} held another state than the majority of their shard's "
+            f"replicas after step {step - 1} (digests {', '.join(at[s][:12] for s in odd)})",
             observed_at=datetime.now(UTC),
         )
 
     def odd(self, digests: dict[int, str]) -> list[int]:
-        """The slots whose digest is not their shard's strict majority (all of a shard split evenly)."""
+        """The slots whose digest is not their shard's strict majority (all of a shard split
+        evenly)."""
         shards: dict[str, dict[int, str]] = {}
         for slot, digest in digests.items():
-            shards.setdefault(self.roster.shards.get(slot, f"unreported-rank-{slot}"), {})[slot] = digest
+            shards.setdefault(self.roster.shards.get(slot, f"unreported-rank-{slot}"), {})[slot] = (
+                digest
+            )
         out: list[int] = []
         for replicas in shards.values():
             (majority, count), *_ = Counter(replicas.values()).most_common(1)

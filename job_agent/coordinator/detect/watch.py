@@ -68,9 +68,9 @@ async def watch(c: Watched) -> None:
 
 
 def _silent_in_recovery(c: Watched, inc: Incident) -> None:
-    """A process stopped while a recovery runs (a donor, a leaving rank, a receiving spare, a survivor)
-    would hold it up until a timeout: it is one more loss of the recovery, killed now, so the plan is
-    re-made."""
+    """A process stopped while a recovery runs (a donor, a leaving rank, a receiving spare, a
+    survivor) would hold it up until a timeout: it is one more loss of the recovery, killed now, so
+    the plan is re-made."""
     members = [*c.roster.ranks(), *c.roster.departing(), *c.spares.held(inc.workflow_id)]
     for m, ev in c.detector.silent(c.clock.monotonic(), members):
         if ev is not None:
@@ -80,8 +80,8 @@ def _silent_in_recovery(c: Watched, inc: Incident) -> None:
 
 
 def _gpu_reports(c: Watched, nodes: NodeLauncher) -> None:
-    """What the nodes' GPUs said (each report may start an incident). A GPU that failed takes its ranks
-    with it: they are killed now (fenced), their loss being this evidence."""
+    """What the nodes' GPUs said (each report may start an incident). A GPU that failed takes its
+    ranks with it: they are killed now (fenced), their loss being this evidence."""
     reports, nodes.gpu_reports = nodes.gpu_reports, []
     for node, report in reports:
         ev, ranks = c.detector.gpu(node, report)
@@ -94,9 +94,11 @@ def _gpu_reports(c: Watched, nodes: NodeLauncher) -> None:
         c.add_evidence(ev)
 
 
-def reap_pending(roster: Roster, launcher: Launcher, spares: SparePool, fail: Callable[[str], None]) -> None:
-    """A rank that died before it ever connected (import error, bad arguments) fails the job; a spare that
-    did is replaced."""
+def reap_pending(
+    roster: Roster, launcher: Launcher, spares: SparePool, fail: Callable[[str], None]
+) -> None:
+    """A rank that died before it ever connected (import error, bad arguments) fails the job; a
+    spare that did is replaced."""
     for agent_id in list(roster.pending):
         code = launcher.poll(agent_id)
         if code is None:
@@ -105,4 +107,6 @@ def reap_pending(roster: Roster, launcher: Launcher, spares: SparePool, fail: Ca
         if launched.role is Role.SPARE:  # a spare is replaceable: never fatal to the job
             spares.failed_start(agent_id, code)
             continue
-        fail(f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above")
+        fail(
+            f"{agent_id} exited ({signal_name(code)}) before joining the job; see its output above"
+        )

@@ -1,10 +1,11 @@
-"""The confirm step: the job fences what it lost and measures what a recovery needs; and which of the
-job's incidents a step's reference names.
+"""The confirm step: the job fences what it lost and measures what a recovery needs; and which of
+the job's incidents a step's reference names.
 
 A failure the job did not detect itself is a claim, checked against the job's own view
-(`claims.py`): refuted when every rank it names keeps making progress, refused when it is an unsigned
-planned move. A run at the id of the job's own incident that somebody else started is that incident
-only if its claims agree with what the job lost; otherwise the incident moves to a fresh id.
+(`claims.py`): refuted when every rank it names keeps making progress, refused when it is an
+unsigned planned move. A run at the id of the job's own incident that somebody else started is that
+incident only if its claims agree with what the job lost; otherwise the incident moves to a fresh
+id.
 """
 
 from __future__ import annotations
@@ -52,33 +53,44 @@ def incident_of(job: JobControl, ref: IncidentRef, evidence: tuple[Evidence, ...
             inc.workflow_id = workflow_id
             inc.drive(Driver.WORKFLOW)  # its workflow drives it: the job never takes it over
             return inc
-    raise IncidentError(ErrorType.UNKNOWN_INCIDENT, f"job {job.job_id} has no incident {workflow_id}")
+    raise IncidentError(
+        ErrorType.UNKNOWN_INCIDENT, f"job {job.job_id} has no incident {workflow_id}"
+    )
 
 
-async def confirm(job: JobControl, ref: IncidentRef, evidence: tuple[Evidence, ...]) -> ConfirmResult:
+async def confirm(
+    job: JobControl, ref: IncidentRef, evidence: tuple[Evidence, ...]
+) -> ConfirmResult:
     """The job fences what is lost and answers with what it measures (`ConfirmResult`). A failure it
     did not detect itself is a claim: refuted by its own view, or refused unsigned (a planned move);
     a run at its own incident's id that somebody else started is refused unless its claims agree."""
     t0 = time.perf_counter()
     inc = job.incidents.current
     if inc is not None and is_current(job, ref) and evidence and evidence[0] not in inc.evidence:
-        # A run at the id of the job's own incident that somebody else started: the same failure seen
-        # first by another source, or a squatter holding the id with a claim of its own.
+        # A run at the id of the job's own incident that somebody else started: the same failure
+        # seen first by another source, or a squatter holding the id with a claim of its own.
         claims = [ev for ev in evidence if ev not in inc.evidence]
-        why = await disowns(job.job_id, inc.evidence, inc.lost, claims, job.signed, job.changes, REFUTE_WAIT)
+        why = await disowns(
+            job.job_id, inc.evidence, inc.lost, claims, job.signed, job.changes, REFUTE_WAIT
+        )
         if why is not None:
             reason = f"run {ref.incident_id} is not this job's incident: {why}"
             moved = job.incidents.rekey(inc, reason)
-            return _result(job, False, (), (), f"refused by the job: {why}; its incident is {moved}", t0)
+            return _result(
+                job, False, (), (), f"refused by the job: {why}; its incident is {moved}", t0
+            )
     if not is_current(job, ref):
         # Not an incident the job detected itself: a claim, checked against the job's own view. A
         # planned move of healthy ranks cannot be checked that way: it must be signed.
         unsigned = [ev for ev in evidence if planned(ev) and not job.signed(ev)]
         if unsigned:
             slots = sorted({s for ev in unsigned for s in ev.slots})
-            why = f"refused by the job: a planned move of rank(s) {slots}, not signed with its secret"
+            why = (
+                f"refused by the job: a planned move of rank(s) {slots}, not signed with its secret"
+            )
             return _result(job, False, (), (), why, t0)
-        # As long as the job's own hang detection takes: a claim stands only where the job sees it too.
+        # As long as the job's own hang detection takes: a claim stands only where the job sees it
+        # too.
         wait = max(REFUTE_WAIT, job.hang_timeout + STALL_MARGIN)
         refuted = await refutes(job.roster, job.changes, evidence, wait)
         if refuted is not None:
@@ -88,8 +100,8 @@ async def confirm(job: JobControl, ref: IncidentRef, evidence: tuple[Evidence, .
     fenced = []
     for slot in sorted(inc.lost - inc.leaving):
         for m in list(job.roster.members.values()):
-            # Still running (hung), or its connection lost while its process lives on: fence it so it
-            # can never rejoin (killing one that already exited does nothing).
+            # Still running (hung), or its connection lost while its process lives on: fence it so
+            # it can never rejoin (killing one that already exited does nothing).
             if m.slot == slot and (m.alive or not m.fenced):
                 job.fence(m)
         fenced.append(slot)
@@ -100,10 +112,13 @@ async def confirm(job: JobControl, ref: IncidentRef, evidence: tuple[Evidence, .
     dead = [m.agent_id for m in job.roster.members.values() if m.slot in gone and not m.alive]
     await settle(inc, dead, job.launcher, job.changes)  # a node's word on why they died, delivered
     # Nobody lost but a collective failed with every rank alive: the group re-forms in place.
-    confirmed = bool(inc.lost) or any(ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence)
+    confirmed = bool(inc.lost) or any(
+        ev.kind is FailureKind.COLLECTIVE_TIMEOUT for ev in inc.evidence
+    )
     detail = "; ".join(ev.detail for ev in inc.evidence)
     inc.confirmed = frozenset(inc.lost)
-    leaving = tuple(sorted(leaving_slots(inc.evidence) & inc.lost))  # still healthy: each its own donor
+    # still healthy: each its own donor
+    leaving = tuple(sorted(leaving_slots(inc.evidence) & inc.lost))
     return _result(job, confirmed, tuple(sorted(inc.lost)), tuple(fenced), detail, t0, leaving)
 
 

@@ -1,15 +1,19 @@
-"""Pure decisions of a recovery: who donates the state, who must receive it, how redundant the job is."""
+"""Pure decisions of a recovery: who donates the state, who must receive it, how redundant the job
+is."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 
-def choose_donor(completed: Mapping[int, int], exclude: frozenset[int] = frozenset()) -> tuple[int, int]:
-    """(donor slot, target step): a survivor holding the most advanced completed step, lowest slot first.
+def choose_donor(
+    completed: Mapping[int, int], exclude: frozenset[int] = frozenset()
+) -> tuple[int, int]:
+    """(donor slot, target step): a survivor holding the most advanced completed step, lowest slot
+    first.
 
-    In data parallelism every replica holds the same state after a completed step, so the most advanced
-    one is right for everybody: nobody rolls back and nothing completed is recomputed.
+    In data parallelism every replica holds the same state after a completed step, so the most
+    advanced one is right for everybody: nobody rolls back and nothing completed is recomputed.
     """
     candidates = {s: k for s, k in completed.items() if s not in exclude}
     if not candidates:

@@ -1,9 +1,10 @@
 """The job side of an incident: confirm and fence (`confirm.py`), reserve spares, freeze, transfer,
 rejoin, fall back.
 
-Each step is idempotent for its incident (a retried activity gets the recorded result or redoes the step
-from a clean point), every wait is bounded, and every figure it returns is measured from the ranks' own
-reports. The workflow decides the order; these only act. They reach the job through `JobControl`.
+Each step is idempotent for its incident (a retried activity gets the recorded result or redoes the
+step from a clean point), every wait is bounded, and every figure it returns is measured from the
+ranks' own reports. The workflow decides the order; these only act. They reach the job through
+`JobControl`.
 """
 
 from __future__ import annotations
@@ -76,18 +77,22 @@ class IncidentSteps:
         inc.move(IncidentState.FREEZING)
         survivors = [m for m in job.roster.ranks() if m.slot not in inc.lost]
         leaving = [m for m in job.roster.ranks() if m.slot in inc.leaving and not m.fenced]
-        # A lost rank may never close its connections (its node hung or cut off): the survivors abandon
-        # the group from their side, so that a collective waiting on it fails now, not at its timeout.
+        # A lost rank may never close its connections (its node hung or cut off): the survivors
+        # abandon the group from their side, so that a collective waiting on it fails now, not at
+        # its timeout.
         freeze = Freeze(abort=bool(inc.lost - inc.leaving))
         for m in (*survivors, *leaving):
             m.send(freeze)
         if any(m.state is MemberState.JOINING for m in survivors):
-            # Lost as a generation formed (the first, at start-up): the others wait for it in a group that
-            # can never form; abandoned, they give up at once (not at the store's timeout) and freeze.
+            # Lost as a generation formed (the first, at start-up): the others wait for it in a
+            # group that can never form; abandoned, they give up at once (not at the store's
+            # timeout) and freeze.
             job.abandon(job.generation)
         with contextlib.suppress(TimeoutError):
             await job.changes.wait_for(
-                lambda: all(m.state is MemberState.FROZEN or not m.alive for m in (*survivors, *leaving)),
+                lambda: all(
+                    m.state is MemberState.FROZEN or not m.alive for m in (*survivors, *leaving)
+                ),
                 self.freeze_timeout,
                 "ranks to freeze",
             )
@@ -101,9 +106,12 @@ class IncidentSteps:
                 inc.lost.add(m.slot)
         survivors = [m for m in survivors if m.slot not in inc.lost]
         if not survivors:
-            raise IncidentError(ErrorType.FREEZE_FAILED, "no rank survived the freeze to give its state")
-        # A planned move's leaving ranks froze too: out of the world (spares take their slots), kept until
-        # their state has moved, each its own shard's donor. One that did not freeze is fenced now.
+            raise IncidentError(
+                ErrorType.FREEZE_FAILED, "no rank survived the freeze to give its state"
+            )
+        # A planned move's leaving ranks froze too: out of the world (spares take their slots), kept
+        # until their state has moved, each its own shard's donor. One that did not freeze is fenced
+        # now.
         for m in leaving:
             if m.alive and m.state is MemberState.FROZEN:
                 m.leaving = True
@@ -120,7 +128,9 @@ class IncidentSteps:
             completed_steps=completed,
             target_step=target,
             step_before=job.progress.high_water,
-            leaving_steps={m.slot: m.completed for m in job.roster.departing() if m.slot in inc.leaving},
+            leaving_steps={
+                m.slot: m.completed for m in job.roster.departing() if m.slot in inc.leaving
+            },
             work_seconds=_since(t0),
         )
         inc.move(IncidentState.FROZEN)
@@ -147,7 +157,8 @@ class IncidentSteps:
         )
 
     def _lose(self, inc: Incident, m: Member, kind: FailureKind, detail: str) -> None:
-        """`m` fails during the recovery: fenced, its slot lost, the evidence reported to the incident."""
+        """`m` fails during the recovery: fenced, its slot lost, the evidence reported to the
+        incident."""
         self.job.fence(m)
         inc.lost.add(m.slot)
         self.job.add_evidence(
@@ -184,7 +195,9 @@ class IncidentSteps:
             if formed is not None:
                 break
         else:
-            raise IncidentError(ErrorType.REJOIN_FAILED, f"the group did not form in {MAX_REGROUPS} tries")
+            raise IncidentError(
+                ErrorType.REJOIN_FAILED, f"the group did not form in {MAX_REGROUPS} tries"
+            )
         generation, resumed_at = formed
         step_before = inc.frozen.step_before if inc.frozen.step_before is not None else resume - 1
         resumed = dict(self.job.progress.resumed)
@@ -207,17 +220,22 @@ class IncidentSteps:
     async def _regroup_and_resume(
         self, resume: int, inc: Incident | None = None
     ) -> tuple[int, datetime] | None:
-        """Form the next generation with every rank and wait for all to train at `resume`. A rank lost
-        as it forms: with `inc` (a migration), the generation is abandoned, the others freeze again and
-        None says to supply the lost slot and form the group once more; without, the step fails."""
+        """Form the next generation with every rank and wait for all to train at `resume`. A rank
+        lost as it forms: with `inc` (a migration), the generation is abandoned, the others freeze
+        again and None says to supply the lost slot and form the group once more; without, the step
+        fails."""
         job = self.job
         ranks = job.roster.ranks()
         if len(ranks) != job.world_size:
-            raise IncidentError(ErrorType.REJOIN_FAILED, f"only {len(ranks)} of {job.world_size} ranks alive")
+            raise IncidentError(
+                ErrorType.REJOIN_FAILED, f"only {len(ranks)} of {job.world_size} ranks alive"
+            )
         generation = job.regroup()
 
         def resumed(m: Member) -> bool:
-            return m.state is MemberState.DONE or (m.state is MemberState.TRAINING and m.step >= resume)
+            return m.state is MemberState.DONE or (
+                m.state is MemberState.TRAINING and m.step >= resume
+            )
 
         await job.changes.wait_for(
             lambda: all(resumed(m) for m in ranks) or any(not m.alive for m in ranks),
@@ -226,9 +244,9 @@ class IncidentSteps:
         )
         lost = [m for m in ranks if not m.alive]
         if lost and inc is not None:
-            # The others are blocked forming a group that can never form: the store refuses its keys so
-            # they give up at once (not at the store's timeout, which once cost the whole world), and
-            # freeze again at the step they hold.
+            # The others are blocked forming a group that can never form: the store refuses its keys
+            # so they give up at once (not at the store's timeout, which once cost the whole world),
+            # and freeze again at the step they hold.
             job.abandon(generation)
             inc.lost.update(m.slot for m in lost)
             survivors = [m for m in ranks if m.alive]
@@ -244,11 +262,14 @@ class IncidentSteps:
             return None
         if lost:
             slots = [m.slot for m in lost]
-            raise IncidentError(ErrorType.REJOIN_FAILED, f"ranks {slots} were lost while the group re-formed")
+            raise IncidentError(
+                ErrorType.REJOIN_FAILED, f"ranks {slots} were lost while the group re-formed"
+            )
         return generation, datetime.fromtimestamp(max(m.step_wall for m in ranks), UTC)
 
     async def restart_from_checkpoint(self, ref: IncidentRef, reason: str) -> FallbackResult:
-        """The classic path: every rank restarted, the last checkpoint loaded, steps since it redone."""
+        """The classic path: every rank restarted, the last checkpoint loaded, steps since it
+        redone."""
         t0 = time.perf_counter()
         job, inc = self.job, incident_of(self.job, ref)
         if inc.fallback is not None:
@@ -262,10 +283,12 @@ class IncidentSteps:
         for m in (*job.roster.ranks(), *job.roster.departing()):
             job.fence(m)
         await job.changes.wait_for(
-            lambda: not job.roster.ranks() and not job.roster.departing(), FENCE_TIMEOUT, "old ranks to die"
+            lambda: not job.roster.ranks() and not job.roster.departing(),
+            FENCE_TIMEOUT,
+            "old ranks to die",
         )
-        # Read only now: every frame a rank sent before its connection closed has been handled, so no step
-        # it completed is missing from what the restart recomputes.
+        # Read only now: every frame a rank sent before its connection closed has been handled, so
+        # no step it completed is missing from what the restart recomputes.
         failed_at = job.progress.high_water
         job.restart_ranks(path)
         await job.changes.wait_for(
@@ -294,7 +317,8 @@ class IncidentSteps:
         if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
             return  # a retried completion: already recorded
         if outcome.disposition is Disposition.NOT_A_FAILURE and not is_current(self.job, ref):
-            job.end_incident(outcome, refuted=True)  # a claim confirm refuted: recorded, nothing else
+            # a claim confirm refuted: recorded, nothing else
+            job.end_incident(outcome, refuted=True)
             return
         inc = incident_of(self.job, ref)
         for m in job.roster.departing():  # a recovery that ended before its state moved

@@ -1,10 +1,10 @@
 """The incident in progress as the coordinator keeps it, and its lifecycle.
 
-An incident is in one `IncidentState` at a time and moves by `transition` alone, which refuses a move
-the steps' order does not allow (a rejoin before the freeze, a step after the outcome) with a typed
-`IllegalTransition`. Who carries it out is its `Driver`: its workflow, once a workflow step reached the
-job, or the job itself, when none came in time. The steps' results are kept beside the state, so that a
-retried step answers what it measured the first time.
+An incident is in one `IncidentState` at a time and moves by `transition` alone, which refuses a
+move the steps' order does not allow (a rejoin before the freeze, a step after the outcome) with a
+typed `IllegalTransition`. Who carries it out is its `Driver`: its workflow, once a workflow step
+reached the job, or the job itself, when none came in time. The steps' results are kept beside the
+state, so that a retried step answers what it measured the first time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from typing import TypeVar
 
 from job_agent import wire
 from torchpass.errors import ErrorType, TorchpassError
-from torchpass.incident.steps import FallbackResult, FreezeResult, LocalRecord, RejoinResult, TransferProof
+from torchpass.incident.steps import (
+    FallbackResult,
+    FreezeResult,
+    LocalRecord,
+    RejoinResult,
+    TransferProof,
+)
 from torchpass.models import Evidence
 
 
@@ -31,7 +37,9 @@ class IllegalTransition(IncidentError):
     """A move the incident's lifecycle does not allow: a step out of order, or after the outcome."""
 
     def __init__(self, what: str, current: StrEnum, to: StrEnum) -> None:
-        super().__init__(ErrorType.OUT_OF_ORDER, f"{what}: no move from {current.value} to {to.value}")
+        super().__init__(
+            ErrorType.OUT_OF_ORDER, f"{what}: no move from {current.value} to {to.value}"
+        )
 
 
 class IncidentState(StrEnum):
@@ -53,17 +61,19 @@ class Driver(StrEnum):
 
 S, D = IncidentState, Driver
 MOVES: dict[StrEnum, frozenset[StrEnum]] = {
-    # A step may be tried again (a retried activity) where it moves to its own state; any phase may end
-    # in its outcome (the workflow records a failure wherever the recovery stopped).
+    # A step may be tried again (a retried activity) where it moves to its own state; any phase may
+    # end in its outcome (the workflow records a failure wherever the recovery stopped).
     S.OPEN: frozenset({S.FREEZING, S.RESTARTING, S.COMPLETED}),
     S.FREEZING: frozenset({S.FREEZING, S.FROZEN, S.RESTARTING, S.COMPLETED}),
     S.FROZEN: frozenset({S.MOVED, S.RESTARTING, S.COMPLETED}),
     S.MOVED: frozenset({S.MOVED, S.TRAINING, S.RESTARTING, S.COMPLETED}),
-    S.TRAINING: frozenset({S.RESTARTING, S.COMPLETED}),  # a proof that fails after the rejoin falls back
+    # a proof that fails after the rejoin falls back
+    S.TRAINING: frozenset({S.RESTARTING, S.COMPLETED}),
     S.RESTARTING: frozenset({S.RESTARTING, S.RESTARTED, S.COMPLETED}),
     S.RESTARTED: frozenset({S.COMPLETED}),
     S.COMPLETED: frozenset(),
-    # Who drives it: a squatter's step answered for it, and the incident moved to a fresh id, waits again.
+    # Who drives it: a squatter's step answered for it, and the incident moved to a fresh id, waits
+    # again.
     D.WAITING: frozenset({D.WAITING, D.WORKFLOW, D.JOB}),
     D.WORKFLOW: frozenset({D.WORKFLOW, D.WAITING}),
     D.JOB: frozenset({D.JOB}),
@@ -86,7 +96,8 @@ class Supply:
     got: dict[int, tuple[str, wire.Received, int]] = field(
         default_factory=dict
     )  # slot: agent, account, donor
-    served: list[tuple[int, wire.Served]] = field(default_factory=list)  # donor slot and its account
+    # donor slot and its account
+    served: list[tuple[int, wire.Served]] = field(default_factory=list)
     moves: int = 0
     shards: set[str | None] = field(default_factory=set)  # the shards moved (one, data parallel)
 
@@ -99,7 +110,8 @@ class Incident:
     evidence: list[Evidence] = field(default_factory=list)
     lost: set[int] = field(default_factory=set)
     leaving: set[int] = field(default_factory=set)  # planned: healthy until frozen, then fenced
-    confirmed: frozenset[int] = frozenset()  # the slots confirm found lost; the rest were lost later
+    # the slots confirm found lost; the rest were lost later
+    confirmed: frozenset[int] = frozenset()
     state: IncidentState = IncidentState.OPEN
     driver: Driver = Driver.WAITING
     frozen: FreezeResult | None = None
@@ -112,8 +124,8 @@ class Incident:
     record: LocalRecord | None = None  # what the job did, once it is done (driven by the job only)
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
     deliveries: set[asyncio.Task[None]] = field(default_factory=set)
-    # The delivery of the report that names the workflow (its first evidence): the others wait for it, so
-    # the workflow is started by that report and its id is the one its start input keys
+    # The delivery of the report that names the workflow (its first evidence): the others wait for
+    # it, so the workflow is started by that report and its id is the one its start input keys
     # (`torchpass.contract.verify`).
     lead: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
@@ -121,7 +133,8 @@ class Incident:
         self.state = transition(self.state, to, f"incident {self.workflow_id}")
 
     def allows(self, to: IncidentState) -> None:
-        """Refuse now, before a step does any work, a step whose end the lifecycle would not allow."""
+        """Refuse now, before a step does any work, a step whose end the lifecycle would not
+        allow."""
         transition(self.state, to, f"incident {self.workflow_id}")
 
     def drive(self, by: Driver) -> None:
@@ -134,6 +147,6 @@ class Incident:
 
     @property
     def recovering(self) -> bool:
-        """Frozen and not yet training again: a failure now is one more loss of this recovery, whose plan
-        is re-made around it, not a failure of the world the recovery is building."""
+        """Frozen and not yet training again: a failure now is one more loss of this recovery, whose
+        plan is re-made around it, not a failure of the world the recovery is building."""
         return self.state in RECOVERING

@@ -1,15 +1,16 @@
 """The job's own recovery, for when the control plane is away: the job never waits on Temporal.
 
-An incident that no workflow step reached within `incident.LOCAL_AFTER` (the server down, every control
-worker gone) is carried out here with the very steps the workflow would have asked for
+An incident that no workflow step reached within `incident.LOCAL_AFTER` (the server down, every
+control worker gone) is carried out here with the very steps the workflow would have asked for
 (`steps.IncidentSteps`), in its order: confirm, classify (the same pure table), reserve, freeze,
 transfer, rejoin, each answer checked by the same proof, and the classic restart when the migration
 cannot go on. Retryable step errors are tried again as often as the workflow's retry policy would.
 
-What it did is kept as a `LocalRecord` (in memory and in the job's state directory) and, provisionally,
-as an outcome in the job's own list. The incident's workflow files it once Temporal takes the reports
-again: the job refuses it the steps (`HandledLocally`), it fetches the record (`fetch_local_record`),
-classifies it on the control worker, checks its proof and records it on the contract, once.
+What it did is kept as a `LocalRecord` (in memory and in the job's state directory) and,
+provisionally, as an outcome in the job's own list. The incident's workflow files it once Temporal
+takes the reports again: the job refuses it the steps (`HandledLocally`), it fetches the record
+(`fetch_local_record`), classifies it on the control worker, checks its proof and records it on the
+contract, once.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ R = TypeVar("R")
 
 
 class _StepFailed(Exception):
-    def __init__(self, name: str, error: BaseException | str, error_type: ErrorType | None = None) -> None:
+    def __init__(
+        self, name: str, error: BaseException | str, error_type: ErrorType | None = None
+    ) -> None:
         self.error_type = error_type
         super().__init__(f"{name} failed: {error}")
 
@@ -61,7 +64,9 @@ class LocalRecovery:
     async def run(self, inc: Incident) -> None:
         run = _Run(self.steps, inc)
         record, outcome = await run.recover()
-        log.warning("incident %s handled by the job itself: %s", inc.workflow_id, record.disposition.value)
+        log.warning(
+            "incident %s handled by the job itself: %s", inc.workflow_id, record.disposition.value
+        )
         await self.steps.complete(IncidentRef.local(inc.workflow_id, self.job.job_id), outcome)
         self.job.incidents.records.keep(inc, record)
 
@@ -110,7 +115,14 @@ class _Run:
         )
         kind = classification.kind or evidence[0].kind
         outcome = build_outcome(
-            ref.incident_id, evidence, kind, classification, self.confirm, ending, self.started, phases
+            ref.incident_id,
+            evidence,
+            kind,
+            classification,
+            self.confirm,
+            ending,
+            self.started,
+            phases,
         ).model_copy(update={"handled_locally": True})
         return record, outcome
 
@@ -123,14 +135,18 @@ class _Run:
             if e.error_type is not ErrorType.NO_SPARE:
                 await self._release()
                 return classification, await self._fall_back(str(e))
-            classification = classify(classify_input(tuple(self.inc.evidence), confirm, spare_lost=True))
+            classification = classify(
+                classify_input(tuple(self.inc.evidence), confirm, spare_lost=True)
+            )
             return classification, await self._fall_back(classification.reason)
         try:
             freeze = lambda: steps.freeze(ref)  # noqa: E731
             self.frozen = frozen = await self._step(Phase.FREEZE, JobActivity.FREEZE_RANKS, freeze)
             move = lambda: steps.transfer(ref, lambda n: None)  # noqa: E731
             transfer = await self._step(Phase.TRANSFER, JobActivity.TRANSFER_STATE, move)
-            _check(JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step))
+            _check(
+                JobActivity.TRANSFER_STATE, transfer_problems(transfer.proof, frozen.target_step)
+            )
             rejoin = await self._step(Phase.REJOIN, JobActivity.REJOIN, lambda: steps.rejoin(ref))
             proof = rejoin.proof or transfer.proof
             _check(JobActivity.REJOIN, transfer_problems(proof, frozen.target_step))
@@ -155,7 +171,8 @@ class _Run:
         return Ending(Disposition.FALLBACK_RESTART, fallback=fb, error=reason)
 
     async def _step(self, phase: Phase, name: str, call: Callable[[], Awaitable[R]]) -> R:
-        """One step, tried again on a retryable error as the workflow's retry policy would, and timed."""
+        """One step, tried again on a retryable error as the workflow's retry policy would, and
+        timed."""
         t0 = time.perf_counter()
         work: float | None = None
         delay = MIGRATION_RETRY.initial.total_seconds()
@@ -173,10 +190,13 @@ class _Run:
                         raise _StepFailed(name, e, ErrorType.TIMEOUT) from e
                 except JobFailed as e:  # the job is ending: nothing to retry
                     raise _StepFailed(name, e, ErrorType.JOB_GONE) from e
-                except Exception as e:  # a step's own defect still ends in a record, never a stuck job
+                # a step's own defect still ends in a record, never a stuck job
+                except Exception as e:
                     raise _StepFailed(name, f"{type(e).__name__}: {e}") from e
                 await asyncio.sleep(delay)
-                delay = min(delay * MIGRATION_RETRY.backoff, MIGRATION_RETRY.maximum.total_seconds())
+                delay = min(
+                    delay * MIGRATION_RETRY.backoff, MIGRATION_RETRY.maximum.total_seconds()
+                )
             raise AssertionError("unreachable")
         finally:
             prior = self.phases.get(phase)

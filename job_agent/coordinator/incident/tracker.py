@@ -1,18 +1,18 @@
-"""The incident in progress, as the coordinator keeps it, and the delivery of its reports to Temporal.
+"""The incident in progress, as the coordinator keeps it, and the delivery of its reports to
+Temporal.
 
 Evidence of one failure folds into one incident (its workflow id is keyed by job, failure domain and
-world generation). A failure during the recovery (a donor, a spare or another rank lost while the state
-moves) folds into it too: the recovery re-plans around it. Once the world trains again, later evidence
-waits for the next incident. Every
-report is delivered to the incident's workflow by the `Reporter` (signal-with-start), retried with
-backoff for a bounded time; one that still cannot be delivered is logged and counted, never dropped
-silently.
+world generation). A failure during the recovery (a donor, a spare or another rank lost while the
+state moves) folds into it too: the recovery re-plans around it. Once the world trains again, later
+evidence waits for the next incident. Every report is delivered to the incident's workflow by the
+`Reporter` (signal-with-start), retried with backoff for a bounded time; one that still cannot be
+delivered is logged and counted, never dropped silently.
 
-The job never waits on the control plane: an incident no workflow step has reached within `LOCAL_AFTER` (the
-server, or every control worker, away) is carried out by the job itself
-(`job_agent.coordinator.incident.local`), which keeps the record in its state directory (`local/`). Its
-reports are then retried until Temporal takes them; the incident's workflow, refused the steps, files that
-record (`fetch_local_record`), so it is recorded once, under the incident's own id.
+The job never waits on the control plane: an incident no workflow step has reached within
+`LOCAL_AFTER` (the server, or every control worker, away) is carried out by the job itself
+(`job_agent.coordinator.incident.local`), which keeps the record in its state directory (`local/`).
+Its reports are then retried until Temporal takes them; the incident's workflow, refused the steps,
+files that record (`fetch_local_record`), so it is recorded once, under the incident's own id.
 """
 
 from __future__ import annotations
@@ -38,14 +38,16 @@ log = logging.getLogger("torchpass.coordinator")
 Reporter = Callable[[str, FailureReport], Awaitable[None]]
 REPORT_RETRY_FOR = timedelta(seconds=60)
 MAX_REKEYS = 3
-# No workflow step for this long after an incident opened: the control plane is away, the job goes on alone.
+# No workflow step for this long after an incident opened: the control plane is away, the job goes
+# on alone.
 LOCAL_AFTER = timedelta(seconds=5)
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.2, 5.0
 
 
 class Squatted(Exception):
-    """A report reached a workflow at the incident's id that is not this job's incident (it runs the job's
-    activities on another task queue, or holds another job's reports): the incident needs a fresh id."""
+    """A report reached a workflow at the incident's id that is not this job's incident (it runs the
+    job's activities on another task queue, or holds another job's reports): the incident needs a
+    fresh id."""
 
 
 class IncidentTracker:
@@ -68,21 +70,26 @@ class IncidentTracker:
         self._contract = contract
         self._retry_for = retry_for
         self.local_after = local_after
-        self.late_window = late_window  # an incident's workflow stays open this long after its outcome
-        self._recorded: dict[str, float] = {}  # incident id -> when its outcome was recorded (monotonic)
+        # an incident's workflow stays open this long after its outcome
+        self.late_window = late_window
+        # incident id -> when its outcome was recorded (monotonic)
+        self._recorded: dict[str, float] = {}
         self.current: Incident | None = None
         self.queued: list[Evidence] = []
         self.outcomes: list[MigrationOutcome] = []
         self.records = LocalRecords(job_id, records, self.outcomes)  # incidents it handled itself
         self.undelivered = 0  # reports that never reached Temporal within the retry bound
-        # Set by the job worker (`job_agent.coordinator.incident.local`): carries out an incident no workflow
-        # step reached.
+        # Set by the job worker (`job_agent.coordinator.incident.local`): carries out an incident no
+        # workflow step reached.
         self.on_unanswered: Callable[[Incident], Awaitable[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
-    def of_job(cls, spec: JobSpec, generation: Callable[[], int], reporter: Reporter) -> IncidentTracker:
-        """The tracker of `spec`'s job: its records of incidents it handles itself go in its local/."""
+    def of_job(
+        cls, spec: JobSpec, generation: Callable[[], int], reporter: Reporter
+    ) -> IncidentTracker:
+        """The tracker of `spec`'s job: its records of incidents it handles itself go in its
+        local/."""
         local_after = timedelta(seconds=spec.control_plane_wait)
         return cls(
             spec.job_id,
@@ -95,16 +102,19 @@ class IncidentTracker:
         )
 
     def add(self, ev: Evidence) -> Incident | None:
-        """Fold `ev` into the current incident (or start one) and report it; None when it must wait."""
+        """Fold `ev` into the current incident (or start one) and report it; None when it must
+        wait."""
         inc = self.current
         if inc is None:
             inc = self.current = Incident(
                 incident_workflow_id(self._job_id, ev.failure_domain, self._generation())
             )
             self._spawn(self._unanswered_after(inc))
-        elif inc.past_freeze and not (inc.recovering and CATEGORY_OF[ev.kind] is not Category.PLANNED):
-            # The world of this incident is already decided (or a planned move waits for a calm one):
-            # the next incident takes it.
+        elif inc.past_freeze and not (
+            inc.recovering and CATEGORY_OF[ev.kind] is not Category.PLANNED
+        ):
+            # The world of this incident is already decided (or a planned move waits for a calm
+            # one): the next incident takes it.
             self.queued.append(ev)
             return None
         inc.evidence.append(ev)
@@ -113,8 +123,9 @@ class IncidentTracker:
         return inc
 
     def rekey(self, inc: Incident, why: str) -> str:
-        """The workflow at `inc`'s id is not this job's incident (a squatter holds it): the incident goes on
-        under a fresh id nobody can guess, and every report of it is delivered there again. Returns it."""
+        """The workflow at `inc`'s id is not this job's incident (a squatter holds it): the incident
+        goes on under a fresh id nobody can guess, and every report of it is delivered there again.
+        Returns it."""
         old = inc.workflow_id
         base = old.rsplit(":", 1)[0] if old.rsplit(":", 1)[-1].startswith("x") else old
         inc.workflow_id = f"{base}:x{secrets.token_hex(REKEY_HEX // 2)}"
@@ -150,10 +161,12 @@ class IncidentTracker:
         )
 
     def late(self, ev: Evidence, incident_id: str) -> None:
-        """`ev` came after its incident's outcome was recorded (`incident_id`: workflow id/run id): it
-        goes to that run alone, open for the late window, into its history; it starts nothing."""
+        """`ev` came after its incident's outcome was recorded (`incident_id`: workflow id/run id):
+        it goes to that run alone, open for the late window, into its history; it starts nothing."""
         self._spawn(
-            self._deliver(None, incident_id, self._report_of(ev, self._generation(), late=True), None)
+            self._deliver(
+                None, incident_id, self._report_of(ev, self._generation(), late=True), None
+            )
         )
 
     def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
@@ -171,16 +184,17 @@ class IncidentTracker:
         inc.drive(Driver.JOB)
         self.records.handled[inc.workflow_id] = inc
         log.warning(
-            "incident %s: no workflow step within %.0f s (is Temporal or the control worker down?); the job"
-            " carries it out itself and files the record when the control plane is back",
+            "incident %s: no workflow step within %.0f s (is Temporal or the control worker "
+            "down?); the job carries it out itself and files the record when the control plane is "
+            "back",
             inc.workflow_id,
             self.local_after.total_seconds(),
         )
         await self.on_unanswered(inc)
 
     def answered(self, workflow_id: str) -> bool:
-        """A workflow step for `workflow_id` reached the job. False: the job handled that incident itself,
-        and the step must be refused (the workflow files the job's record instead)."""
+        """A workflow step for `workflow_id` reached the job. False: the job handled that incident
+        itself, and the step must be refused (the workflow files the job's record instead)."""
         if workflow_id in self.records.handled:
             return False
         inc = self.current
@@ -189,7 +203,11 @@ class IncidentTracker:
         return True
 
     async def _deliver(
-        self, inc: Incident | None, workflow_id: str, report: FailureReport, after: asyncio.Task[None] | None
+        self,
+        inc: Incident | None,
+        workflow_id: str,
+        report: FailureReport,
+        after: asyncio.Task[None] | None,
     ) -> None:
         if after is not None:  # signal-with-start: the first report delivered starts the workflow
             await asyncio.wait({after})
@@ -206,12 +224,20 @@ class IncidentTracker:
                 elif inc is None or inc.workflow_id == workflow_id:
                     self.undelivered += 1
                     log.error(
-                        "incident %s squatted %d times; report NOT delivered: %s", workflow_id, MAX_REKEYS, e
+                        "incident %s squatted %d times; report NOT delivered: %s",
+                        workflow_id,
+                        MAX_REKEYS,
+                        e,
                     )
                 return
-            except Exception as e:  # any failure to reach Temporal: retried, then logged, never raised
-                # One the job handles itself is retried until Temporal is back: its record waits there.
-                if not (inc is not None and inc.driver is Driver.JOB) and loop.time() + backoff > deadline:
+            # any failure to reach Temporal: retried, then logged, never raised
+            except Exception as e:
+                # One the job handles itself is retried until Temporal is back: its record waits
+                # there.
+                if (
+                    not (inc is not None and inc.driver is Driver.JOB)
+                    and loop.time() + backoff > deadline
+                ):
                     self.undelivered += 1
                     log.error(
                         "report of %s to incident %s NOT delivered after %.0f s: %s",
@@ -221,16 +247,18 @@ class IncidentTracker:
                         e,
                     )
                     return
-                log.warning("report to incident %s failed, retrying in %.1f s: %s", workflow_id, backoff, e)
+                log.warning(
+                    "report to incident %s failed, retrying in %.1f s: %s", workflow_id, backoff, e
+                )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def end(
         self, outcome: MigrationOutcome, replaced: Callable[[Evidence], bool], refuted: bool = False
     ) -> bool:
-        """The incident's workflow is done with the job; queued evidence not yet repaired goes next. A
-        refuted claim (never this job's incident) is only recorded. Returns whether the outcome was new (a
-        retried completion records nothing twice)."""
+        """The incident's workflow is done with the job; queued evidence not yet repaired goes next.
+        A refuted claim (never this job's incident) is only recorded. Returns whether the outcome
+        was new (a retried completion records nothing twice)."""
         new = all(o.incident_id != outcome.incident_id for o in self.outcomes)
         if new:
             self.outcomes.append(outcome)
@@ -245,11 +273,15 @@ class IncidentTracker:
         return new
 
     def recent(self, node: str) -> MigrationOutcome | None:
-        """The last failure of `node` (not a planned move, not a refuted claim) whose workflow is still open
-        for late evidence (`late`)."""
+        """The last failure of `node` (not a planned move, not a refuted claim) whose workflow is
+        still open for late evidence (`late`)."""
         for o in reversed(self.outcomes):
             planned = o.classification.category is Category.PLANNED
-            if o.failure_domain == node and o.disposition is not Disposition.NOT_A_FAILURE and not planned:
+            if (
+                o.failure_domain == node
+                and o.disposition is not Disposition.NOT_A_FAILURE
+                and not planned
+            ):
                 recorded = self._recorded.get(o.incident_id, float("-inf"))
                 return o if time.monotonic() - recorded < self.late_window.total_seconds() else None
         return None

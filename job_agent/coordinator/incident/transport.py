@@ -1,8 +1,10 @@
-"""The state transport: how the donors' state reaches the ranks that need it. A plug point: over the job's
-authenticated sockets, each receiver taking disjoint slices from every donor at once (striped).
+"""The state transport: how the donors' state reaches the ranks that need it. A plug point: over the
+job's authenticated sockets, each receiver taking disjoint slices from every donor at once
+(striped).
 
 The transport only moves and reports: each side's digests and steps come back as the ranks computed
-them, and the incident's transfer step (`job_agent.coordinator.incident.executor`) checks them into a proof.
+them, and the incident's transfer step (`job_agent.coordinator.incident.executor`) checks them into
+a proof.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ DONOR_GRACE = timedelta(seconds=5)  # a donor's account, once its receivers have
 class Moved:
     """What the donors and each receiver said once the state moved."""
 
-    served: dict[int, wire.Served]  # donor slot -> its account, for each donor that finished serving
+    # donor slot -> its account, for each donor that finished serving
+    served: dict[int, wire.Served]
     received: dict[int, wire.Received]
 
 
@@ -41,10 +44,10 @@ class StateTransport(abc.ABC):
         timeout: timedelta,
         progress: Callable[[int], None],
     ) -> Moved:
-        """Stream the donors' state (replicas at one step) to every receiver, each taking disjoint slices
-        of it from all of them; `progress(bytes sent)` is called while it streams. A donor lost on the way
-        is survived while one is left (its slices are taken from the others). Raises IncidentError
-        (TransferFailed) when no donor serves or any receiver fails or is lost."""
+        """Stream the donors' state (replicas at one step) to every receiver, each taking disjoint
+        slices of it from all of them; `progress(bytes sent)` is called while it streams. A donor
+        lost on the way is survived while one is left (its slices are taken from the others). Raises
+        IncidentError (TransferFailed) when no donor serves or any receiver fails or is lost."""
 
 
 def _failed(message: str) -> IncidentError:
@@ -52,12 +55,14 @@ def _failed(message: str) -> IncidentError:
 
 
 class DirectTransport(StateTransport):
-    """Each donor serves on an ephemeral port of the address its node advertises; each receiver connects
-    to every donor and streams its slices straight into its own memory (`job_agent.transfer.receiver`)."""
+    """Each donor serves on an ephemeral port of the address its node advertises; each receiver
+    connects to every donor and streams its slices straight into its own memory
+    (`job_agent.transfer.receiver`)."""
 
     def __init__(self, changes: Changes) -> None:
         self._changes = changes
-        self._transfers = 0  # numbers each transfer: an answer to an earlier one is never taken for it
+        # numbers each transfer: an answer to an earlier one is never taken for it
+        self._transfers = 0
 
     async def move(
         self,
@@ -68,7 +73,8 @@ class DirectTransport(StateTransport):
     ) -> Moved:
         self._transfers += 1
         tid = self._transfers
-        answers = {m.agent_id: TransferAnswers(tid) for m in (*donors, *receivers)}  # this transfer's
+        # this transfer's
+        answers = {m.agent_id: TransferAnswers(tid) for m in (*donors, *receivers)}
         for m in (*donors, *receivers):
             m.answers, m.bytes_moved = answers[m.agent_id], 0
 
@@ -76,7 +82,9 @@ class DirectTransport(StateTransport):
             return answers[m.agent_id].account.done() or not m.alive
 
         for d in donors:
-            d.send(wire.Serve(receivers=len(receivers), timeout=timeout.total_seconds(), transfer=tid))
+            d.send(
+                wire.Serve(receivers=len(receivers), timeout=timeout.total_seconds(), transfer=tid)
+            )
         with contextlib.suppress(TimeoutError):  # a donor that never listens is left out
             await self._changes.wait_for(
                 lambda: all(answers[d.agent_id].listening.done() or not d.alive for d in donors),
@@ -93,14 +101,18 @@ class DirectTransport(StateTransport):
 
         def finished() -> bool:
             # A receiver lost or failed: the transfer cannot complete, and the step re-plans at once
-            # rather than wait out the timeout (a donor still serving stops at the next command). A donor
-            # lost meanwhile only loses its slices to the others.
+            # rather than wait out the timeout (a donor still serving stops at the next command). A
+            # donor lost meanwhile only loses its slices to the others.
             return all(ended(r) for r in receivers) or any(not r.alive for r in receivers)
 
         await self._changes.wait_for(
-            finished, timeout, "the state transfer", lambda: progress(sum(d.bytes_moved for d in donors))
+            finished,
+            timeout,
+            "the state transfer",
+            lambda: progress(sum(d.bytes_moved for d in donors)),
         )
-        with contextlib.suppress(TimeoutError):  # each donor's account follows its receivers' at once
+        # each donor's account follows its receivers' at once
+        with contextlib.suppress(TimeoutError):
             await self._changes.wait_for(
                 lambda: all(ended(d) for d, _ in serving), DONOR_GRACE, "the donors' accounts"
             )
@@ -114,7 +126,9 @@ class DirectTransport(StateTransport):
         served = {d.slot: a for d, _ in serving if (a := answers[d.agent_id].served()) is not None}
         if not served:
             raise _failed("no donor finished serving")
-        received = {r.slot: g for r in receivers if (g := answers[r.agent_id].received()) is not None}
+        received = {
+            r.slot: g for r in receivers if (g := answers[r.agent_id].received()) is not None
+        }
         return Moved(served, received)
 
 
