@@ -17,7 +17,7 @@ from job_agent.coordinator.incident.confirm import FENCE_TIMEOUT, confirm, incid
 from job_agent.coordinator.incident.donors import choose_donor
 from job_agent.coordinator.incident.job_control import JobControl, Tick
 from job_agent.coordinator.incident.lifecycle import Incident, IncidentError, IncidentState
-from job_agent.coordinator.incident.transfer_plan import Supplier, mismatch
+from job_agent.coordinator.incident.transfer_plan import TransferPlanner, mismatch
 from job_agent.coordinator.members import Member
 from job_agent.wire.operator import MemberState
 from job_agent.wire.rank import Freeze
@@ -55,7 +55,7 @@ class IncidentSteps:
         self.job = job
         self.freeze_timeout = freeze_timeout
         self.transfer_timeout = transfer_timeout
-        self.supplier = Supplier(job, transfer_timeout, spare_wait)
+        self.planner = TransferPlanner(job, transfer_timeout, spare_wait)
 
     async def confirm(self, ref: IncidentRef, evidence: tuple[Evidence, ...]) -> ConfirmResult:
         return await confirm(self.job, ref, evidence)
@@ -63,7 +63,7 @@ class IncidentSteps:
     async def reserve(self, ref: IncidentRef) -> ReserveResult:
         t0 = time.perf_counter()
         inc = incident_of(self.job, ref)
-        spares = await self.supplier.hold_spares(inc, len(inc.lost))
+        spares = await self.planner.hold_spares(inc, len(inc.lost))
         return ReserveResult(spare_ids=tuple(m.agent_id for m in spares), work_seconds=_since(t0))
 
     async def release(self, ref: IncidentRef) -> None:
@@ -142,7 +142,7 @@ class IncidentSteps:
         if inc.proof is not None:
             return TransferResult(proof=inc.proof, work_seconds=0.0)
         inc.allows(IncidentState.MOVED)
-        inc.proof = await self.supplier.supply(inc, tick)
+        inc.proof = await self.planner.transfer(inc, tick)
         inc.move(IncidentState.MOVED)
         await self._dismiss()  # the state has moved: the leaving ranks of a planned move go
         return TransferResult(proof=inc.proof, work_seconds=_since(t0))
@@ -189,7 +189,7 @@ class IncidentSteps:
             ):
                 # A rank lost after the state moved, or as the group formed: one more loss of this
                 # recovery, supplied like the rest, and the group formed again without it.
-                inc.proof = reproof = await self.supplier.supply(inc, lambda n: None)
+                inc.proof = reproof = await self.planner.transfer(inc, lambda n: None)
                 inc.move(IncidentState.MOVED)
             formed = await self._regroup_and_resume(resume, inc)
             if formed is not None:

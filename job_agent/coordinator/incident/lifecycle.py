@@ -90,7 +90,7 @@ def transition(current: T, to: T, what: str = "incident") -> T:
 
 
 @dataclass
-class Supply:
+class Transfers:
     """The state transfers of one recovery so far (several when a donor or receiver was lost)."""
 
     got: dict[int, tuple[str, wire.Received, int]] = field(
@@ -116,7 +116,7 @@ class Incident:
     driver: Driver = Driver.WAITING
     frozen: FreezeResult | None = None
     proof: TransferProof | None = None
-    supply: Supply = field(default_factory=Supply)
+    transfers: Transfers = field(default_factory=Transfers)
     rejoined: RejoinResult | None = None
     fallback: FallbackResult | None = None
     generation: int = -1  # the world generation its reports carry (the first report's)

@@ -1,6 +1,6 @@
-"""Supplying the state in a recovery: which replica serves, which spare takes each lost slot, and
-the plan re-made when a donor, a receiver or another rank is lost on the way (`IncidentSteps` calls
-it from `transfer_state`, and from `rejoin` for a rank lost after the state moved)."""
+"""The plan of a recovery's state transfer: which replica serves, which spare takes each lost slot,
+and the plan re-made when a donor, a receiver or another rank is lost on the way (`IncidentSteps`
+runs it from `transfer_state`, and from `rejoin` for a rank lost after the state moved)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ def mismatch(problems: list[str]) -> IncidentError:
     return IncidentError(ErrorType.PROOF_MISMATCH, "proof does not hold: " + "; ".join(problems))
 
 
-class Supplier:
+class TransferPlanner:
+    """Holds a recovery's spares and moves the state to every slot that needs it, re-planning
+    around each loss; `transport` moves the bytes."""
+
     def __init__(self, job: JobControl, transfer_timeout: timedelta, spare_wait: timedelta) -> None:
         self.job = job
         self.transfer_timeout = transfer_timeout
@@ -59,7 +62,7 @@ class Supplier:
         spare_nodes = {m.node for m in job.spares.ready()} - {m.node for m in job.roster.ranks()}
         return [m for m in job.spares.reserve(inc.workflow_id, need, near, spare_nodes) if m.alive]
 
-    async def supply(self, inc: Incident, tick: Tick) -> TransferProof:
+    async def transfer(self, inc: Incident, tick: Tick) -> TransferProof:
         """Every slot that needs the state gets it from a replica at the frozen step. A donor,
         receiver or other rank lost on the way is one more loss of this recovery: the plan is
         re-made with the replicas and spares left (another donor, the next spare), and what was
@@ -68,7 +71,7 @@ class Supplier:
         job = self.job
         if inc.frozen is None:
             raise IncidentError(ErrorType.OUT_OF_ORDER, "transfer before freeze")
-        target, sup = inc.frozen.target_step, inc.supply
+        target, sup = inc.frozen.target_step, inc.transfers
         while True:
             live = {
                 s: k
