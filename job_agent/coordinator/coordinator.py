@@ -88,7 +88,7 @@ class Coordinator:
         self.roster = Roster(clock)
         self.replicas = ReplicaChecks(self.job_id, self.world_size, self.roster, self.add_evidence)
         self.nodes = (
-            NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare, spec.job_dir)
+            NodeLauncher(self.job_id, spec.nodes, self.roster.is_spare, spec.job_dir, clock)
             if spec.nodes
             else None
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -29,7 +28,8 @@ def cut_silent(nodes: NodeLauncher, roster: Roster, timeout: timedelta) -> None:
     they never rejoin."""
     for node in nodes.silent(timeout):
         node.lost_why = (
-            f"its agent unheard for {time.monotonic() - node.last_heard:.1f} s (hung or cut off)"
+            f"its agent unheard for {nodes.clock.monotonic() - node.last_heard:.1f} s "
+            "(hung or cut off)"
         )
         log.error("node %s lost: %s", node.name, node.lost_why)
         for agent in node.placed:

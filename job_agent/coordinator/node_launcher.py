@@ -29,6 +29,7 @@ from pathlib import Path
 
 from job_agent import wire
 from job_agent.coordinator.channel import send
+from job_agent.coordinator.clock import SYSTEM, Clock
 from job_agent.launch.launcher import Launcher
 from job_agent.wire.node import NodeProcess, SignalAction
 from job_agent.wire.rank import Role
@@ -68,8 +69,10 @@ class NodeLauncher(Launcher):
         expected: int,
         is_spare: Callable[[str], bool],
         job_dir: Path | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.job_id = job_id
+        self.clock = clock  # when each node was last heard, and when it counts as silent
         # The names of the nodes that joined, spare nodes included: a restarted coordinator waits
         # for them.
         self._roll = job_dir / "nodes.json" if job_dir is not None else None
@@ -115,6 +118,7 @@ class NodeLauncher(Launcher):
                 )
             first = sum(n.slots for n in self.nodes.values())
             node = Node(hello.node, hello.host, hello.slots, hello.spares, first, conn)
+            node.last_heard = self.clock.monotonic()
             self.nodes[node.name] = node
             self._by_conn[conn] = node
             self._write_roll()
@@ -148,6 +152,7 @@ class NodeLauncher(Launcher):
                 f"node {hello.node} cannot rejoin: it was lost to the job, and its processes fenced"
             )
         node = Node(hello.node, hello.host, hello.slots, hello.spares, hello.first_slot, conn)
+        node.last_heard = self.clock.monotonic()
         node.rejoined = hello.processes
         for p in hello.processes:
             node.placed.add(p.agent_id)
@@ -181,7 +186,7 @@ class NodeLauncher(Launcher):
         node = self._by_conn.get(conn)
         if node is None:
             return False
-        node.last_heard = time.monotonic()
+        node.last_heard = self.clock.monotonic()
         if isinstance(frame, wire.Exited):
             if self._node_of.get(frame.agent_id) is node:  # a node speaks only of its own processes
                 self._exits.setdefault(frame.agent_id, frame.code)
@@ -219,7 +224,7 @@ class NodeLauncher(Launcher):
 
     def silent(self, timeout: timedelta) -> list[Node]:
         """Live nodes not heard from for `timeout`: hung, or cut off from the coordinator."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         return [n for n in self.joined() if now - n.last_heard > timeout.total_seconds()]
 
     def joined(self) -> list[Node]:

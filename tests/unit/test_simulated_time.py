@@ -1,11 +1,13 @@
-"""The coordinator's hang, heartbeat and freeze logic in simulated time (`coordinator.clock`): the
-real watch, detector, freeze step and bounded waits, given a `SimulatedClock` that moves only when
-the test moves it. A 10 s hang timeout or a 30 s freeze timeout is checked to the tenth of a second,
-whatever the machine's load, and the test takes milliseconds."""
+"""The coordinator's hang, heartbeat, node-silence and freeze logic in simulated time
+(`coordinator.clock`): the real watch, detector, freeze step and bounded waits, given a
+`SimulatedClock` that moves only when the test moves it. A 10 s hang timeout or a 30 s freeze
+timeout is checked to the tenth of a second, whatever the machine's load, and the test takes
+milliseconds."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, cast
@@ -20,6 +22,7 @@ from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.job_control import JobControl
 from job_agent.coordinator.incident.lifecycle import Incident, IncidentState
 from job_agent.coordinator.members import Member, Roster
+from job_agent.coordinator.node_launcher import NodeLauncher
 from job_agent.coordinator.waiting import Changes
 from job_agent.wire.operator import MemberState
 from job_agent.wire.rank import Role
@@ -208,3 +211,27 @@ async def test_a_bounded_wait_ends_at_its_timeout_to_the_instant_and_ticks_each_
     changes.notify()  # a change wakes it at once, not at its next second
     await clock.advance(0)
     assert wait.done() and wait.exception() is None
+
+
+def test_a_node_unheard_past_the_node_timeout_is_silent_and_a_heartbeat_keeps_it() -> None:
+    """The coordinator's view of its node agents (`NodeLauncher`) on the clock it is given: a node
+    is silent once unheard for the node timeout, to the tenth of a second, and any frame it sends (a
+    heartbeat, twice a second from a live agent) keeps it."""
+    clock, timeout = SimulatedClock(), timedelta(seconds=10)
+    nodes = NodeLauncher("job-1", 1, lambda agent: False, clock=clock)
+    near, far = socket.socketpair()
+    try:
+        hello = wire.NodeHello(
+            job_id="job-1", node="a", host="198.18.0.1", slots=2, spares=0, pid=1
+        )
+        assert nodes.join(near, hello) is None
+        clock.skip(9.9)
+        assert nodes.silent(timeout) == []
+        assert nodes.heard(near, wire.Heartbeat())
+        clock.skip(9.9)
+        assert nodes.silent(timeout) == []  # timed from its last word, not from its join
+        clock.skip(0.2)
+        assert [n.name for n in nodes.silent(timeout)] == ["a"]
+    finally:
+        near.close()
+        far.close()
