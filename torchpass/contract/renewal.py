@@ -54,11 +54,10 @@ class Term:
         Awaiting renewal (the term was evaluated unrenewed, the grace has not passed), the renewal
         is late: the next term starts at once, retroactively from the passed renewal date."""
         self.check_renew(inp, today)
+        self.renewal = inp
         if self.awaiting_renewal:
-            self.renewal = inp
             self._start_next()
             return self.renewal_date
-        self.renewal = inp
         return inp.next_renewal or add_months(self.renewal_date, 12)
 
     def _start_next(self) -> None:

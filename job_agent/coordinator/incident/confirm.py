@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from job_agent.coordinator.incident.claims import STALL_MARGIN, disowns, refutes, settle
 from job_agent.coordinator.incident.donors import redundancy
-from job_agent.coordinator.incident.job_control import JobControl
+from job_agent.coordinator.incident.job_control import JobControl, work_seconds
 from job_agent.coordinator.incident.lifecycle import Driver, Incident, IncidentError
 from torchpass.errors import ErrorType
 from torchpass.incident.classify import leaving_slots, planned
@@ -26,10 +26,6 @@ FENCE_TIMEOUT = timedelta(seconds=10)
 # A failure reported by another source (or forged) names ranks the job still sees: they must show no
 # progress for this long before they are fenced (`claims.refutes`).
 REFUTE_WAIT = timedelta(seconds=5)
-
-
-def _since(t0: float) -> float:
-    return time.perf_counter() - t0
 
 
 def is_current(job: JobControl, ref: IncidentRef) -> bool:
@@ -147,5 +143,5 @@ def _result(
         leaving_slots=leaving,
         batch_host=job.spec.batch_host,
         detail=detail,
-        work_seconds=_since(t0),
+        work_seconds=work_seconds(t0),
     )

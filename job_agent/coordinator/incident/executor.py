@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from job_agent.coordinator.incident.confirm import FENCE_TIMEOUT, confirm, incident_of, is_current
 from job_agent.coordinator.incident.donors import choose_donor
-from job_agent.coordinator.incident.job_control import JobControl, Tick
+from job_agent.coordinator.incident.job_control import JobControl, Tick, work_seconds
 from job_agent.coordinator.incident.lifecycle import Incident, IncidentError, IncidentState
 from job_agent.coordinator.incident.transfer_plan import TransferPlanner, mismatch
 from job_agent.coordinator.members import Member
@@ -36,10 +36,6 @@ from torchpass.incident.steps import (
 from torchpass.models import Disposition, EventSource, Evidence, FailureKind
 
 MAX_REGROUPS = 4  # tries to form the group of a recovery, each after a rank lost as it formed
-
-
-def _since(t0: float) -> float:
-    return time.perf_counter() - t0
 
 
 class IncidentSteps:
@@ -64,7 +60,9 @@ class IncidentSteps:
         t0 = time.perf_counter()
         inc = incident_of(self.job, ref)
         spares = await self.planner.hold_spares(inc, len(inc.lost))
-        return ReserveResult(spare_ids=tuple(m.agent_id for m in spares), work_seconds=_since(t0))
+        return ReserveResult(
+            spare_ids=tuple(m.agent_id for m in spares), work_seconds=work_seconds(t0)
+        )
 
     async def release(self, ref: IncidentRef) -> None:
         self.job.spares.release(incident_of(self.job, ref).workflow_id)
@@ -131,7 +129,7 @@ class IncidentSteps:
             leaving_steps={
                 m.slot: m.completed for m in job.roster.departing() if m.slot in inc.leaving
             },
-            work_seconds=_since(t0),
+            work_seconds=work_seconds(t0),
         )
         inc.move(IncidentState.FROZEN)
         return inc.frozen
@@ -145,7 +143,7 @@ class IncidentSteps:
         inc.proof = await self.planner.transfer(inc, tick)
         inc.move(IncidentState.MOVED)
         await self._dismiss()  # the state has moved: the leaving ranks of a planned move go
-        return TransferResult(proof=inc.proof, work_seconds=_since(t0))
+        return TransferResult(proof=inc.proof, work_seconds=work_seconds(t0))
 
     async def _dismiss(self) -> None:
         """Fence the ranks a planned move took out of the world, and wait for them to stop."""
@@ -212,7 +210,7 @@ class IncidentSteps:
             step_before=step_before,
             steps_recomputed=self.job.progress.recomputed_after(step_before),
             proof=reproof,
-            work_seconds=_since(t0),
+            work_seconds=work_seconds(t0),
         )
         inc.move(IncidentState.TRAINING)
         return inc.rejoined
@@ -305,7 +303,7 @@ class IncidentSteps:
             steps_recomputed=job.progress.recomputed_after(failed_at),
             resumed_at=resumed_at,
             resumed_steps=dict(job.progress.resumed),
-            work_seconds=_since(t0),
+            work_seconds=work_seconds(t0),
         )
         inc.move(IncidentState.RESTARTED)
         return inc.fallback

@@ -1,8 +1,9 @@
 """What the incident steps may see and do of a job: the coordinator implements it, the steps and the
-state supply act through it."""
+transfer planner act through it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
@@ -19,6 +20,11 @@ from torchpass.job import JobSpec, JobState
 from torchpass.models import Evidence
 
 Tick = Callable[[int], None]
+
+
+def work_seconds(t0: float) -> float:
+    """A step's `work_seconds`: the time since `t0` (`time.perf_counter`) it spent on the job."""
+    return time.perf_counter() - t0
 
 
 class JobControl(Protocol):
