@@ -38,6 +38,7 @@ def main(agent_type: type[RankAgent] = RankAgent) -> None:
         default=0.0,
         help="seconds each step waits (to watch a run; the math is the same)",
     )
+    p.add_argument("--save", help="rank 0 saves the final weights here, after the training loop")
     args = p.parse_args()
 
     agent = agent_type()  # torchpass
@@ -59,6 +60,8 @@ def main(agent_type: type[RankAgent] = RankAgent) -> None:
         opt.step()
 
     agent.run(train_step, steps=args.steps)  # torchpass
+    if args.save and agent.rank == 0:  # code after the loop, as scripts end
+        torch.save(model.state_dict(), args.save)
 
 
 if __name__ == "__main__":

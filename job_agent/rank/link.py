@@ -2,7 +2,9 @@
 commands.
 
 A non-zero `Exit` is obeyed at once by the reader thread, even while the main thread is blocked in a
-collective, and so is an aborting `Freeze` (the group's sockets are cut).
+collective, and so is an aborting `Freeze` (the group's sockets are cut). So is the end-of-job
+`Exit` to a spare that never took a slot; a spare given one (`Assign`) is a rank from then on, and
+finishes like one: back to the script, to run its code after the training loop.
 
 A lost coordinator ends the process, unless the process may rejoin (`rejoin_for`, set on the nodes
 of a multi-node job): then it goes on training, its reports dropped meanwhile, and rejoins the
@@ -97,6 +99,10 @@ class CoordinatorLink:
                         "lost the connection to the job coordinator; stopping",
                     )
                 continue
+            if isinstance(frame, wire.Assign):
+                # Read here, in the order frames came: from now on this process is a rank, whose
+                # code after the training loop must run when the job ends.
+                self._spare = False
             if isinstance(frame, wire.Exit) and (frame.code != 0 or self._spare):
                 exit_now(frame.code, frame.reason)
             if isinstance(frame, wire.Freeze) and frame.abort and self.on_abort is not None:
