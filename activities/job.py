@@ -16,11 +16,13 @@ from temporalio.exceptions import ApplicationError
 
 from job_agent.coordinator.coordinator import Coordinator
 from job_agent.coordinator.describe import describe
+from job_agent.coordinator.incident.attest import attest
 from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.lifecycle import IncidentError
 from job_agent.coordinator.waiting import JobFailed
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity, JobActivityV0
+from torchpass.incident.attestation import JobKey
 from torchpass.incident.outcome import CompleteInput
 from torchpass.incident.steps import (
     ConfirmInput,
@@ -84,9 +86,10 @@ class _BytesSent:
 class JobActivities:
     """Built by the job worker with its coordinator and the incident steps acting on it."""
 
-    def __init__(self, coordinator: Coordinator, steps: IncidentSteps) -> None:
+    def __init__(self, coordinator: Coordinator, steps: IncidentSteps, key: JobKey) -> None:
         self._c = coordinator
         self._a = steps
+        self._key = key
 
     def _step(self, ref: IncidentRef) -> None:
         """A workflow step reached the job: refused for an incident the job carried out itself while
@@ -155,6 +158,16 @@ class JobActivities:
     async def complete_incident(self, inp: CompleteInput) -> None:
         await _guard(self._a.complete(inp.incident, inp.outcome))
 
+    @activity.defn(name=JobActivity.ATTEST_OUTCOME)
+    async def attest_outcome(self, inp: CompleteInput) -> str:
+        """The job's signature over the outcome's facts, once they agree with its own view (on the
+        coordinator's loop, like every step: it reads the incident the steps act on)."""
+
+        async def sign() -> str:
+            return attest(self._c, self._key, inp.incident, inp.outcome)
+
+        return await _guard(sign())
+
     @activity.defn(name=JobActivity.DESCRIBE_JOB)
     async def describe_job(self, inp: ValidationTarget) -> JobDescription:
         if inp.job_id != self._c.job_id:  # a queue name pointing at the wrong job: no retry helps
@@ -163,4 +176,8 @@ class JobActivities:
                 type=ErrorType.INVALID_INPUT.value,
                 non_retryable=True,
             )
-        return describe(self._c)
+        desc = describe(self._c)
+        if inp.source is None:
+            return desc
+        proof = self._key.prove(self._c.job_id, inp.source)
+        return desc.model_copy(update={"key": self._key.public, "proof": proof})

@@ -52,13 +52,15 @@ class LedgerActivities:
         verdicts = []
         for outcome in inp.outcomes:
             facts = await self._incident(outcome.incident_id, inp.contract_workflow_id)
-            verdicts.append(judge_outcome(outcome, facts))
+            verdicts.append(judge_outcome(outcome, facts, inp.keys.get(outcome.job_id, ())))
             activity.heartbeat(len(verdicts))
         return Verdicts(verdicts=tuple(verdicts))
 
     @activity.defn(name=ControlActivity.VERIFY_VALIDATION)
     async def verify_validation(self, inp: ValidationClaim) -> Verdict:
-        return judge_validation(inp.report, await self._validation(inp.report.source or ""))
+        facts = await self._validation(inp.report.source or "")
+        # A genuine validation runs on the control worker's own queue: this one's.
+        return judge_validation(inp.report, facts, activity.info().task_queue)
 
     async def _incident(self, claim: str, contract_workflow_id: str) -> IncidentFacts:
         events, detail = await self._history(claim)
@@ -90,6 +92,7 @@ class LedgerActivities:
         if events is None:
             return ValidationFacts(found=False, detail=detail)
         kind, start = _started(events[0])
+        queue = events[0].workflow_execution_started_event_attributes.task_queue.name
         recorded: list[ValidationReport] = []
         for ev in events:
             if ev.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -104,7 +107,11 @@ class LedgerActivities:
                 recorded.append(rec.report)
         request = await self._decode(start, ValidateInput)
         return ValidationFacts(
-            found=True, workflow_type=kind, request=request, recorded=tuple(recorded)
+            found=True,
+            workflow_type=kind,
+            task_queue=queue,
+            request=request,
+            recorded=tuple(recorded),
         )
 
     async def _history(self, claim: str) -> tuple[list[HistoryEvent] | None, str]:

@@ -101,6 +101,8 @@ class JobActivity:
     REJOIN = "rejoin"
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     COMPLETE_INCIDENT = "complete_incident"
+    # the job's signature over an outcome's facts, before the contract records it
+    ATTEST_OUTCOME = "attest_outcome"
     FETCH_LOCAL_RECORD = "fetch_local_record"  # the record of an incident the job handled itself
     DESCRIBE_JOB = "describe_job"
 

@@ -81,6 +81,8 @@ ACTIVITY_TIMEOUTS: dict[str, ActivityTimeouts] = {
     JobActivity.REJOIN: _t(150, 500, HEARTBEAT, JOB_PICKUP),
     JobActivity.RESTART_FROM_CHECKPOINT: _t(300, 900, HEARTBEAT, JOB_PICKUP),
     JobActivity.COMPLETE_INCIDENT: _t(15, 60, HEARTBEAT, JOB_PICKUP),
+    # A job that does not sign soon leaves its outcome unconfirmed (never counted), not unrecorded.
+    JobActivity.ATTEST_OUTCOME: _t(10, 30, HEARTBEAT, JOB_PICKUP),
     # Waits while the job's own recovery still runs (as long as a transfer and a rejoin may take).
     JobActivity.FETCH_LOCAL_RECORD: _t(600, 900, HEARTBEAT, JOB_PICKUP),
     # validation: a job that does not answer soon is not covered

@@ -22,6 +22,7 @@ from job_agent.coordinator.coordinator import Coordinator
 from job_agent.coordinator.incident.executor import IncidentSteps
 from job_agent.coordinator.incident.local import LocalRecovery
 from job_agent.coordinator.incident.tracker import Squatted
+from job_agent.coordinator.jobs import job_key
 from torchpass.ids import CONTROL_TASK_QUEUE, IncidentMessage, WorkflowName, job_task_queue
 from torchpass.incident.outcome import IncidentStatus
 from torchpass.job import JobResult, JobSpec
@@ -90,7 +91,7 @@ async def run_job(spec: JobSpec, client: Client) -> JobResult:
     coordinator = Coordinator(spec, reporter(client))
     steps = IncidentSteps(coordinator)
     LocalRecovery(steps)  # the job goes on by itself when no workflow step comes
-    acts = JobActivities(coordinator, steps)
+    acts = JobActivities(coordinator, steps, job_key(spec.job_dir))
     worker = Worker(
         client, task_queue=job_task_queue(spec.job_id), activities=list(_activity_methods(acts))
     )

@@ -26,7 +26,8 @@ async def check_outcomes(book: ContractBook, contract_workflow_id: str) -> bool:
     """Check the oldest queued outcomes against their incidents: the genuine are counted, the rest
     kept as rejected with why. False when the check could not run: then they stay queued."""
     batch = tuple(book.checks.unverified[:MAX_CLAIMS])
-    claims = OutcomeClaims(contract_workflow_id=contract_workflow_id, outcomes=batch)
+    keys = {o.job_id: book.jobs.keys(o.job_id) for o in batch}
+    claims = OutcomeClaims(contract_workflow_id=contract_workflow_id, outcomes=batch, keys=keys)
     t = VERIFY_TIMEOUTS[ControlActivity.VERIFY_OUTCOMES]
     try:
         result = await workflow.execute_activity(
@@ -46,10 +47,14 @@ async def check_outcomes(book: ContractBook, contract_workflow_id: str) -> bool:
         return False
     del book.checks.unverified[: len(batch)]  # those that arrived meanwhile wait behind
     for outcome, verdict in zip(batch, verdicts, strict=True):
+        if verdict.accepted and not verdict.attested:
+            workflow.logger.warning(
+                "outcome %s unconfirmed: %s", outcome.incident_id, verdict.reason
+            )
         if verdict.accepted and verdict.failure_key:
-            book.record_checked(outcome, verdict.failure_key)
+            book.record_checked(outcome, verdict.failure_key, verdict.attested)
         elif verdict.accepted:
-            book.record_outcome(outcome)
+            book.record_outcome(outcome, verdict.attested)
         else:
             workflow.logger.warning("outcome %s rejected: %s", outcome.incident_id, verdict.reason)
             book.checks.reject(

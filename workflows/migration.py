@@ -45,6 +45,8 @@ LOCAL = "local-recovery"
 RESYNC = "resync-from-majority"
 # After its outcome, the run stays open for the job's late window (`FailureReport.linger_seconds`).
 LATE = "late-evidence"
+# The job signs each outcome's facts before the contract records it (`workflows.recording`).
+ATTESTED = "job-attestation"
 # Two job activities renamed: `reserve_spares` (was `reserve_spare`), `fetch_local_record` (was
 # `recorded_outcome`, which read like the contract's `record_outcome` signal).
 NAMES = "activity-names"
@@ -167,7 +169,8 @@ class MigrationWorkflow:
         """The outcome recorded (`workflows.recording`), answered by `outcome` from then on; the run
         then stays open for the job's late window."""
         self._disposition = outcome.disposition
-        self._outcome = await record_outcome(self._steps, self._contract, ref, outcome)
+        attest = workflow.patched(ATTESTED)
+        self._outcome = await record_outcome(self._steps, self._contract, ref, outcome, attest)
         if self._late_window > 0 and workflow.patched(LATE):
             # Open a while: evidence that comes after the outcome (a NotReady 40 s after the node
             # died) is signalled here by the job, into this history; the outcome stands (`outcome`

@@ -67,12 +67,22 @@ async def file_local_record(
 
 
 async def record_outcome(
-    steps: StepCalls, contract: ContractRef | None, ref: IncidentRef, outcome: MigrationOutcome
+    steps: StepCalls,
+    contract: ContractRef | None,
+    ref: IncidentRef,
+    outcome: MigrationOutcome,
+    attest: bool = False,
 ) -> MigrationOutcome:
     """The contract and the job record the outcome; it stands, with the error, if either cannot.
-    Returns it as recorded: the record phase timed into it, and either's error."""
+    Returns it as recorded: the record phase timed into it, and either's error.
+
+    `attest` (the `job-attestation` patch): for a job on a contract, the job signs the outcome's
+    facts first, and the contract counts it only with that signature; one the job will not or
+    cannot sign is recorded all the same, and the contract keeps it as unconfirmed."""
     steps.phase = Phase.RECORD
     t0 = workflow.now()
+    if attest and contract is not None:
+        outcome = await _attested(steps, ref, outcome)
     errors = [e for e in (outcome.error, await _record_on_contract(contract, outcome)) if e]
     if errors != [e for e in (outcome.error,) if e]:
         outcome = outcome.model_copy(update={"error": bounded_error("; ".join(errors))})
@@ -85,6 +95,24 @@ async def record_outcome(
         update["error"] = bounded_error(f"{outcome.error}; {stored}" if outcome.error else stored)
     workflow.upsert_search_attributes([OUTCOME.value_set(outcome.disposition.value)])
     return outcome.model_copy(update=update)
+
+
+async def _attested(
+    steps: StepCalls, ref: IncidentRef, outcome: MigrationOutcome
+) -> MigrationOutcome:
+    """The outcome with the job's signature, or with why the job gave none in its error."""
+    try:
+        signature = await steps.call(
+            Phase.RECORD,
+            JobActivity.ATTEST_OUTCOME,
+            CompleteInput(incident=ref, outcome=outcome),
+            str,
+        )
+    except StepFailed as e:
+        why = f"not attested by the job (the contract keeps it as unconfirmed): {e}"
+        error = f"{outcome.error}; {why}" if outcome.error else why
+        return outcome.model_copy(update={"error": bounded_error(error)})
+    return outcome.model_copy(update={"attestation": signature})
 
 
 async def _record_on_contract(c: ContractRef | None, outcome: MigrationOutcome) -> str | None:

@@ -67,7 +67,11 @@ class EnvironmentValidationWorkflow:
     @workflow.run
     async def run(self, start: RawValue) -> ValidationReport:
         inp = decode_start(start, ValidateInput)
+        info = workflow.info()
+        source = f"{info.workflow_id}/{info.run_id}"
         target = ValidationTarget(job_id=inp.job_id)
+        # The job signs this run's id with its key: the contract registers the key only then.
+        asked = ValidationTarget(job_id=inp.job_id, source=source)
         job_queue = inp.job_task_queue or job_task_queue(inp.job_id)
         job_deadline = (
             min(DESCRIBE_ATTEMPT, timedelta(seconds=inp.job_timeout_s)),
@@ -76,7 +80,7 @@ class EnvironmentValidationWorkflow:
         (control, control_err), (sched, sched_err), (job, job_err) = await asyncio.gather(
             _facts(ValidationActivity.CHECK_CONTROL_PLANE, target, ControlPlaneFacts),
             _facts(ValidationActivity.DETECT_SCHEDULER, target, SchedulerFacts),
-            _facts(JobActivity.DESCRIBE_JOB, target, JobDescription, job_queue, job_deadline),
+            _facts(JobActivity.DESCRIBE_JOB, asked, JobDescription, job_queue, job_deadline),
         )
         checks: list[CheckResult] = []
         if control is None:
@@ -99,9 +103,7 @@ class EnvironmentValidationWorkflow:
                 )
             )
         checks += evaluate_job(job, job_err)
-        info = workflow.info()
-        source = f"{info.workflow_id}/{info.run_id}"
-        report = build_report(inp.contract_id, inp.job_id, checks, workflow.now(), source)
+        report = build_report(inp.contract_id, inp.job_id, checks, workflow.now(), source, job)
         return await _record(inp, report)
 
 

@@ -13,7 +13,10 @@ from typing import Any
 
 from job_agent import wire
 from job_agent.wire import protocol
+from torchpass.incident.attestation import JobKey
 from torchpass.job import JobSpec, JobState
+
+KEY_FILE = "attest.key"
 
 
 def register(spec: JobSpec, secret: bytes, coordinator: str, store: str | None) -> None:
@@ -68,6 +71,24 @@ def register_job(
     fd = os.open(job_dir / "job.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(info, indent=2))
+
+
+def job_key(job_dir: Path) -> JobKey:
+    """The key the job attests its incidents with (`torchpass.incident.attestation`): made on its
+    first start, kept in its directory (0600, never through a link) across coordinator restarts and
+    after it ends, so that a job resumed under its id stays the job its contract registered."""
+    job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = job_dir / KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            return JobKey.from_hex(f.read())
+    key = JobKey.generate()
+    with os.fdopen(fd, "w") as f:
+        f.write(key.private_hex())
+    return key
 
 
 def unregister_job(job_dir: Path) -> None:

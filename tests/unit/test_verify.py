@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from tests.unit.test_contract_rules import T0, covered_book, outcome, report
+from torchpass.contract.entries import EntryStatus
 from torchpass.contract.verify import (
     MAX_REJECTED_KEPT,
     MAX_UNVERIFIED,
@@ -18,6 +19,7 @@ from torchpass.contract.verify import (
     split_run,
 )
 from torchpass.ids import WorkflowName, incident_workflow_id
+from torchpass.incident.attestation import JobKey
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import ContractRef, EventSource, Evidence, FailureKind, FailureReport
 from torchpass.validation.report import ValidateInput
@@ -25,6 +27,8 @@ from torchpass.validation.report import ValidateInput
 T = T0 + timedelta(days=30)
 RUN = str(uuid.UUID(int=7))
 WF = incident_workflow_id("job-a", "node-1", 4)
+KEY = JobKey.generate()  # the job's
+QUEUE = "torchpass-control"  # the control worker's
 
 
 def failure(job: str = "job-a", domain: str = "node-1", generation: int = 4) -> FailureReport:
@@ -45,6 +49,7 @@ def failure(job: str = "job-a", domain: str = "node-1", generation: int = 4) -> 
 
 def genuine() -> tuple[MigrationOutcome, IncidentFacts]:
     o = outcome(1, T, incident_id=f"{WF}/{RUN}")
+    o = o.model_copy(update={"attestation": KEY.attest(o)})
     return o, IncidentFacts(
         found=True, workflow_type=WorkflowName.MIGRATION, report=failure(), signalled=(o,)
     )
@@ -58,8 +63,36 @@ def test_an_incident_id_splits_at_its_run_id_only() -> None:
 
 def test_a_genuine_outcome_is_accepted_with_its_failure() -> None:
     o, facts = genuine()
-    v = judge_outcome(o, facts)
-    assert v.accepted and v.failure_key == WF and v.reason == ""
+    v = judge_outcome(o, facts, [KEY.public])
+    assert v.accepted and v.attested and v.failure_key == WF and v.reason == ""
+
+
+def test_an_outcome_its_job_did_not_sign_is_kept_unconfirmed_and_never_counts() -> None:
+    """The forged MigrationWorkflow (a genuine run pointed at a queue no job serves): its history
+    bears the outcome out, but the job never signed it. So is one signed by another key, one whose
+    figures changed after the job signed them, and one of a job no validation gave a key."""
+    o, facts = genuine()
+    other = JobKey.generate()
+    cases = {
+        "never attested": (o.model_copy(update={"attestation": None}), [KEY.public]),
+        "not the job's signature": (
+            o.model_copy(update={"attestation": other.attest(o)}),
+            [KEY.public],
+        ),
+        "not the job's signature ": (
+            o.model_copy(update={"steps_recomputed": 0, "success": False}),
+            [KEY.public],
+        ),
+        "no key of the job is registered": (o, []),
+    }
+    for why, (claim, keys) in cases.items():
+        v = judge_outcome(claim, facts.model_copy(update={"signalled": (claim,)}), keys)
+        assert v.accepted and not v.attested and why.strip() in v.reason, (why, v)
+    book = covered_book()
+    forged = o.model_copy(update={"attestation": None, "success": False})
+    assert book.record_checked(forged, WF, attested=False)
+    assert book.entries[forged.incident_id].status is EntryStatus.UNCONFIRMED
+    assert book.standing(T).qualifying == 0
 
 
 def test_an_incident_moved_off_a_squatted_id_counts_under_its_failure() -> None:
@@ -94,18 +127,28 @@ def test_every_forged_outcome_is_refused_with_why() -> None:
         "sent another outcome": (changed, facts),
     }
     for why, (claim, f) in cases.items():
-        v = judge_outcome(claim, f)
+        v = judge_outcome(claim, f, [KEY.public])
         assert not v.accepted and why in v.reason, (why, v)
 
 
 def test_a_validation_is_accepted_only_from_the_run_that_made_it() -> None:
     source = f"validate-job-a/{RUN}"
-    made = report(True, T).model_copy(update={"source": source})
+    proof = KEY.prove("job-a", source)
+    made = report(True, T).model_copy(
+        update={"source": source, "job_key": KEY.public, "job_proof": proof}
+    )
     request = ValidateInput(contract_id="c-1", customer_id="a", job_id="job-a")
     facts = ValidationFacts(
-        found=True, workflow_type=WorkflowName.VALIDATION, request=request, recorded=(made,)
+        found=True,
+        workflow_type=WorkflowName.VALIDATION,
+        task_queue=QUEUE,
+        request=request,
+        recorded=(made,),
     )
-    assert judge_validation(made, facts).accepted
+    assert judge_validation(made, facts, QUEUE).accepted
+    # its job's proof, of another key, or of another run
+    stolen = made.model_copy(update={"job_key": JobKey.generate().public})
+    replayed = made.model_copy(update={"job_proof": KEY.prove("job-a", f"validate-job-a/{RUN}x")})
     cases = {
         "names no validation workflow run": (made.model_copy(update={"source": None}), facts),
         "no such validation workflow": (made, ValidationFacts(found=False)),
@@ -121,10 +164,26 @@ def test_a_validation_is_accepted_only_from_the_run_that_made_it() -> None:
             made.model_copy(update={"validated_at": datetime.now(UTC)}),
             facts,
         ),
+        # the attacker's own worker running a workflow of the validation's type
+        "not on the control worker's": (made, facts.model_copy(update={"task_queue": "mine"})),
+        "did not prove it holds the key": (
+            stolen,
+            facts.model_copy(update={"recorded": (stolen,)}),
+        ),
+        "did not prove it holds the key ": (
+            replayed,
+            facts.model_copy(update={"recorded": (replayed,)}),
+        ),
+        "did not prove it holds the key  ": (
+            made.model_copy(update={"job_key": None, "job_proof": None}),
+            facts.model_copy(
+                update={"recorded": (made.model_copy(update={"job_key": None, "job_proof": None}),)}
+            ),
+        ),
     }
     for why, (claim, f) in cases.items():
-        v = judge_validation(claim, f)
-        assert not v.accepted and why in v.reason, (why, v)
+        v = judge_validation(claim, f, QUEUE)
+        assert not v.accepted and why.strip() in v.reason, (why, v)
 
 
 def test_a_refused_claim_never_counts_nor_blocks_the_genuine_one() -> None:

@@ -34,6 +34,7 @@ from torchpass.ids import (
     WorkflowName,
     incident_workflow_id,
 )
+from torchpass.incident.attestation import JobKey
 from torchpass.incident.outcome import CompleteInput, MigrationOutcome
 from torchpass.incident.steps import (
     ConfirmInput,
@@ -93,6 +94,7 @@ class FakeJob:
         self.fail = fail
         self.calls: Counter[str] = Counter()
         self.completed: list[MigrationOutcome] = []
+        self.key = JobKey.generate()  # the job's own, its outcomes signed with it
 
     def _enter(self, name: str) -> None:
         self.calls[name] += 1
@@ -180,6 +182,11 @@ class FakeJob:
                 raise ApplicationError("record store unreachable")
             self.completed.append(inp.outcome)
 
+        @activity.defn(name=JobActivity.ATTEST_OUTCOME)
+        async def attest(inp: CompleteInput) -> str:
+            self._enter("attest")
+            return self.key.attest(inp.outcome)
+
         @activity.defn(name=JobActivity.FETCH_LOCAL_RECORD)
         async def recorded(inp: IncidentRef) -> LocalRecord:
             self._enter("recorded")
@@ -189,7 +196,18 @@ class FakeJob:
                 )
             return self._record(activity.info().workflow_id or "", inp.job_id)
 
-        return [confirm, reserve, release, freeze, transfer, rejoin, restart, complete, recorded]
+        return [
+            confirm,
+            reserve,
+            release,
+            freeze,
+            transfer,
+            rejoin,
+            restart,
+            complete,
+            attest,
+            recorded,
+        ]
 
     def _local(self) -> bool:
         return any(self.fail.get(k) for k in ("local", "local_forged", "local_no_record"))

@@ -35,6 +35,7 @@ from torchpass.contract.rules import add_months
 from torchpass.contract.terms import ContractPurpose, ContractTerms
 from torchpass.errors import ErrorType
 from torchpass.ids import JobActivity, ValidationActivity, WorkflowName
+from torchpass.incident.attestation import JobKey
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.models import Category, Classification, Disposition, FailureKind
 from torchpass.validation.facts import (
@@ -57,6 +58,7 @@ from workers import contract_client as cc
 from workflows.contract import CONTRACT_WORKFLOWS
 from workflows.validation import VALIDATION_WORKFLOWS, EnvironmentValidationWorkflow
 
+JOB_KEY = JobKey.generate()  # the job's own: it proves it holds it to each validation
 ALL_CHECKS = [
     Check.TEMPORAL,
     Check.CONTROL_TORCH,
@@ -133,7 +135,10 @@ class Fakes:
                 raise ApplicationError(
                     "this is job other", type=ErrorType.INVALID_INPUT, non_retryable=True
                 )
-            return self.description
+            if inp.source is None:
+                return self.description
+            proof = JOB_KEY.prove(inp.job_id, inp.source)
+            return self.description.model_copy(update={"key": JOB_KEY.public, "proof": proof})
 
         return [describe_job]
 

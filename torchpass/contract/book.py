@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import date, datetime, timedelta
 
 from torchpass.contract.coverage import Jobs
-from torchpass.contract.entries import LedgerEntry
+from torchpass.contract.entries import COUNTED, EntryStatus, LedgerEntry
 from torchpass.contract.evaluation import Evaluation, EvaluationContext, Evaluations, Trigger
 from torchpass.contract.ledger import Ledger
 from torchpass.contract.queries import LedgerPage, LedgerPageInput, LedgerRow, Standing
@@ -109,7 +109,9 @@ class ContractBook:
             return True
         return self.checks.hold(outcome)
 
-    def record_checked(self, outcome: MigrationOutcome, failure_key: str) -> bool:
+    def record_checked(
+        self, outcome: MigrationOutcome, failure_key: str, attested: bool = True
+    ) -> bool:
         """An outcome its check bore out: recorded, unless another run of the same failure's
         incident (`failure_key`, the workflow id the check confirmed) already was; that one is
         refused."""
@@ -122,16 +124,19 @@ class ContractBook:
             return False
         first = self.ledger.failures.get(failure_key)
         if first is None or first == outcome.incident_id:
-            self.record_outcome(outcome)
+            self.record_outcome(outcome, attested)
             return True
         self.duplicates += 1
         why = f"the same failure (job, failure domain, generation) as incident {first}"
         self.checks.reject(outcome.incident_id, outcome.job_id, outcome.detected_at, why)
         return False
 
-    def record_outcome(self, outcome: MigrationOutcome) -> tuple[LedgerEntry, bool]:
+    def record_outcome(
+        self, outcome: MigrationOutcome, attested: bool = True
+    ) -> tuple[LedgerEntry, bool]:
         """The ledger entry of an outcome, and whether it was a duplicate (then nothing else
-        changes)."""
+        changes). One its job never `attested` is unconfirmed where it would count: kept, never
+        counted."""
         known = self.entries.get(outcome.incident_id)
         if known is not None:
             self.duplicates += 1
@@ -140,6 +145,8 @@ class ContractBook:
             return entry, True
         closed = self.evaluations.last_evaluated()
         status = status_for(outcome, self.jobs.status(outcome.job_id, outcome.detected_at))
+        if not attested and status in COUNTED:  # an uncovered job's keeps its own reason
+            status = EntryStatus.UNCONFIRMED
         late = closed is not None and outcome.detected_at < day_start(closed)
         recovery = None if outcome.recovery_seconds is None else round(outcome.recovery_seconds, 3)
         entry = LedgerEntry(

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import NamedTuple
 
-from pydantic import AwareDatetime
+from pydantic import AwareDatetime, Field
 
 from torchpass.contract.entries import EntryStatus
 from torchpass.contract.rules import validation_status
@@ -18,6 +18,9 @@ from torchpass.contract.terms import ContractRuleError, ContractTerms
 from torchpass.errors import ErrorType
 from torchpass.models import Model
 from torchpass.validation.report import ValidationReport
+
+# keys kept per job: one per run of it that a validation registered (a job resumed keeps its key)
+MAX_KEYS = 8
 
 
 class CoverageChange(NamedTuple):
@@ -38,6 +41,12 @@ class JobCoverage(Model):
 
     job_id: str
     changes: tuple[CoverageChange, ...] = ()
+    keys: tuple[str, ...] = Field(
+        default=(),
+        max_length=MAX_KEYS,
+        description="the public keys the job's genuine validations registered, the latest last: an "
+        "outcome of the job counts only signed by one (torchpass.incident.attestation)",
+    )
 
     def at(self, t: datetime) -> EntryStatus:
         """SUCCESS when opted in and validated at `t`, else the reason the job was not covered."""
@@ -75,6 +84,11 @@ class Jobs:
         known)."""
         job = self.coverage.get(job_id)
         return job.at(t) if job else EntryStatus.NOT_OPTED_IN
+
+    def keys(self, job_id: str) -> tuple[str, ...]:
+        """The keys the job's validations registered (none for a job not known)."""
+        job = self.coverage.get(job_id)
+        return job.keys if job else ()
 
     def covered(self, now: datetime) -> tuple[str, ...]:
         return tuple(j for j, cov in self.coverage.items() if cov.at(now) is EntryStatus.SUCCESS)
@@ -118,5 +132,8 @@ class Jobs:
         status = validation_status(report, self.terms.purpose)
         change = CoverageChange(max(report.validated_at, mark.at), status)
         job = self.coverage[report.job_id].with_change(change)
+        if report.job_key is not None:
+            keys = [k for k in job.keys if k != report.job_key][-(MAX_KEYS - 1) :]
+            job = job.model_copy(update={"keys": (*keys, report.job_key)})
         self.coverage[report.job_id] = job
         return job

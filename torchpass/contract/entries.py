@@ -29,6 +29,9 @@ class EntryStatus(StrEnum):
     OPTED_OUT = "opted_out"
     SHARED_INFRASTRUCTURE = "shared_infrastructure"
     UNABLE_TO_RECOVER = "unable_to_recover"
+    # Its incident workflow is genuine, but the job never signed its facts
+    # (`torchpass.incident.attestation`): the job never confirmed it, or gave other figures.
+    UNCONFIRMED = "unconfirmed"
 
 
 COUNTED = frozenset({EntryStatus.SUCCESS, EntryStatus.FAILURE})
@@ -44,6 +47,8 @@ EXCLUSION_REASON: dict[EntryStatus, str] = {
     EntryStatus.SHARED_INFRASTRUCTURE: "disqualifying event: shared infrastructure failure",
     EntryStatus.UNABLE_TO_RECOVER: "disqualifying event: unable to recover (includes no spare "
     "available)",
+    EntryStatus.UNCONFIRMED: "unconfirmed: the job never attested this outcome (it never confirmed "
+    "the incident, or its figures differ from the job's own)",
 }
 
 

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from torchpass.contract.entries import RejectedClaim
 from torchpass.ids import REKEY_HEX, WorkflowName, incident_workflow_id
+from torchpass.incident.attestation import attested, signed_by, validation_facts
 from torchpass.incident.outcome import MAX_INCIDENT_ID, MigrationOutcome
 from torchpass.models import FailureReport, Model
 from torchpass.validation.report import ValidateInput, ValidationReport
@@ -50,6 +51,11 @@ class Verdict(Model):
         max_length=1000,
         description="the failure's incident workflow id, once confirmed",
     )
+    attested: bool = Field(
+        default=True,
+        description="an accepted outcome the job signed; False: recorded as unconfirmed, never "
+        "counted (True by default: verdicts recorded before attestation existed read as before)",
+    )
 
 
 class OutcomeClaims(Model):
@@ -57,6 +63,10 @@ class OutcomeClaims(Model):
 
     contract_workflow_id: str = Field(min_length=1, max_length=1000)
     outcomes: tuple[MigrationOutcome, ...] = Field(min_length=1, max_length=MAX_CLAIMS)
+    keys: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="job id -> the keys its validations registered on the contract",
+    )
 
 
 class ValidationClaim(Model):
@@ -87,6 +97,7 @@ class IncidentFacts(Model):
 class ValidationFacts(Model):
     found: bool
     workflow_type: str = ""
+    task_queue: str = Field(default="", description="the queue its workflow tasks ran on")
     request: ValidateInput | None = None
     recorded: tuple[ValidationReport, ...] = Field(
         default=(),
@@ -128,7 +139,11 @@ def _refused(claim: str, why: str) -> Verdict:
     return Verdict(claim=claim[: MAX_INCIDENT_ID + 20], accepted=False, reason=why[:MAX_REASON])
 
 
-def judge_outcome(outcome: MigrationOutcome, facts: IncidentFacts) -> Verdict:
+def judge_outcome(
+    outcome: MigrationOutcome, facts: IncidentFacts, keys: Iterable[str] = ()
+) -> Verdict:
+    """Genuine when its incident workflow bears it out (else refused); attested when one of the
+    job's registered `keys` signed its facts (else recorded as unconfirmed)."""
     claim = outcome.incident_id
     if split_run(claim)[1] is None:
         return _refused(claim, "the incident id names no workflow run")
@@ -153,10 +168,25 @@ def judge_outcome(outcome: MigrationOutcome, facts: IncidentFacts) -> Verdict:
     if outcome not in facts.signalled:
         why = "sent no outcome" if not facts.signalled else "sent another outcome"
         return _refused(claim, f"the incident workflow {why} to this contract")
-    return Verdict(claim=claim, accepted=True, failure_key=key)
+    signed = attested(outcome, keys)
+    why = "" if signed else unattested(outcome, keys)
+    return Verdict(claim=claim, accepted=True, failure_key=key, attested=signed, reason=why)
 
 
-def judge_validation(report: ValidationReport, facts: ValidationFacts) -> Verdict:
+def unattested(outcome: MigrationOutcome, keys: Iterable[str]) -> str:
+    if not tuple(keys):
+        return "no key of the job is registered on the contract (no validation carried one)"
+    if outcome.attestation is None:
+        return "the job never attested it"
+    return "its attestation is not the job's signature over these facts"
+
+
+def judge_validation(
+    report: ValidationReport, facts: ValidationFacts, control_queue: str
+) -> Verdict:
+    """Genuine when a validation workflow that ran on the control worker's own queue
+    (`control_queue`) made this report for this contract and job, and the job proved it holds the
+    key the report registers."""
     claim = report.source or ""
     if not claim or split_run(claim)[1] is None:
         return _refused(claim or "(none)", "the report names no validation workflow run")
@@ -167,8 +197,18 @@ def judge_validation(report: ValidationReport, facts: ValidationFacts) -> Verdic
     req = facts.request
     if req is None or (req.contract_id, req.job_id) != (report.contract_id, report.job_id):
         return _refused(claim, "the validation workflow was started for another contract or job")
+    if facts.task_queue != control_queue:
+        return _refused(
+            claim,
+            f"the validation ran on task queue {facts.task_queue!r}, not on the control worker's "
+            f"{control_queue!r}",
+        )
     if report not in facts.recorded:
         return _refused(claim, "the validation workflow did not make this report")
+    if report.job_key is None or not signed_by(
+        report.job_key, validation_facts(report.job_id, claim, report.job_key), report.job_proof
+    ):
+        return _refused(claim, "the job did not prove it holds the key the report names")
     return Verdict(claim=claim, accepted=True)
 
 

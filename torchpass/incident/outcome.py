@@ -82,6 +82,12 @@ class MigrationOutcome(Model):
         default=None,
         description="a hang: last progress -> training again (the hang timeout included)",
     )
+    attestation: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the job's Ed25519 signature over the outcome's facts (hex): the ledger counts "
+        "an outcome only with it (torchpass.incident.attestation)",
+    )
     handled_locally: bool = Field(
         default=False,
         description="the job carried the steps out itself (no workflow step reached it in time); "

@@ -222,8 +222,10 @@ def build_report(
     checks: Sequence[CheckResult],
     at: datetime,
     source: str | None = None,
+    job: JobDescription | None = None,
 ) -> ValidationReport:
-    """The report: passed only when every check passed, passed with waivers when none failed."""
+    """The report: passed only when every check passed, passed with waivers when none failed. The
+    job's key and its proof of holding it come from its description (`job`)."""
     status = report_status(checks)
     return ValidationReport(
         contract_id=contract_id,
@@ -234,15 +236,16 @@ def build_report(
         checks=tuple(checks),
         validated_at=at,
         source=source,
+        job_key=job.key if job else None,
+        job_proof=job.proof if job else None,
     )
 
 
 def with_check(report: ValidationReport, check: CheckResult) -> ValidationReport:
     """The report with one more check (its verdict recomputed)."""
-    return build_report(
-        report.contract_id,
-        report.job_id,
-        (*report.checks, check),
-        report.validated_at,
-        report.source,
+    rebuilt = build_report(
+        report.contract_id, report.job_id, (*report.checks, check), report.validated_at
+    )
+    return rebuilt.model_copy(
+        update={"source": report.source, "job_key": report.job_key, "job_proof": report.job_proof}
     )

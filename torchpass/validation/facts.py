@@ -15,6 +15,11 @@ class ValidationTarget(Model):
     """The job a validation activity looks at."""
 
     job_id: str = Field(min_length=1)
+    source: str | None = Field(
+        default=None,
+        max_length=1100,
+        description="the validation run asking (workflow id/run id): the job signs it with its key",
+    )
 
 
 class RankEnvironment(Model):
@@ -56,6 +61,14 @@ class JobDescription(Model):
         description="shard -> number of ranks holding a replica of it"
     )
     environments: tuple[RankEnvironment, ...] = Field(default=(), max_length=1024)
+    key: str | None = Field(
+        default=None, max_length=64, description="the public key the job attests its incidents with"
+    )
+    proof: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the job's signature, with that key, over its id and the validation run asking",
+    )
 
     def rank_environments(self) -> tuple[RankEnvironment, ...]:
         """The ranks' environments; for a description from before they were reported, its one

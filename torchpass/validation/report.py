@@ -97,6 +97,17 @@ class ValidationReport(_Verdict):
         "contract records a report only once that run's own history shows it "
         "(torchpass.contract.verify)",
     )
+    job_key: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the job's public key, which the contract registers: it counts an outcome of "
+        "the job only with that key's signature (torchpass.incident.attestation)",
+    )
+    job_proof: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the job's signature with that key over its id and `source`: it holds the key",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ValidationReport:
