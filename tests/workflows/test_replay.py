@@ -6,7 +6,9 @@ Regenerate them (after an intended change, once no old run can still be in fligh
 tests/workflows/test_migration_proof.py` (or `test_contract.py`, whose histories are
 `contract_<test>_run<k>.json`, one per run of a contract). `v1_*.json` are MigrationWorkflow
 histories recorded before the `measured-outcome` patch, `v2_*.json` before the `activity-names`
-patch (the job activities `reserve_spare` and `recorded_outcome`), `v1_contract_*.json`
+patch (the job activities `reserve_spare` and `recorded_outcome`), `v3_*.json` before the
+`job-attestation` patch (an outcome recorded on a contract without the job's signature),
+`v1_contract_*.json`
 ContractWorkflow histories recorded before the `verified-ledger` patch: they must keep replaying
 through the legacy paths.
 """
