@@ -2,12 +2,13 @@
 validation.
 
 Pure functions of the core's models; `torchpass incidents show`, `torchpass contract
-show|ledger|opt-in` and the demo print them. A development contract's standing and ledger open with
-`DEVELOPMENT_BANNER`.
+show|ledger|opt-in`, `torchpass audit` and the demo print them. A development contract's standing
+and ledger open with `DEVELOPMENT_BANNER`.
 """
 
 from __future__ import annotations
 
+from torchpass.contract.audit import Audit
 from torchpass.contract.queries import LedgerPage, Standing
 from torchpass.contract.terms import DEVELOPMENT_BANNER, ContractPurpose
 from torchpass.incident.outcome import MigrationOutcome
@@ -171,4 +172,26 @@ def format_ledger(page: LedgerPage) -> str:
             f"  {r.at:%Y-%m-%d %H:%M:%S}  {r.job_id:<16} {r.claim}: {r.reason}"
             for r in page.rejected
         ]
+    return "\n".join(lines)
+
+
+def format_audit(result: Audit, qualifying: int, successful: int) -> str:
+    """`torchpass audit`: what it read, the window's counts both ways, then every disagreement."""
+    lines = [
+        f"read {result.incidents} incident run(s) of the contract and {result.validations} genuine "
+        "validation(s)",
+        f"{'':<10} {'qualifying':>10} {'successful':>10}",
+        f"{'ledger':<10} {qualifying:>10} {successful:>10}",
+        f"{'audit':<10} {result.qualifying:>10} {result.successful:>10}",
+    ]
+    if not result.findings:
+        agree = (result.qualifying, result.successful) == (qualifying, successful)
+        lines.append("the ledger agrees with the histories" if agree else "the counts disagree")
+        return "\n".join(lines)
+    lines.append(f"{len(result.findings)} disagreement(s):")
+    lines.append(f"{'ledger':<22} {'audit':<22} {'job':<16} incident: why")
+    for f in result.findings:
+        ledger = f.ledger.value if f.ledger else "(none)"
+        audited = f.audit.value if f.audit else "(not borne out)"
+        lines.append(f"{ledger:<22} {audited:<22} {f.job_id:<16} {f.incident_id}: {f.why}")
     return "\n".join(lines)

@@ -177,6 +177,11 @@ async def test_a_validated_jobs_incident_counts_on_its_contract_and_feeds_cost(
     assert code == 0, err
     measured = json.loads(out)
     assert measured["inputs"]["success_rate"] in ("1", "1.0", 1, 1.0)
+    # The auditor's recomputation from the incident's and the validation's own histories agrees.
+    code, out, err = await _cli(client, capsys, "audit", *who)
+    assert code == 0, out + err
+    assert "the ledger agrees with the histories" in out
+    assert "audit               1          1" in out
 
 
 async def test_an_uncovered_jobs_incident_is_recorded_but_excluded(

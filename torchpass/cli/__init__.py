@@ -1,4 +1,5 @@
-"""`torchpass`: server, worker, run, node, detect, inject, drain, jobs, incidents, contract, cost.
+"""`torchpass`: server, worker, run, node, detect, inject, drain, jobs, incidents, contract, audit,
+cost.
 
 Each command lives in its own module of this package; they share `torchpass.cli.common` and never
 import this one. Heavy imports (torch, the workers) happen inside the command that needs them, so
@@ -13,7 +14,7 @@ import sys
 
 from pydantic import ValidationError
 
-from torchpass.cli import contract, cost, detect, incidents, job, node, run, serve
+from torchpass.cli import audit, contract, cost, detect, incidents, job, node, run, serve
 from torchpass.cli.common import EXIT_USAGE, CliError, fields, load_settings, temporal_args
 
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.register(sub)
     detect.register(sub)
     contract.register(sub, temporal_args)
+    audit.register(sub, temporal_args)
     c = cost.register(sub)
     c.add_argument("--customer", help="customer of --contract")
     temporal_args(c)
@@ -72,6 +74,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return job.run_command(args, settings)
     if args.command == "contract":
         return asyncio.run(contract.run(args, settings))
+    if args.command == "audit":
+        return asyncio.run(audit.run(args, settings))
     if args.command == "cost":
         return cost.run_with_contract(args, settings)
     return asyncio.run(incidents.incidents(args, settings))

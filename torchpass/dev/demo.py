@@ -178,6 +178,15 @@ async def _standing(client: Client) -> Standing:
     return st
 
 
+async def _audit(address: str) -> bool:
+    """`torchpass audit` as an auditor runs it: the ledger recomputed from the histories alone."""
+    argv = ["audit", "--customer", CONTRACT.customer_id, "--contract", CONTRACT.contract_id]
+    print(f"\ndemo: torchpass {' '.join(argv)}", flush=True)
+    cmd = [sys.executable, "-m", "torchpass.cli", *argv, "--address", address]
+    proc = await asyncio.create_subprocess_exec(*cmd)
+    return await asyncio.wait_for(proc.wait(), 120) == 0
+
+
 async def main() -> int:
     keep = "--keep" in sys.argv[1:]
     ui_port = free_port("127.0.0.1")
@@ -206,6 +215,7 @@ async def main() -> int:
             ok = _verdict(result, reference, ui, standing) and validated
             page = await cc.get_ledger(env.client, CONTRACT.customer_id, CONTRACT.contract_id)
             print(format_ledger(page))
+            ok = await _audit(address) and ok
             print("\ndemo: PASS" if ok else "\ndemo: FAIL", flush=True)
             if keep:
                 show = f"--customer {CONTRACT.customer_id} --contract {CONTRACT.contract_id}"
