@@ -65,8 +65,16 @@ async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
         start_signal_args=[rep],
     )
     # The run that got it may be somebody else's, started at the id first: one that sends the job's
-    # activities elsewhere, or is another job's, would swallow the report. An answer that says so
-    # moves the incident (`Squatted`); no answer (the control worker is away) proves nothing.
+    # activities elsewhere, or is another job's, would swallow the report. What the server says of
+    # it (no worker needed) comes first: a run of another type, or on a queue no control worker
+    # polls, answers no query ever and is a squatter. Then its own answer: one that says so moves
+    # the incident (`Squatted`); no answer (the control worker is away) proves nothing.
+    desc = await handle.describe(rpc_timeout=QUERY_TIMEOUT)
+    if desc.workflow_type != WorkflowName.MIGRATION or desc.task_queue != CONTROL_TASK_QUEUE:
+        raise Squatted(
+            f"the run at {workflow_id} is a {desc.workflow_type!r} on task queue "
+            f"{desc.task_queue!r}: no torchpass control worker runs it"
+        )
     try:
         status = await handle.query(
             IncidentMessage.STATUS, result_type=IncidentStatus, rpc_timeout=QUERY_TIMEOUT

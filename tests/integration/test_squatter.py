@@ -12,6 +12,7 @@ import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from bench.chaos import ledger_rows, open_contract
@@ -25,11 +26,21 @@ from torchpass.models import EventSource, Evidence, FailureKind, FailureReport
 ARGS = ("--steps", "300", "--width", "128", "--depth", "2")
 
 
+@pytest.mark.parametrize(
+    ("workflow_type", "queue"),
+    [
+        (WorkflowName.MIGRATION, CONTROL_TASK_QUEUE),  # answers its query: another job queue
+        # answers no query at all (found by an attacker: the record was never filed, and the job
+        # blamed Temporal): the server's description of the run unmasks it
+        ("SomebodyElsesWorkflow", "torchpass-nobody-polls"),
+    ],
+)
 async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migrated_live(
-    client: Client, tmp_path: Path
+    client: Client, tmp_path: Path, workflow_type: str, queue: str
 ) -> None:
-    contract = await open_contract(client, "squatted")
-    job = spec(tmp_path, "squatted", args=ARGS, contract=contract)
+    name = f"squatted-{'q' if queue == CONTROL_TASK_QUEUE else 'silent'}"
+    contract = await open_contract(client, name)
+    job = spec(tmp_path, name, args=ARGS, contract=contract)
     task = await start_job(client, job)
     try:
         status = await asyncio.to_thread(
@@ -50,9 +61,7 @@ async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migra
         start = FailureReport(
             evidence=forged, job_task_queue="torchpass-job-elsewhere", generation=0
         )
-        squatter = await client.start_workflow(
-            WorkflowName.MIGRATION, start, id=squatted, task_queue=CONTROL_TASK_QUEUE
-        )
+        squatter = await client.start_workflow(workflow_type, start, id=squatted, task_queue=queue)
         at = max(r.step for r in status.ranks) + 10
         kill = wire.Inject(action=wire.InjectAction.KILL, slot=2, after_step=at)
         assert isinstance(
@@ -66,6 +75,7 @@ async def test_an_incident_whose_id_is_squatted_moves_to_a_fresh_id_and_is_migra
         client, spec(tmp_path / "ref", "squatted-reference", spares=0, args=ARGS)
     )
     assert_migrated_live(result, await asyncio.wait_for(reference, 120), 1)
+    assert result.incidents_unfiled == 0 and result.reports_undelivered == 0
     (o,) = result.incidents
     moved, _, _ = o.incident_id.partition("/")
     assert moved != squatted and moved.startswith(squatted + ":x"), o.incident_id

@@ -273,8 +273,9 @@ def _summary(result: dict[str, Any]) -> str:
     if result.get("incidents_unfiled"):
         lines.append(
             f"torchpass: {result['incidents_unfiled']} incident(s) the job handled itself were "
-            "never filed (Temporal did not come back in time); their records are in the job's "
-            "local/ directory"
+            "never filed: no incident workflow fetched their record before the job ended (the "
+            "control plane unreachable, or each id the job tried held by another's workflow: the "
+            "log says which); their records are in the job's local/ directory"
         )
     if result.get("reports_undelivered"):
         lines.append(
