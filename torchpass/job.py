@@ -199,6 +199,8 @@ class JobState(StrEnum):
     FINISHED = "finished"
     USER_ERROR = "user_error"  # the training script raised: the user's bug, not a migration
     FAILED = "failed"
+    # Ctrl-C or SIGTERM: stopped in order, every rank at one step boundary (run it again to resume)
+    STOPPED = "stopped"
 
 
 class Resumed(Model):

@@ -27,7 +27,7 @@ from job_agent.coordinator.detect.detection import Detector
 from job_agent.coordinator.detect.injection import Injector
 from job_agent.coordinator.detect.replicas import ReplicaChecks
 from job_agent.coordinator.detect.watch import watch
-from job_agent.coordinator.ending import job_result, judge_exits, put_away
+from job_agent.coordinator.ending import job_result, judge_exits, put_away, stop_at_a_step_boundary
 from job_agent.coordinator.inbound import ENDED, Inbound
 from job_agent.coordinator.incident.tracker import IncidentTracker, Reporter
 from job_agent.coordinator.incident.transport import DirectTransport, StateTransport
@@ -52,6 +52,8 @@ from torchpass.models import Evidence
 from torchpass.signing import is_signed
 
 SHUTDOWN_GRACE = timedelta(seconds=10)
+# for a stopped job's ranks to freeze at one step boundary, and again to say what they hold
+STOP_WAIT = timedelta(seconds=5)
 FILE_WAIT = timedelta(seconds=30)
 
 
@@ -77,6 +79,7 @@ class Coordinator:
         # the ranks were started: one lost before training is the script's failure
         self.launching = False
         self.error: str | None = None
+        self.held: list[Member] = []  # the ranks as the job began to end (`ending.job_result`)
         self.checkpoints = Checkpoints()
         self._generation = -1
         self.restarts, self._launch = 0, (0, 0)
@@ -135,7 +138,7 @@ class Coordinator:
     # -----------------------------------------------------------------------------------
 
     async def run(self) -> JobResult:
-        with stopped_by_signals(self.fail):
+        with stopped_by_signals(lambda why: self.fail(why, JobState.STOPPED)):
             return await self._run()
 
     async def _run(self) -> JobResult:
@@ -207,8 +210,11 @@ class Coordinator:
         # Nothing reacts to the exits that follow (a spare stopped now is not replaced).
         if self._watcher is not None:
             self._watcher.cancel()
-        finished = self.state is JobState.FINISHED
-        reason = "" if finished else f"job {self.job_id} stopped: {self.error}"
+        self.held = self.roster.ranks()
+        finished, stopped = self.state is JobState.FINISHED, self.state is JobState.STOPPED
+        if stopped:  # said once, by the command; the ranks go quietly
+            await stop_at_a_step_boundary(self.held, STOP_WAIT.total_seconds())
+        reason = "" if finished or stopped else f"job {self.job_id} stopped: {self.error}"
         for m in self.roster.members.values():
             if m.alive:
                 m.send(wire.Exit(code=0 if finished else 1, reason=reason))

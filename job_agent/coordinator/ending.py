@@ -3,11 +3,15 @@ away."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import shutil
+import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Protocol
 
+from job_agent import wire
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.jobs import unregister_job
 from job_agent.coordinator.members import Member, Roster
@@ -28,6 +32,8 @@ class Ended(Protocol):
     resumed: Resumed | None
     error: str | None
     restarts: int
+    # the ranks as the job began to end (`held`): their last reports, even once they exited
+    held: list[Member]
 
     @property
     def generation(self) -> int: ...
@@ -57,7 +63,10 @@ def diverged(ranks: list[Member]) -> str | None:
 def final_digest(ranks: list[Member]) -> str | None:
     """The job's final state as one digest: the ranks' own when they all hold one state (data
     parallel); for a sharded job, one over each shard's digest in the order of the first slot
-    holding it. None when some shard's replicas disagree or some rank reported none."""
+    holding it. None when some shard's replicas disagree or some rank reported none (no rank at
+    all included: never the digest of an empty state)."""
+    if not ranks:
+        return None
     shards: dict[str | None, set[str]] = {}
     for m in sorted(ranks, key=lambda m: m.slot):
         shards.setdefault(m.layout.shard if m.layout else None, set()).add(m.digest or "")
@@ -70,14 +79,17 @@ def final_digest(ranks: list[Member]) -> str | None:
 
 
 def job_result(job: Ended) -> JobResult:
-    ranks, incidents = job.roster.ranks(), job.incidents
+    ranks, incidents = job.held or job.roster.ranks(), job.incidents
     state, error = job.state, job.error
-    if state is JobState.FINISHED and (why := diverged(ranks)):
+    if state in (JobState.FINISHED, JobState.STOPPED) and (why := diverged(ranks)):
         state, error = JobState.FAILED, why
+    kept = (JobState.FINISHED, JobState.USER_ERROR, JobState.STOPPED)
+    # what every rank completed, measured: the ranks' own reports, else the steps' high water
+    completed = max((m.completed for m in ranks), default=job.progress.high_water)
     return JobResult(
         job_id=job.spec.job_id,
-        status=state if state in (JobState.FINISHED, JobState.USER_ERROR) else JobState.FAILED,
-        steps_completed=max((m.completed for m in ranks), default=-1) + 1,
+        status=state if state in kept else JobState.FAILED,
+        steps_completed=completed + 1,
         final_digest=final_digest(ranks),
         generation=job.generation,
         steps_recomputed=len(job.progress.recomputed),
@@ -88,6 +100,32 @@ def job_result(job: Ended) -> JobResult:
         restarts=job.restarts,
         error=error,
     )
+
+
+async def stop_at_a_step_boundary(ranks: list[Member], wait: float) -> bool:
+    """A stopped job's ranks freeze at one step boundary, then each says what it holds (`Done`: its
+    step and state digest) and exits, its code after the loop not run (`wire.Stop`). False when
+    they did not all freeze within `wait` seconds (a rank lost, a script that never reaches a
+    boundary): they are then told to exit as they are, and the result says no digest."""
+    training = [m for m in ranks if m.alive]
+    if not training or len(training) != len(ranks):
+        return False
+    for m in training:
+        m.send(wire.Freeze())
+    if not await _until(lambda: all(m.state is wire.MemberState.FROZEN for m in training), wait):
+        return False
+    for m in training:
+        m.send(wire.Stop())
+    return await _until(lambda: all(m.state is wire.MemberState.DONE for m in training), wait)
+
+
+async def _until(pred: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def user_error(slot: int, step: int | None, tb: str) -> str:

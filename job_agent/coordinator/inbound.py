@@ -34,7 +34,7 @@ from torchpass.errors import ErrorType
 from torchpass.job import JobState
 from torchpass.models import Evidence
 
-ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR)
+ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR, JobState.STOPPED)
 _NOT_FROM_MEMBERS = (
     wire.Hello,
     wire.NodeHello,

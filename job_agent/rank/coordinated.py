@@ -159,9 +159,21 @@ class CoordinatedRank:
                 self.completed_step = self.completed_step if step is None else step
             case wire.Regroup(generation=generation, world_size=world_size):
                 return self._regroup(generation, world_size)
+            case wire.Stop():
+                self._stop()
             case wire.Exit(code=code, reason=reason):
                 exit_now(code, reason)
         return False
+
+    def _stop(self) -> None:
+        """The job is stopped (Ctrl-C, SIGTERM) while this rank is frozen at a step boundary: it
+        says what it holds, then goes (the script's code after the loop is for a finished job)."""
+        assert self._tracked is not None
+        digest = self._tracked.snapshot(self.completed_step).digest()
+        self._send(wire.Done(step=self.completed_step, digest=digest))
+        self._link.finished.set()
+        self._link.close()
+        exit_now(0, "")
 
     def _regroup(self, generation: int, world_size: int) -> bool:
         """Form generation `generation`'s group; False when it never forms (a peer was lost as it

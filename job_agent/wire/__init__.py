@@ -8,7 +8,7 @@ handler. Who sends what, and where each is defined:
 
 - rank or spare <-> coordinator (`rank.py`): Hello, Heartbeat, Step, Collective, Busy, Ready,
   Frozen, Joined, Done, CheckpointSaved, UserError, DeviceError, Serving, TransferProgress, Served,
-  Received, TransferFailed; Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Exit
+  Received, TransferFailed; Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Stop, Exit
 - node agent (`torchpass node`) <-> coordinator (`node.py`): NodeHello, Heartbeat, Exited,
   GpuReport, HostReport; Welcome, Reject, Spawn, Signal, Exit
 - operator (`torchpass inject|drain|status`) or cluster detector -> coordinator (`operator.py`):
@@ -78,6 +78,7 @@ from job_agent.wire.rank import (
     Serving,
     ShardLayout,
     Step,
+    Stop,
     TransferFailed,
     TransferProgress,
     UserError,
@@ -153,6 +154,7 @@ __all__ = [
     "Status",
     "StatusRequest",
     "Step",
+    "Stop",
     "TensorEntry",
     "TransferFailed",
     "TransferProgress",
@@ -187,6 +189,7 @@ Frame = Annotated[
     | Assign
     | Serve
     | Receive
+    | Stop
     | Exit
     | NodeHello
     | Spawn

@@ -242,6 +242,14 @@ class Receive(FrameModel):
     )
 
 
+class Stop(FrameModel):
+    """To a frozen rank, when the job is stopped (Ctrl-C, SIGTERM): say what it holds (`Done`: the
+    step and the digest of its state), then exit without running the script's code after the
+    loop."""
+
+    t: Literal["stop"] = "stop"
+
+
 class Exit(FrameModel):
     t: Literal["exit"] = "exit"
     code: int = 0
