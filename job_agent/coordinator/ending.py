@@ -11,6 +11,7 @@ from typing import Protocol
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.jobs import unregister_job
 from job_agent.coordinator.members import Member, Roster
+from job_agent.coordinator.private_files import open_private
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import ProgressFile
 from job_agent.launch.launcher import Launcher, signal_name
@@ -126,7 +127,8 @@ def judge_exits(job: Ended, launcher: Launcher, late: set[str]) -> None:
 def put_away(spec: JobSpec, result: JobResult, progress_file: ProgressFile) -> None:
     """`result.json` written, the job unregistered (its secret removed); a finished job's progress
     and (unless kept) checkpoints removed."""
-    (spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    with open_private(spec.job_dir / "result.json") as f:
+        f.write(result.model_dump_json(indent=2))
     unregister_job(spec.job_dir)
     if result.status is JobState.FINISHED:
         progress_file.remove()
