@@ -1,10 +1,10 @@
 """One way to connect to Temporal, shared by every process and the CLI.
 
-The settings refuse, at start-up, what would connect less safely than it looks: a client certificate
-without its key (or a key without its certificate), a TLS file that is not there, and plaintext to a
-server off this host unless it is asked for (`allow_plaintext`). The API key is never a command-line
-flag (every user of the host could read it in `ps`): it comes from TORCHPASS_TEMPORAL_API_KEY or a
-file.
+The settings refuse, at start-up, what would connect less safely than it looks: a client
+certificate without its key (or a key without its certificate), a TLS file that is not there, an
+API key or client key in a file other users can read (`ExposedKeyFile`), and plaintext to a server
+off this host unless it is asked for (`allow_plaintext`). The API key is never a command-line flag
+(every user of the host could read it in `ps`): it comes from TORCHPASS_TEMPORAL_API_KEY or a file.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import ipaddress
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +22,11 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+
+
+class ExposedKeyFile(ValueError):
+    """A file holding a secret (the API key, the client's private key) that users other than its
+    owner can read or write."""
 
 
 class TemporalSettings(BaseSettings):
@@ -51,6 +57,10 @@ class TemporalSettings(BaseSettings):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name}: no such file: {path}")
+        for name in ("tls_key", "api_key_file"):
+            path = getattr(self, name)
+            if path is not None:
+                _owner_only(name, path)
         if self.api_key is not None and self.api_key_file is not None:
             raise ValueError("api_key and api_key_file: give one")
         if not self.encrypted and not self.allow_plaintext and not _on_this_host(self.address):
@@ -70,6 +80,16 @@ class TemporalSettings(BaseSettings):
         if self.api_key_file is not None:
             return self.api_key_file.read_text().strip()
         return self.api_key.get_secret_value() if self.api_key is not None else None
+
+
+def _owner_only(name: str, path: Path) -> None:
+    """`ExposedKeyFile` if users other than its owner can read or write the secret at `path`."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise ExposedKeyFile(
+            f"{name}: {path} is open to other users of this host (mode {mode:04o}); make it its "
+            f"owner's alone: chmod 600 {path}"
+        )
 
 
 def _on_this_host(address: str) -> bool:
