@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import ipaddress
 import os
+import socket
 import stat
 import sys
 from collections.abc import Callable, Sequence
@@ -93,13 +94,44 @@ def _owner_only(name: str, path: Path) -> None:
 
 
 def _on_this_host(address: str) -> bool:
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
+    """Whether `address` (host:port) is this host's loopback, however it is spelled: 127/8 in any
+    form `inet_aton` reads (127.1, 0x7f.1), ::1 in any form, bracketed or not, an IPv4-mapped
+    loopback, and `localhost` in any case, with or without its trailing dot. A name is never looked
+    up: another name that resolves to loopback (or could, when asked again) is off this host."""
+    host = _host_of(address)
+    if host.lower().removesuffix(".") == "localhost":
         return True
+    ip = _ip(host)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip is not None and ip.is_loopback
+
+
+def _host_of(address: str) -> str:
+    """The host of `address`: "[::1]:7233" -> "::1", "127.1:7233" -> "127.1"; an IPv6 address
+    without a port or brackets is all host."""
+    bare = address.strip()
+    if bare.startswith("[") and "]" in bare:
+        return bare[1 : bare.index("]")]
+    if _ip(bare) is not None:
+        return bare
+    return bare.rsplit(":", 1)[0]
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host)
     except ValueError:
-        return False
+        pass
+    if not host or host.strip(_CLASSIC):
+        return None  # inet_aton reads "127.0.0.1 anything" as 127.0.0.1
+    try:  # the classic IPv4 spellings: 127.1, 0x7f.0.0.1, 2130706433
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+_CLASSIC = "0123456789abcdefABCDEFxX."
 
 
 async def connect(settings: TemporalSettings, interceptors: Sequence[Interceptor] = ()) -> Client:

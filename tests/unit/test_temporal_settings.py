@@ -83,3 +83,53 @@ def test_the_command_line_names_an_exposed_key_file_and_the_fix(
     assert main(["incidents", "list", "--api-key-file", str(key)]) == 2
     err = capsys.readouterr().err
     assert f"chmod 600 {key}" in err and "k-123" not in err
+
+
+LOOPBACK = [
+    "127.0.0.1:7233",
+    "127.1:7233",
+    "127.0.0.2:1",
+    "127.255.255.254:7233",
+    "0x7f.1:7233",
+    "localhost:7233",
+    "localhost.:7233",
+    "LOCALHOST.:7233",
+    "LocalHost:7233",
+    "[::1]:7233",
+    "[0:0:0:0:0:0:0:1]:7233",
+    "[::ffff:127.0.0.1]:7233",
+    "[::1]",
+    "::1",
+    "0:0:0:0:0:0:0:1",
+]
+OFF_HOST = [
+    "temporal.example:7233",
+    "10.0.0.5:7233",
+    "128.0.0.1:7233",
+    "1.127:7233",
+    "0.0.0.0:7233",
+    "[::2]:7233",
+    "[::ffff:10.0.0.1]:7233",
+    "localhost.example:7233",
+    "localhost..:7233",
+    "mylocalhost:7233",
+    "127.0.0.1.example:7233",
+    "127.0.0.1 temporal.example:7233",
+]
+
+
+@pytest.mark.parametrize(
+    ("address", "here"),
+    [*((a, True) for a in LOOPBACK), *((a, False) for a in OFF_HOST)],
+    ids=[*LOOPBACK, *OFF_HOST],
+)
+def test_every_spelling_of_loopback_is_on_this_host_and_nothing_else(
+    address: str, here: bool
+) -> None:
+    """127.1 and localhost. were refused as off this host (plaintext to loopback needed
+    --allow-plaintext); a name is never looked up, so only localhost counts among names."""
+    if here:
+        assert not TemporalSettings(address=address).encrypted
+    else:
+        with pytest.raises(ValidationError, match="off this host"):
+            TemporalSettings(address=address)
