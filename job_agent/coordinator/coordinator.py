@@ -279,9 +279,9 @@ class Coordinator:
 
     def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None:
         """The incident's workflow is done with the job; detection resumes, queued failures go
-        next."""
+        next. A refuted claim is no incident of the job's: it is not in its incident log."""
 
-        if self.incidents.end(outcome, self.roster.repaired, refuted):
+        if self.incidents.end(outcome, self.roster.repaired, refuted) and not refuted:
             with open_private(self.spec.job_dir / "incidents.jsonl", "a") as f:
                 f.write(outcome.model_dump_json() + "\n")
 

@@ -83,6 +83,8 @@ def job_result(job: Ended) -> JobResult:
         generation=job.generation,
         steps_recomputed=len(job.progress.recomputed),
         incidents=tuple(incidents.outcomes),
+        refuted_claims=tuple(incidents.refuted),
+        refuted_claims_total=incidents.refuted_total,
         reports_undelivered=incidents.undelivered,
         incidents_unfiled=sum(inc.record is not None for inc in incidents.records.handled.values()),
         resumed=job.resumed,
