@@ -228,6 +228,14 @@ class JobResult(Model):
         default=0, description="completed steps run again, counted by the coordinator"
     )
     incidents: tuple[MigrationOutcome, ...] = ()
+    refuted_claims: tuple[MigrationOutcome, ...] = Field(
+        default=(),
+        description="the latest failure claims the job refuted (a failure it never had, forged or "
+        "mistaken: not a failure, never counted), at most 20; they are not among `incidents`",
+    )
+    refuted_claims_total: int = Field(
+        default=0, ge=0, description="every failure claim the job refuted"
+    )
     reports_undelivered: int = Field(
         default=0, description="failure reports Temporal never received"
     )

@@ -1,10 +1,10 @@
 """One way to connect to Temporal, shared by every process and the CLI.
 
-The settings refuse, at start-up, what would connect less safely than it looks: a client certificate
-without its key (or a key without its certificate), a TLS file that is not there, and plaintext to a
-server off this host unless it is asked for (`allow_plaintext`). The API key is never a command-line
-flag (every user of the host could read it in `ps`): it comes from TORCHPASS_TEMPORAL_API_KEY or a
-file.
+The settings refuse, at start-up, what would connect less safely than it looks: a client
+certificate without its key (or a key without its certificate), a TLS file that is not there, an
+API key or client key in a file other users can read (`ExposedKeyFile`), and plaintext to a server
+off this host unless it is asked for (`allow_plaintext`). The API key is never a command-line flag
+(every user of the host could read it in `ps`): it comes from TORCHPASS_TEMPORAL_API_KEY or a file.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import atexit
 import contextlib
 import ipaddress
 import os
+import socket
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +23,11 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+
+
+class ExposedKeyFile(ValueError):
+    """A file holding a secret (the API key, the client's private key) that users other than its
+    owner can read or write."""
 
 
 class TemporalSettings(BaseSettings):
@@ -51,6 +58,10 @@ class TemporalSettings(BaseSettings):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name}: no such file: {path}")
+        for name in ("tls_key", "api_key_file"):
+            path = getattr(self, name)
+            if path is not None:
+                _owner_only(name, path)
         if self.api_key is not None and self.api_key_file is not None:
             raise ValueError("api_key and api_key_file: give one")
         if not self.encrypted and not self.allow_plaintext and not _on_this_host(self.address):
@@ -72,14 +83,55 @@ class TemporalSettings(BaseSettings):
         return self.api_key.get_secret_value() if self.api_key is not None else None
 
 
+def _owner_only(name: str, path: Path) -> None:
+    """`ExposedKeyFile` if users other than its owner can read or write the secret at `path`."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise ExposedKeyFile(
+            f"{name}: {path} is open to other users of this host (mode {mode:04o}); make it its "
+            f"owner's alone: chmod 600 {path}"
+        )
+
+
 def _on_this_host(address: str) -> bool:
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
+    """Whether `address` (host:port) is this host's loopback, however it is spelled: 127/8 in any
+    form `inet_aton` reads (127.1, 0x7f.1), ::1 in any form, bracketed or not, an IPv4-mapped
+    loopback, and `localhost` in any case, with or without its trailing dot. A name is never looked
+    up: another name that resolves to loopback (or could, when asked again) is off this host."""
+    host = _host_of(address)
+    if host.lower().removesuffix(".") == "localhost":
         return True
+    ip = _ip(host)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip is not None and ip.is_loopback
+
+
+def _host_of(address: str) -> str:
+    """The host of `address`: "[::1]:7233" -> "::1", "127.1:7233" -> "127.1"; an IPv6 address
+    without a port or brackets is all host."""
+    bare = address.strip()
+    if bare.startswith("[") and "]" in bare:
+        return bare[1 : bare.index("]")]
+    if _ip(bare) is not None:
+        return bare
+    return bare.rsplit(":", 1)[0]
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host)
     except ValueError:
-        return False
+        pass
+    if not host or host.strip(_CLASSIC):
+        return None  # inet_aton reads "127.0.0.1 anything" as 127.0.0.1
+    try:  # the classic IPv4 spellings: 127.1, 0x7f.0.0.1, 2130706433
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+_CLASSIC = "0123456789abcdefABCDEFxX."
 
 
 async def connect(settings: TemporalSettings, interceptors: Sequence[Interceptor] = ()) -> Client:

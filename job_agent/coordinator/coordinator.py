@@ -36,6 +36,7 @@ from job_agent.coordinator.jobs import register
 from job_agent.coordinator.members import Member, Pending, Roster
 from job_agent.coordinator.node_admission import wait_for_nodes
 from job_agent.coordinator.node_launcher import NodeLauncher
+from job_agent.coordinator.private_files import open_private
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import Checkpoints, ProgressFile
 from job_agent.coordinator.spares import LocalSparePool, SparePool
@@ -284,10 +285,10 @@ class Coordinator:
 
     def end_incident(self, outcome: MigrationOutcome, refuted: bool = False) -> None:
         """The incident's workflow is done with the job; detection resumes, queued failures go
-        next."""
+        next. A refuted claim is no incident of the job's: it is not in its incident log."""
 
-        if self.incidents.end(outcome, self.roster.repaired, refuted):
-            with (self.spec.job_dir / "incidents.jsonl").open("a") as f:
+        if self.incidents.end(outcome, self.roster.repaired, refuted) and not refuted:
+            with open_private(self.spec.job_dir / "incidents.jsonl", "a") as f:
                 f.write(outcome.model_dump_json() + "\n")
 
     def add_evidence(self, ev: Evidence) -> None:

@@ -15,6 +15,7 @@ from job_agent import wire
 from job_agent.coordinator.incident.tracker import IncidentTracker
 from job_agent.coordinator.jobs import unregister_job
 from job_agent.coordinator.members import Member, Roster
+from job_agent.coordinator.private_files import open_private
 from job_agent.coordinator.progress import StepTracker
 from job_agent.coordinator.resume import ProgressFile
 from job_agent.launch.launcher import Launcher, signal_name
@@ -94,6 +95,8 @@ def job_result(job: Ended) -> JobResult:
         generation=job.generation,
         steps_recomputed=len(job.progress.recomputed),
         incidents=tuple(incidents.outcomes),
+        refuted_claims=tuple(incidents.refuted),
+        refuted_claims_total=incidents.refuted_total,
         reports_undelivered=incidents.undelivered,
         incidents_unfiled=sum(inc.record is not None for inc in incidents.records.handled.values()),
         resumed=job.resumed,
@@ -164,7 +167,8 @@ def judge_exits(job: Ended, launcher: Launcher, late: set[str]) -> None:
 def put_away(spec: JobSpec, result: JobResult, progress_file: ProgressFile) -> None:
     """`result.json` written, the job unregistered (its secret removed); a finished job's progress
     and (unless kept) checkpoints removed."""
-    (spec.job_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    with open_private(spec.job_dir / "result.json") as f:
+        f.write(result.model_dump_json(indent=2))
     unregister_job(spec.job_dir)
     if result.status is JobState.FINISHED:
         progress_file.remove()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from job_agent import wire
+from job_agent.coordinator.private_files import open_private
 from job_agent.wire import protocol
 from torchpass.incident.attestation import JobKey
 from torchpass.job import JobSpec, JobState
@@ -55,8 +56,7 @@ def register_job(
     if path.exists() or path.is_symlink():
         refuse_if_running(job_dir)
         path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with open_private(path, "x") as f:
         f.write(secret.hex())
     info: dict[str, object] = {
         "job_id": job_dir.name,
@@ -68,8 +68,7 @@ def register_job(
     }
     if spare_node is not None:
         info["spare_node"] = dict(spare_node)
-    fd = os.open(job_dir / "job.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with open_private(job_dir / "job.json") as f:
         f.write(json.dumps(info, indent=2))
 
 
@@ -80,13 +79,13 @@ def job_key(job_dir: Path) -> JobKey:
     job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = job_dir / KEY_FILE
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        f = open_private(path, "x")
     except FileExistsError:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd) as f:
-            return JobKey.from_hex(f.read())
+        with os.fdopen(fd) as existing:
+            return JobKey.from_hex(existing.read())
     key = JobKey.generate()
-    with os.fdopen(fd, "w") as f:
+    with f:
         f.write(key.private_hex())
     return key
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import socket
 import threading
@@ -30,6 +29,7 @@ from pathlib import Path
 from job_agent import wire
 from job_agent.coordinator.channel import send
 from job_agent.coordinator.clock import SYSTEM, Clock
+from job_agent.coordinator.private_files import replace_private
 from job_agent.launch.launcher import Launcher
 from job_agent.wire.node import NodeProcess, SignalAction
 from job_agent.wire.rank import Role
@@ -127,9 +127,7 @@ class NodeLauncher(Launcher):
     def _write_roll(self) -> None:
         if self._roll is None:
             return
-        tmp = self._roll.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(self.nodes)))
-        os.replace(tmp, self._roll)
+        replace_private(self._roll, json.dumps(sorted(self.nodes)))
 
     def roll(self) -> set[str]:
         """The nodes a lost coordinator of this job had (empty when it left no readable roll)."""

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from job_agent.coordinator.jobs import refuse_if_running, registered_pid
+from job_agent.coordinator.private_files import replace_private
 from torchpass.job import JobState, Resumed
 
 if TYPE_CHECKING:
@@ -41,12 +41,7 @@ class ProgressFile:
     def write(self, completed: int) -> None:
         if completed <= self._written or not self._path.parent.is_dir():
             return
-        tmp = self._path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"completed": completed}))
-        os.replace(tmp, self._path)
+        replace_private(self._path, json.dumps({"completed": completed}))
         self._written = completed
 
     def remove(self) -> None:

@@ -18,10 +18,12 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from job_agent import wire
 from job_agent.launch.launcher import LocalLauncher
@@ -45,6 +47,24 @@ class BadSecret(Exception):
     """The node's copy of the job's secret is missing or unreadable."""
 
 
+def _read_secret(path: Path) -> bytes:
+    """The job's secret from the node's copy, which must be its owner's alone (`BadSecret`
+    otherwise, naming the fix)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        with os.fdopen(fd) as f:
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+            secret = bytes.fromhex(f.read().strip())
+    except (OSError, ValueError) as e:
+        raise BadSecret(f"cannot read the job's secret from {path}: {e}") from None
+    if mode & 0o077:
+        raise BadSecret(
+            f"the job's secret {path} is open to other users of this host (mode {mode:04o}); "
+            f"make it its owner's alone: chmod 600 {path}"
+        )
+    return secret
+
+
 class NodeRefused(Exception):
     """The coordinator did not admit this node (another job's, a name already taken, ...)."""
 
@@ -52,12 +72,7 @@ class NodeRefused(Exception):
 class NodeAgent:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
-        try:
-            self._secret = bytes.fromhex(settings.secret_file.read_text().strip())
-        except (OSError, ValueError) as e:
-            raise BadSecret(
-                f"cannot read the job's secret from {settings.secret_file}: {e}"
-            ) from None
+        self._secret = _read_secret(settings.secret_file)
         # Forked from a warm interpreter (`job_agent.launch.forkserver`), as a single host's are:
         # each says its pid and GPU in its hello (`torchpass status` shows them), as /proc cannot
         # show a fork's environment.

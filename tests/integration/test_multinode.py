@@ -213,6 +213,7 @@ async def test_nodes_that_do_not_belong_are_refused_and_the_job_runs_on(
     address = await coordinator_of(job)
     wrong = tmp_path / "wrong-secret"
     wrong.write_text("00" * 32)
+    wrong.chmod(0o600)  # a copy open to others is refused before it reaches the coordinator
     a, b = hosts.hosts
 
     def attempt(log: str, host: Host, **kw: str) -> subprocess.Popen[bytes]:

@@ -42,3 +42,18 @@ def test_a_node_without_the_jobs_secret_says_so(
     argv = ["node", "--job", "job-1", "--coordinator", "127.0.0.1:9", "--host", "127.0.0.1"]
     assert main([*argv, "--secret-file", str(tmp_path / "missing"), SCRIPT]) == EXIT_REFUSED
     assert "cannot read the job's secret" in capsys.readouterr().err
+
+
+def test_a_node_whose_copy_of_the_secret_others_can_read_is_refused_with_the_fix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The job's secret copied to a node readable by its other users (0644, a plain copy) was
+    taken silently: it is refused, naming the file and the fix, before the node reaches the
+    coordinator."""
+    secret = tmp_path / "job.secret"
+    secret.write_text("00" * 32)
+    secret.chmod(0o644)
+    argv = ["node", "--job", "job-1", "--coordinator", "127.0.0.1:9", "--host", "127.0.0.1"]
+    assert main([*argv, "--secret-file", str(secret), SCRIPT]) == EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert f"chmod 600 {secret}" in err and "mode 0644" in err, err

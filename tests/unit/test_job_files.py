@@ -9,23 +9,40 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 
+from job_agent import wire
+from job_agent.coordinator.ending import put_away
 from job_agent.coordinator.jobs import JobIdInUse, register_job, unregister_job
+from job_agent.coordinator.node_launcher import NodeLauncher
+from job_agent.coordinator.resume import ProgressFile
 from job_agent.launch.launcher import LocalLauncher, die_with_parent, inherited_env
 from job_agent.rank.state import TrackedState
-from tests.unit.job_driver import poll_until
+from tests.unit.job_driver import Counts, Job, Migration, poll_until
+from torchpass.job import JobResult, JobSpec, JobState
 
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual umask, under which a file opened plainly is 0644: readable by every local user."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 def test_a_jobs_directory_and_secret_are_its_owners_alone(tmp_path: Path) -> None:
@@ -66,6 +83,62 @@ def test_a_checkpoint_is_readable_by_its_owner_only(tmp_path: Path) -> None:
     assert (
         _mode(tmp_path / "ckpt") == 0o700 and _mode(tmp_path / "ckpt" / "step-00000001.pt") == 0o600
     )
+
+
+async def test_every_file_a_job_writes_in_its_directory_is_its_owners_alone(
+    tmp_path: Path, allowance: Counts, umask_022: None
+) -> None:
+    """A job with an incident, run to its end under umask 022: its incident log and its result, like
+    its secret, are 0600 (incidents.jsonl and result.json were 0644, readable by any local user)."""
+    job = Job(tmp_path, allowance, nproc=3)
+    job.launcher.fail_at(1, 4)
+    async with job:
+        workflow_id, report = await job.report()
+        await Migration(job, workflow_id, report).run()
+        await job.finished()
+    files = {
+        str(p.relative_to(job.spec.job_dir)): _mode(p)
+        for p in job.spec.job_dir.rglob("*")
+        if not p.is_dir()
+    }
+    assert {"incidents.jsonl", "result.json"} <= set(files), files
+    assert {name: mode for name, mode in files.items() if mode != 0o600} == {}
+
+
+def test_a_nodes_roll_and_the_jobs_progress_are_their_owners_alone(
+    tmp_path: Path, umask_022: None
+) -> None:
+    """The roll of the job's nodes (written as one joins) and its progress file: 0600."""
+    launcher = NodeLauncher("j", 1, lambda agent: False, job_dir=tmp_path)
+    near, far = socket.socketpair()
+    with near, far:
+        hello = wire.NodeHello(job_id="j", node="a", host="198.18.0.1", slots=1, spares=0, pid=1)
+        assert launcher.join(near, hello) is None
+    ProgressFile(tmp_path).write(3)
+    assert (_mode(tmp_path / "nodes.json"), _mode(tmp_path / "progress.json")) == (0o600, 0o600)
+
+
+def test_a_result_is_never_written_through_a_link_and_an_old_wide_one_is_narrowed(
+    tmp_path: Path, umask_022: None
+) -> None:
+    """`result.json` left 0644 by an older version is 0600 once written again; a link planted in
+    its place is never written through (it was: the link's target got the job's result)."""
+    (tmp_path / "train.py").touch()
+    spec = JobSpec(script=tmp_path / "train.py", nproc=1, state_dir=tmp_path)
+    spec.job_dir.mkdir(parents=True)
+    result = JobResult(job_id=spec.job_id, status=JobState.FAILED, steps_completed=0, generation=0)
+    progress = ProgressFile(spec.job_dir)
+    (spec.job_dir / "result.json").write_text("{}")
+    os.chmod(spec.job_dir / "result.json", 0o644)
+    put_away(spec, result, progress)
+    assert _mode(spec.job_dir / "result.json") == 0o600
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (spec.job_dir / "result.json").unlink()
+    (spec.job_dir / "result.json").symlink_to(victim)
+    with pytest.raises(OSError):
+        put_away(spec, result, progress)
+    assert victim.read_text() == "precious"
 
 
 def test_ranks_inherit_the_users_environment_but_none_of_torchpass_settings(tmp_path: Path) -> None:

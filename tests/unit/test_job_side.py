@@ -81,12 +81,14 @@ def _assert_migrated_live(
     assert holder is not None and (holder.agent_id,) == rs.spare_ids
 
 
-def _assert_finished(job: Job, incidents: int) -> JobResult:
-    """The job ran every step, and every rank holds the one same final state."""
+def _assert_finished(job: Job, incidents: int, refuted: int = 0) -> JobResult:
+    """The job ran every step, and every rank holds the one same final state; `refuted` claims were
+    kept apart from its `incidents`."""
     r = job.result
     assert r is not None and r.status is JobState.FINISHED, r
     assert (r.steps_completed, r.final_digest, r.error) == (STEPS, digest_of(STEPS - 1), None)
     assert len(r.incidents) == incidents and r.reports_undelivered == 0
+    assert len(r.refuted_claims) == r.refuted_claims_total == refuted, r.refuted_claims
     assert {m.digest for m in job.coordinator.roster.ranks()} == {digest_of(STEPS - 1)}
     return r
 
@@ -410,8 +412,10 @@ async def test_a_failure_claimed_of_a_healthy_rank_is_refuted_and_nothing_is_fen
             and job.launcher.poll(victim.agent_id) is None
         )
         await job.finished()
-    r = _assert_finished(job, incidents=1)
-    assert r.generation == 0 and r.incidents[0].disposition is Disposition.NOT_A_FAILURE
+    # kept apart: not among the job's incidents, in its result nor in its incident log
+    r = _assert_finished(job, incidents=0, refuted=1)
+    assert r.generation == 0 and r.refuted_claims == (outcome,)
+    assert not (job.spec.job_dir / "incidents.jsonl").exists()
     assert job.reports.empty()  # the job itself saw no failure
 
 
@@ -483,8 +487,8 @@ async def test_a_planned_move_claimed_without_the_jobs_signature_is_refused(
             and job.launcher.poll(victim.agent_id) is None
         )
         await job.finished()
-    r = _assert_finished(job, incidents=1)
-    assert r.generation == 0
+    r = _assert_finished(job, incidents=0, refuted=1)
+    assert r.generation == 0 and r.refuted_claims == (outcome,)
 
 
 async def test_a_drain_asked_for_during_a_recovery_is_the_next_incident(
@@ -558,8 +562,8 @@ async def test_a_run_squatting_the_incident_id_with_a_false_claim_is_refused_and
         outcome = await m.run()
         _assert_migrated_live(job, m, outcome, lost=2, target=4)
         await job.finished()
-    r = _assert_finished(job, incidents=2)
-    assert [o.disposition for o in r.incidents] == [Disposition.NOT_A_FAILURE, Disposition.MIGRATED]
+    r = _assert_finished(job, incidents=1, refuted=1)
+    assert r.incidents == (outcome,) and r.refuted_claims == (refused,)
 
 
 async def test_the_coordinators_store_refuses_torchs_own_client(

@@ -1,4 +1,8 @@
-"""`torchpass incidents list|show`: incidents as an SRE finds them, through Temporal visibility."""
+"""`torchpass incidents list|show`: incidents as an SRE finds them, through Temporal visibility.
+
+A failure claim the job refuted (its outcome "not a failure": forged, or a false alarm) is no
+incident: `list` leaves such claims out and says how many it left out; `list --refuted` lists them.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from temporalio.service import RPCError
 from torchpass.cli.common import CliError, connect, temporal_args
 from torchpass.ids import SA_JOB_ID, SA_KIND, SA_OUTCOME, IncidentMessage
 from torchpass.incident.outcome import MigrationOutcome
+from torchpass.models import Disposition
 from torchpass.render import format_outcome
+
+REFUTED = Disposition.NOT_A_FAILURE.value
 
 
 def register(sub: Any) -> None:
@@ -21,7 +28,17 @@ def register(sub: Any) -> None:
     il = isub.add_parser("list")
     il.add_argument("--job", default=None)
     il.add_argument("--kind", default=None)
-    il.add_argument("--outcome", default=None, help="running, migrated, fallback_restart, failed")
+    which = il.add_mutually_exclusive_group()
+    which.add_argument(
+        "--outcome",
+        default=None,
+        help="running, migrated, fallback_restart, failed (or not_a_failure: see --refuted)",
+    )
+    which.add_argument(
+        "--refuted",
+        action="store_true",
+        help="list the failure claims the job refuted (not a failure), left out otherwise",
+    )
     il.add_argument("--limit", type=int, default=50)
     il.add_argument("--json", action="store_true")
     temporal_args(il)
@@ -31,13 +48,20 @@ def register(sub: Any) -> None:
     temporal_args(ish)
 
 
-def _query(args: argparse.Namespace) -> str:
+def _query(args: argparse.Namespace, refuted: bool | None = None) -> str:
+    """The visibility query of `args`' filters: refuted claims only (`refuted`), or none of them
+    unless an outcome is asked for (`refuted` is `args.refuted` unless given)."""
     parts = ["WorkflowType = 'MigrationWorkflow'"]
     for attr, value in ((SA_JOB_ID, args.job), (SA_KIND, args.kind), (SA_OUTCOME, args.outcome)):
         if value is not None:
             if "'" in value:
                 raise ValueError(f"invalid filter value {value!r}")
             parts.append(f"{attr} = '{value}'")
+    if args.outcome is None:
+        if args.refuted if refuted is None else refuted:
+            parts.append(f"{SA_OUTCOME} = '{REFUTED}'")
+        else:  # a run that never recorded its attributes (it failed at its start) stays listed
+            parts.append(f"({SA_OUTCOME} IS NULL OR {SA_OUTCOME} != '{REFUTED}')")
     return " AND ".join(parts)
 
 
@@ -63,6 +87,8 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
             print(f"{'INCIDENT':<64} {'KIND':<16} {'OUTCOME':<17} STARTED")
             for r in rows:
                 print(f"{r['incident']:<64} {r['kind']:<16} {r['outcome']:<17} {r['started']}")
+            if not args.refuted and args.outcome is None and (left := await _refuted(client, args)):
+                print(f"({left} failure claim(s) the job refuted left out: --refuted lists them)")
         return 0
     # As listed (the workflow id) or as `torchpass run` and the outcome print it (workflow id/run
     # id).
@@ -87,6 +113,14 @@ async def incidents(args: argparse.Namespace, settings: Any) -> int:
     outcome = MigrationOutcome.model_validate(recorded)
     print(outcome.model_dump_json(indent=2) if args.json else format_outcome(outcome))
     return 0
+
+
+async def _refuted(client: Any, args: argparse.Namespace) -> int:
+    """How many refuted claims `list` left out (0 where the server cannot count)."""
+    try:
+        return int((await client.count_workflows(_query(args, refuted=True))).count)
+    except RPCError:
+        return 0
 
 
 async def _recorded(handle: Any) -> Any:

@@ -270,6 +270,11 @@ def _summary(result: dict[str, Any]) -> str:
             lines.append(f"    {o['classification']['reason']}")
     if result.get("restarts"):
         lines.append(f"  {result['restarts']} whole-job restart(s)")
+    if refuted := result.get("refuted_claims_total"):
+        lines.append(
+            f"  {refuted} failure claim(s) the job refuted (not its failures; result.json: "
+            "refuted_claims)"
+        )
     if result.get("incidents_unfiled"):
         lines.append(
             f"torchpass: {result['incidents_unfiled']} incident(s) the job handled itself were "

@@ -315,7 +315,7 @@ class IncidentSteps:
         if any(o.incident_id == outcome.incident_id for o in job.incidents.outcomes):
             return  # a retried completion: already recorded
         if outcome.disposition is Disposition.NOT_A_FAILURE and not is_current(self.job, ref):
-            # a claim confirm refuted: recorded, nothing else
+            # a claim confirm refuted: counted apart from the job's incidents, nothing else
             job.end_incident(outcome, refuted=True)
             return
         inc = incident_of(self.job, ref)

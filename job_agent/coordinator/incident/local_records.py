@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 from datetime import timedelta
 from pathlib import Path
 
 from job_agent.coordinator.incident.lifecycle import Incident, IncidentError
+from job_agent.coordinator.private_files import open_private
 from torchpass.errors import ErrorType
 from torchpass.incident.outcome import MigrationOutcome
 from torchpass.incident.proof import filed_ending
@@ -39,8 +39,7 @@ class LocalRecords:
         if self._dir is not None:
             self._dir.mkdir(mode=0o700, exist_ok=True)
             path = self._dir / f"{_safe(inc.workflow_id)}.json"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
+            with open_private(path) as f:
                 f.write(record.model_dump_json(indent=2))
         inc.recorded.set()
 

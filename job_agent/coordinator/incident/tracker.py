@@ -21,6 +21,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -42,6 +43,8 @@ MAX_REKEYS = 3
 # on alone.
 LOCAL_AFTER = timedelta(seconds=5)
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.2, 5.0
+# Claims the job refuted (a failure it never had): every one counted, the latest kept.
+KEPT_REFUTED = 20
 
 
 class Squatted(Exception):
@@ -76,7 +79,10 @@ class IncidentTracker:
         self._recorded: dict[str, float] = {}
         self.current: Incident | None = None
         self.queued: list[Evidence] = []
-        self.outcomes: list[MigrationOutcome] = []
+        self.outcomes: list[MigrationOutcome] = []  # the job's incidents
+        # claims the job refuted, apart from its incidents: the latest, and how many in all
+        self.refuted: deque[MigrationOutcome] = deque(maxlen=KEPT_REFUTED)
+        self.refuted_total = 0
         self.records = LocalRecords(job_id, records, self.outcomes)  # incidents it handled itself
         self.undelivered = 0  # reports that never reached Temporal within the retry bound
         # Set by the job worker (`job_agent.coordinator.incident.local`): carries out an incident no
@@ -257,14 +263,19 @@ class IncidentTracker:
         self, outcome: MigrationOutcome, replaced: Callable[[Evidence], bool], refuted: bool = False
     ) -> bool:
         """The incident's workflow is done with the job; queued evidence not yet repaired goes next.
-        A refuted claim (never this job's incident) is only recorded. Returns whether the outcome
-        was new (a retried completion records nothing twice)."""
+        A refuted claim (never this job's incident) is only counted, apart from the incidents, the
+        latest `KEPT_REFUTED` kept. Returns whether the outcome was new (a retried completion
+        records nothing twice)."""
+        if refuted:
+            new = all(o.incident_id != outcome.incident_id for o in (*self.outcomes, *self.refuted))
+            if new:
+                self.refuted.append(outcome)
+                self.refuted_total += 1
+            return new
         new = all(o.incident_id != outcome.incident_id for o in self.outcomes)
         if new:
             self.outcomes.append(outcome)
             self._recorded[outcome.incident_id] = time.monotonic()
-        if refuted:
-            return new
         self.current = None
         queued, self.queued = self.queued, []
         for ev in queued:
