@@ -47,11 +47,17 @@ def describe(c: Coordinator) -> JobDescription:
 
 
 def environments(ranks: list[Member]) -> tuple[RankEnvironment, ...]:
-    """The ranks grouped by the environment each reported, in slot order."""
-    groups: dict[wire.Environment, list[int]] = {}
+    """The ranks grouped by the environment each reported, in slot order, with the nodes they run
+    on."""
+    groups: dict[wire.Environment, list[Member]] = {}
     for m in sorted(ranks, key=lambda m: m.slot):
         if m.environment is not None:
-            groups.setdefault(m.environment, []).append(m.slot)
+            groups.setdefault(m.environment, []).append(m)
     return tuple(
-        RankEnvironment(slots=tuple(slots), **env.model_dump()) for env, slots in groups.items()
+        RankEnvironment(
+            slots=tuple(m.slot for m in members),
+            nodes=tuple(dict.fromkeys(m.node for m in members)),
+            **env.model_dump(),
+        )
+        for env, members in groups.items()
     )

@@ -43,7 +43,24 @@ def environment(device: torch.device) -> wire.Environment:
         backend_available=dist.is_nccl_available() if cuda else dist.is_gloo_available(),
         cuda_available=torch.cuda.is_available(),
         nccl_version=_nccl_version() if cuda else None,
+        cuda_version=torch.version.cuda,
+        driver_version=_driver_version() if torch.cuda.is_available() else None,
     )
+
+
+def _driver_version() -> str | None:
+    """The GPU driver's version, as NVML says it; None where NVML cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML library, no driver: the check says unknown
+        return None
+    return (v.decode() if isinstance(v, bytes) else str(v))[:64]
 
 
 def _nccl_version() -> str | None:

@@ -28,6 +28,12 @@ class Environment(FrameModel):
     backend_available: bool
     cuda_available: bool
     nccl_version: str | None = Field(default=None, max_length=64)
+    cuda_version: str | None = Field(
+        default=None, max_length=64, description="the CUDA torch was built with (None: CPU build)"
+    )
+    driver_version: str | None = Field(
+        default=None, max_length=64, description="the GPU driver NVML reports (None: no GPU)"
+    )
 
 
 # --- rank or spare -> coordinator

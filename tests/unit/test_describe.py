@@ -12,7 +12,12 @@ from tests.unit.fake_ranks import ENVIRONMENT
 from tests.unit.job_driver import Counts, Job, until
 from torchpass.job import JobState
 from torchpass.validation.checks import evaluate_job
-from torchpass.validation.report import Check
+from torchpass.validation.facts import JobDescription
+from torchpass.validation.report import Check, CheckResult
+
+
+def checks_of(d: JobDescription) -> dict[str, CheckResult]:
+    return {c.name: c for c in evaluate_job(d)}
 
 
 async def test_the_ranks_say_their_environment_and_a_host_without_nccl_fails_the_backend_check(
@@ -31,11 +36,16 @@ async def test_the_ranks_say_their_environment_and_a_host_without_nccl_fails_the
         d = describe(job.coordinator)
         await job.finished()
     cpu = ENVIRONMENT.model_dump()
-    assert [(e.slots, e.model_dump(exclude={"slots"})) for e in d.environments] == [
+    assert [(e.slots, e.model_dump(exclude={"slots", "nodes"})) for e in d.environments] == [
         ((0, 1), cpu),
         ((2,), gpu.model_dump()),
     ]
-    checks = {c.name: c for c in evaluate_job(d)}
+    # the fake launcher gives each rank a node of its own
+    assert [len(e.nodes) for e in d.environments] == [2, 1], d.environments
+    stack = checks_of(d)[Check.SAME_STACK]
+    assert not stack.passed and "the ranks' nodes differ" in stack.detail
+    assert "torch 2.13.0+cu128" in stack.detail and "(rank(s) [2])" in stack.detail
+    checks = checks_of(d)
     assert checks[Check.TORCH].passed
     backend = checks[Check.BACKEND]
     assert not backend.passed and "rank(s) [2]: backend nccl: NOT available" in backend.detail

@@ -89,6 +89,7 @@ def test_a_healthy_data_parallel_job_passes_every_job_check() -> None:
         Check.AGENT,
         Check.TORCH,
         Check.BACKEND,
+        Check.SAME_STACK,
         Check.SPARES,
         Check.REDUNDANCY,
     ]
@@ -186,6 +187,25 @@ def test_the_ranks_own_environments_are_checked_each_and_a_bad_host_is_named() -
     old = [_env((0,)), _env((1, 2, 3), torch_version="2.5.1")]
     torch_check = by_name(evaluate_job(desc(**good, environments=old)))[Check.TORCH]
     assert not torch_check.passed and "rank(s) [1, 2, 3]: torch 2.5.1 is not" in torch_check.detail
+
+
+def test_nodes_on_different_stacks_fail_the_same_stack_check_naming_each() -> None:
+    """Two GPU nodes, each in the supported range, one with another driver: each passes the torch
+    and backend checks alone, and the job fails for being on two stacks (the finding: the check
+    validated one host and said nothing of the others)."""
+    gpu = {"backend": "nccl", "cuda_available": True, "nccl_version": "2.21.5"}
+    a = _env((0, 1), nodes=("gpu-a",), cuda_version="12.8", driver_version="570.86", **gpu)
+    b = {**a, "slots": (2, 3), "nodes": ("gpu-b",), "driver_version": "550.54"}
+    flat = {"backend": None, "torch_version": None}
+    checks = by_name(evaluate_job(desc(**flat, environments=[a, b])))
+    assert checks[Check.TORCH].passed and checks[Check.BACKEND].passed
+    stack = checks[Check.SAME_STACK]
+    assert not stack.passed, stack
+    assert "driver 550.54, nccl (NCCL 2.21.5) on node(s) gpu-b (rank(s) [2, 3])" in stack.detail
+    assert "driver 570.86" in stack.detail and "node(s) gpu-a" in stack.detail
+    same = by_name(evaluate_job(desc(**flat, environments=[{**a, "slots": (0, 1, 2, 3)}])))
+    assert same[Check.SAME_STACK].passed
+    assert "every rank: torch 2.13.0+cpu, CUDA 12.8, driver 570.86" in same[Check.SAME_STACK].detail
 
 
 def test_no_rank_that_reported_its_environment_fails_the_torch_and_backend_checks() -> None:

@@ -66,6 +66,7 @@ ALL_CHECKS = [
     Check.AGENT,
     Check.TORCH,
     Check.BACKEND,
+    Check.SAME_STACK,
     Check.SPARES,
     Check.REDUNDANCY,
 ]
@@ -223,6 +224,7 @@ async def test_an_unreachable_job_fails_agent_present_not_the_workflow(
         Check.AGENT,
         Check.TORCH,
         Check.BACKEND,
+        Check.SAME_STACK,
         Check.SPARES,
         Check.REDUNDANCY,
     ]

@@ -62,10 +62,23 @@ def evaluate_job(desc: JobDescription | None, unreachable: str = "") -> list[Che
                 CheckResult(
                     name=n, passed=False, detail="not checked: the job's agent did not answer"
                 )
-                for n in (Check.TORCH, Check.BACKEND, Check.SPARES, Check.REDUNDANCY)
+                for n in (
+                    Check.TORCH,
+                    Check.BACKEND,
+                    Check.SAME_STACK,
+                    Check.SPARES,
+                    Check.REDUNDANCY,
+                )
             ),
         ]
-    return [_agent(desc), _job_torch(desc), _backend(desc), _spares(desc), _redundancy(desc)]
+    return [
+        _agent(desc),
+        _job_torch(desc),
+        _backend(desc),
+        _same_stack(desc),
+        _spares(desc),
+        _redundancy(desc),
+    ]
 
 
 def _agent(d: JobDescription) -> CheckResult:
@@ -126,6 +139,31 @@ def _backend(d: JobDescription) -> CheckResult:
     verdicts = [(_backend_of(e), e) for e in envs]
     detail = "; ".join(f"{_ranks(e)}: {why}" for (_, why), e in verdicts)
     return CheckResult(name=Check.BACKEND, passed=all(ok for (ok, _), _ in verdicts), detail=detail)
+
+
+def _same_stack(d: JobDescription) -> CheckResult:
+    """Every rank on one software stack: a node with another torch, CUDA, driver or NCCL than the
+    rest is where a migrated rank would compute differently (or a collective fail)."""
+    envs = d.rank_environments()
+    if not envs:
+        return CheckResult(
+            name=Check.SAME_STACK, passed=False, detail="no rank has reported its stack yet"
+        )
+    stacks: dict[str, list[RankEnvironment]] = {}
+    for e in envs:
+        stacks.setdefault(e.stack(), []).append(e)
+    if len(stacks) == 1:
+        (stack,) = stacks
+        return CheckResult(name=Check.SAME_STACK, passed=True, detail=f"every rank: {stack}")
+    parts = [f"{stack} on {_where(es)}" for stack, es in sorted(stacks.items(), key=lambda i: i[0])]
+    detail = f"the ranks' nodes differ: {'; '.join(parts)}"
+    return CheckResult(name=Check.SAME_STACK, passed=False, detail=detail[:4000])
+
+
+def _where(envs: list[RankEnvironment]) -> str:
+    nodes = sorted({n for e in envs for n in e.nodes})
+    slots = sorted(s for e in envs for s in e.slots)
+    return f"node(s) {', '.join(nodes)} (rank(s) {slots})" if nodes else f"rank(s) {slots}"
 
 
 def _spares(d: JobDescription) -> CheckResult:

@@ -23,14 +23,26 @@ class ValidationTarget(Model):
 
 
 class RankEnvironment(Model):
-    """What the torch of the ranks at `slots` says of their hosts, as each rank reported it."""
+    """What the torch of the ranks at `slots` (on `nodes`) says of their hosts, as each rank
+    reported it."""
 
     slots: tuple[NonNegativeInt, ...] = Field(max_length=65536)
+    nodes: tuple[str, ...] = Field(default=(), max_length=4096)
     torch_version: str = Field(max_length=64)
     backend: Literal["gloo", "nccl"]
     backend_available: bool
     cuda_available: bool
     nccl_version: str | None = Field(default=None, max_length=64)
+    cuda_version: str | None = Field(default=None, max_length=64)
+    driver_version: str | None = Field(default=None, max_length=64)
+
+    def stack(self) -> str:
+        """The software stack as one line: what must be the same on every node."""
+        return (
+            f"torch {self.torch_version}, CUDA {self.cuda_version or 'none'}, driver "
+            f"{self.driver_version or 'none'}, {self.backend}"
+            + (f" (NCCL {self.nccl_version})" if self.nccl_version else "")
+        )
 
 
 class JobDescription(Model):

@@ -134,6 +134,7 @@ class Check:
     AGENT = "agent_present"
     TORCH = "torch_version"
     BACKEND = "comm_backend"
+    SAME_STACK = "same_stack_on_every_node"
     SPARES = "spare_pool"
     REDUNDANCY = "redundancy"
     RECORDED = "recorded_on_contract"
