@@ -32,6 +32,9 @@ class ErrorType(StrEnum):
     # The job carried the incident out itself while the control plane was away: the workflow files
     # its record (`fetch_local_record`) instead of running the steps again.
     HANDLED_LOCALLY = "HandledLocally"
+    # A recovery's state has no source left (the only replica of a shard, a leaving rank included,
+    # was lost before it moved): what happened exceeds the job's redundancy, whatever was planned.
+    BEYOND_REDUNDANCY = "BeyondRedundancy"
     # Credit delivery to billing.
     BILLING_UNAVAILABLE = "BillingUnavailable"
     BILLING_REJECTED = "BillingRejected"
@@ -66,6 +69,7 @@ INCIDENT_ERRORS: tuple[ErrorType, ...] = (
     ErrorType.TIMEOUT,
     ErrorType.INVALID_INPUT,
     ErrorType.HANDLED_LOCALLY,
+    ErrorType.BEYOND_REDUNDANCY,
 )
 """The types an incident's job-side and control-side steps raise."""
 

@@ -45,6 +45,9 @@ LOCAL = "local-recovery"
 RESYNC = "resync-from-majority"
 # After its outcome, the run stays open for the job's late window (`FailureReport.linger_seconds`).
 LATE = "late-evidence"
+# A recovery whose state lost its only source (a drained plain-FSDP rank dying before its shard
+# moved) is classified beyond redundancy, not as the planned move it began as.
+BY_WHAT_HAPPENED = "classified-by-what-happened"
 # The job signs each outcome's facts before the contract records it (`workflows.recording`).
 ATTESTED = "job-attestation"
 # Two job activities renamed: `reserve_spares` (was `reserve_spare`), `fetch_local_record` (was
@@ -121,7 +124,7 @@ class MigrationWorkflow:
         first = self._evidence[0]
         measured = workflow.patched(MEASURED)
         renamed = workflow.patched(NAMES)
-        recovery = Recovery(self._steps, measured, renamed)
+        recovery = Recovery(self._steps, measured, renamed, workflow.patched(BY_WHAT_HAPPENED))
         info = workflow.info()
         ref = IncidentRef(workflow_id=info.workflow_id, run_id=info.run_id, job_id=self._job_id)
         first_kind = first.kind if measured else legacy.kind_of(self._evidence)

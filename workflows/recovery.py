@@ -19,7 +19,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from torchpass.errors import ErrorType
     from torchpass.ids import CONTROL_TASK_QUEUE, ControlActivity, JobActivity, JobActivityV0
-    from torchpass.incident.classify import classify_input, unclassified
+    from torchpass.incident.classify import classify_input, unable_to_recover, unclassified
     from torchpass.incident.outcome import Ending
     from torchpass.incident.proof import resume_problems, transfer_problems
     from torchpass.incident.steps import (
@@ -44,10 +44,15 @@ class Recovery:
     `measured-outcome` patch (the classifier owns the kind, proofs are checked); `renamed`: it took
     the `activity-names` patch (two job activities under their new names)."""
 
-    def __init__(self, steps: StepCalls, measured: bool, renamed: bool) -> None:
+    def __init__(
+        self, steps: StepCalls, measured: bool, renamed: bool, by_what_happened: bool = False
+    ) -> None:
         self.steps = steps
         self.measured = measured
         self.renamed = renamed
+        # the `classified-by-what-happened` patch: a recovery whose state lost its only source is
+        # classified beyond redundancy, whatever was planned
+        self.by_what_happened = by_what_happened
 
     def kind(self, evidence: tuple[Evidence, ...], c: Classification) -> FailureKind:
         """The kind that named the category, as the classifier said (our clock never reads the
@@ -141,10 +146,23 @@ class Recovery:
                 JobActivity.REJOIN, resume_problems(rejoin.resumed_steps, rejoin.resumed_step)
             )
         except StepFailed as e:
+            if self.by_what_happened and e.error_type == ErrorType.BEYOND_REDUNDANCY:
+                classification = self._beyond_redundancy(classification, str(e))
             # Compensation: the spare goes back to the pool, then the classic restart.
             await self.steps.attempt(JobActivity.RELEASE_SPARE, ref)
             return classification, await self.fall_back(ref, str(e))
         return classification, Ending(Disposition.MIGRATED, proof=proof, rejoin=rejoin)
+
+    def _beyond_redundancy(self, planned: Classification, why: str) -> Classification:
+        """A move (planned or not) whose state lost its only source: the brief's "failures
+        exceeding parallelism redundancy", disqualifying; a drain's plan does not make it
+        qualifying."""
+        c = unable_to_recover(
+            f"failures exceeding parallelism redundancy: {why} (the incident was "
+            f"{planned.category.value} as it began)"
+        ).model_copy(update={"kind": planned.kind})
+        workflow.upsert_search_attributes([QUALIFYING.value_set("false")])
+        return c
 
     def _check(self, name: str, problems: list[str]) -> None:
         """The job's answer must hold on its own figures before the migration counts as live."""

@@ -122,7 +122,7 @@ async def test_a_leaving_rank_lost_before_its_state_moved_leaves_its_shard_no_do
         _watch_transfer(job, lambda: job.launcher.kill(leaving.agent_id))
         m = Migration(job, workflow_id, report)
         outcome = await m.run()
-        assert m.failed["transfer"].error_type is ErrorType.TRANSFER_FAILED, m.failed
+        assert m.failed["transfer"].error_type is ErrorType.BEYOND_REDUNDANCY, m.failed
         assert "no healthy replica of rank 1's shard" in str(m.failed["transfer"])
         assert outcome.disposition is Disposition.FALLBACK_RESTART and m.fallback is not None
         await until(lambda: not job.coordinator.roster.departing(), "no leaving rank left")

@@ -80,6 +80,7 @@ class FakeJob:
             "no_spare",
             "no_spare_at_confirm",
             "transfer",
+            "beyond",  # the transfer's only source was lost: nothing left to move from
             "wrong_byte",
             "wrong_step",
             "resume_elsewhere",
@@ -139,6 +140,12 @@ class FakeJob:
             activity.heartbeat("streaming")
             if self.fail.get("transfer"):
                 raise ApplicationError("donor lost mid-transfer", type=ErrorType.TRANSFER_FAILED)
+            if self.fail.get("beyond"):
+                raise ApplicationError(
+                    "no healthy replica of rank 2's shard holds step 9",
+                    type=ErrorType.BEYOND_REDUNDANCY,
+                    non_retryable=True,
+                )
             proof = proof_of(
                 installed_digest="e" if self.fail.get("wrong_byte") else "d",
                 installed_step=8 if self.fail.get("wrong_step") else 9,

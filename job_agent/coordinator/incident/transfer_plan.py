@@ -86,7 +86,8 @@ class TransferPlanner:
             donors += [self._member(s) for s, k in sorted(live.items()) if k == target]
             if not donors:
                 raise IncidentError(
-                    ErrorType.TRANSFER_FAILED, f"no healthy replica holding step {target} is left"
+                    ErrorType.BEYOND_REDUNDANCY,
+                    f"no healthy replica holding step {target} is left",
                 )
             new = await self._assign_spares(inc)
             need = [
@@ -104,7 +105,7 @@ class TransferPlanner:
             donors = [d for d in donors if shards.get(d.slot) == shard]
             if not donors:
                 raise IncidentError(
-                    ErrorType.TRANSFER_FAILED,
+                    ErrorType.BEYOND_REDUNDANCY,
                     f"no healthy replica of rank {need[0]}'s shard holds step {target}",
                 )
             if sup.moves - len(sup.shards) > MAX_REPLANS:
