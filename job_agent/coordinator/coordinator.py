@@ -123,6 +123,7 @@ class Coordinator:
         )
         self.transport: StateTransport = DirectTransport(self.changes)
         self.incidents = IncidentTracker.of_job(spec, lambda: self._generation, reporter)
+        self.incidents.holders = self.roster.holders
         self.cluster = ClusterSignals(
             self.job_id, self.roster, self.launcher, avoid, self.incidents, self.add_evidence
         )

@@ -208,17 +208,23 @@ class Roster:
             if m.slot >= 0:
                 self.shards[m.slot] = layout.shard
 
-    def repaired(self, ev: Evidence) -> bool:
+    def holders(self, ev: Evidence) -> tuple[str, ...]:
+        """The live processes holding the slots `ev` names, now."""
+        return tuple(m.agent_id for s in ev.slots if (m := self.at(s)) is not None)
+
+    def repaired(self, ev: Evidence, concerned: tuple[str, ...] = ()) -> bool:
         """Whether the failure `ev` reports is already repaired (say by a restart) or the planned
         move it asks for already made: every slot it names is held by a live process, off the
-        drained node for a planned one, and not the one found holding another state than its
-        replicas."""
+        drained node for a planned one, and not the one it concerned (`concerned`: the processes
+        holding its slots when it came; a GPU report about a rank that has not died yet stands while
+        that rank lives), nor the one found holding another state than its replicas."""
         planned = CATEGORY_OF[ev.kind] is Category.PLANNED
         members = [self.at(s) for s in ev.slots]
         return bool(members) and all(
             m is not None
             and not m.fenced
             and not (planned and m.node == ev.failure_domain)
+            and m.agent_id not in concerned
             # a corrupted replica is alive, not repaired
             and self.suspects.get(m.slot) != m.agent_id
             for m in members

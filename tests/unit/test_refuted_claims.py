@@ -48,8 +48,8 @@ async def test_a_flood_of_refuted_claims_is_counted_and_only_the_latest_kept() -
     tracker = IncidentTracker("j", lambda: 0, _ignore, None)
     claims = [outcome(n) for n in range(KEPT_REFUTED + 10)]
     for o in claims:
-        assert tracker.end(o, lambda ev: False, refuted=True)
-    assert not tracker.end(claims[-1], lambda ev: False, refuted=True)  # a retried completion
+        assert tracker.end(o, lambda ev, held: False, refuted=True)
+    assert not tracker.end(claims[-1], lambda ev, held: False, refuted=True)  # a retried completion
     assert tracker.outcomes == []
     assert list(tracker.refuted) == claims[-KEPT_REFUTED:]
     assert tracker.refuted_total == KEPT_REFUTED + 10
@@ -64,7 +64,7 @@ async def test_a_flood_of_refuted_claims_is_counted_and_only_the_latest_kept() -
     )
     assert tracker.add(ev) is not None
     real = outcome(99, Disposition.MIGRATED)
-    assert tracker.end(real, lambda ev: False)
+    assert tracker.end(real, lambda ev, held: False)
     assert tracker.outcomes == [real] and tracker.current is None
     tracker.cancel()
 

@@ -78,7 +78,10 @@ class IncidentTracker:
         # incident id -> when its outcome was recorded (monotonic)
         self._recorded: dict[str, float] = {}
         self.current: Incident | None = None
-        self.queued: list[Evidence] = []
+        # evidence waiting for the next incident, with the processes that held its slots then
+        self.queued: list[tuple[Evidence, tuple[str, ...]]] = []
+        # the processes holding the slots `ev` names (the coordinator's roster says)
+        self.holders: Callable[[Evidence], tuple[str, ...]] = lambda ev: ()
         self.outcomes: list[MigrationOutcome] = []  # the job's incidents
         # claims the job refuted, apart from its incidents: the latest, and how many in all
         self.refuted: deque[MigrationOutcome] = deque(maxlen=KEPT_REFUTED)
@@ -121,7 +124,7 @@ class IncidentTracker:
         ):
             # The world of this incident is already decided (or a planned move waits for a calm
             # one): the next incident takes it.
-            self.queued.append(ev)
+            self.queued.append((ev, self.holders(ev)))
             return None
         inc.evidence.append(ev)
         inc.lost.update(ev.slots)
@@ -260,9 +263,13 @@ class IncidentTracker:
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def end(
-        self, outcome: MigrationOutcome, replaced: Callable[[Evidence], bool], refuted: bool = False
+        self,
+        outcome: MigrationOutcome,
+        replaced: Callable[[Evidence, tuple[str, ...]], bool],
+        refuted: bool = False,
     ) -> bool:
-        """The incident's workflow is done with the job; queued evidence not yet repaired goes next.
+        """The incident's workflow is done with the job; queued evidence not yet repaired goes next
+        (`replaced` is asked with the processes it concerned: it stands while they hold its slots).
         A refuted claim (never this job's incident) is only counted, apart from the incidents, the
         latest `KEPT_REFUTED` kept. Returns whether the outcome was new (a retried completion
         records nothing twice)."""
@@ -278,8 +285,8 @@ class IncidentTracker:
             self._recorded[outcome.incident_id] = time.monotonic()
         self.current = None
         queued, self.queued = self.queued, []
-        for ev in queued:
-            if not replaced(ev):
+        for ev, held in queued:
+            if not replaced(ev, held):
                 self.add(ev)
         return new
 
