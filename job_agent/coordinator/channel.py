@@ -1,4 +1,5 @@
-"""The coordinator's control channel: authenticated connections, one reader thread each.
+"""The coordinator's control channel: authenticated connections, one reader thread each (a
+connection gets its thread once it has proved the job's secret: `handshakes.py`).
 
 Threads only read, decode and forward: every state change happens on the coordinator's event loop,
 so the coordinator has one writer and needs no locks. A frame that does not decode reaches the
@@ -18,13 +19,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from job_agent import wire
+from job_agent.coordinator.handshakes import Handshakes
 from job_agent.wire import protocol
-
-AUTH_TIMEOUT = timedelta(seconds=10)
 
 FrameHandler = Callable[[socket.socket, "wire.Frame | wire.BadFrame", float], None]
 CloseHandler = Callable[[socket.socket, str, float], None]
@@ -104,24 +103,16 @@ class ControlServer:
         threading.Thread(target=self._accept_loop, name="torchpass-accept", daemon=True).start()
 
     def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
+        def admit(conn: socket.socket) -> None:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+        def refuse(conn: socket.socket, why: str) -> None:
+            self._inbox.put(self._on_close, conn, why, time.time())
+
+        Handshakes(self._listener, self._secret, admit, refuse).run(self._closed.is_set)
+
     def _serve(self, conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            conn.settimeout(AUTH_TIMEOUT.total_seconds())
-            protocol.authenticate_server(conn, self._secret)
-            conn.settimeout(None)
-        except (OSError, ConnectionError, protocol.ProtocolError) as e:
-            # A peer without the job's secret: refused before it can say anything.
-            self._inbox.put(self._on_close, conn, f"refused: {e}", time.time())
-            conn.close()
-            return
+        """An authenticated connection's reader: every frame to the loop, then its close."""
         reason = "closed"
         try:
             while True:

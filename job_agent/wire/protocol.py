@@ -130,17 +130,32 @@ def authenticate_client(sock: socket.socket, secret: bytes) -> None:
     _sessions[sock] = _Session(_mac(secret, b"session", server_nonce, client_nonce), b"c2s", b"s2c")
 
 
-def authenticate_server(sock: socket.socket, secret: bytes) -> None:
-    """Server side of the mutual challenge. Raises AuthError if the client cannot prove the
-    secret."""
-    server_nonce = os.urandom(_NONCE_BYTES)
-    sock.sendall(server_nonce)
-    reply = recv_exact(sock, _NONCE_BYTES + _MAC_BYTES)
+# What the server reads of a client's handshake: its nonce and its proof.
+CLIENT_REPLY_BYTES = _NONCE_BYTES + _MAC_BYTES
+
+
+def server_challenge() -> bytes:
+    """The server's nonce, the first bytes of a handshake."""
+    return os.urandom(_NONCE_BYTES)
+
+
+def finish_server(sock: socket.socket, secret: bytes, server_nonce: bytes, reply: bytes) -> None:
+    """The rest of the server's side, once the client's reply (`CLIENT_REPLY_BYTES`) is in: check
+    its proof, prove the secret back, and tag every frame of the connection from now on. Raises
+    AuthError if the client cannot prove the secret."""
     client_nonce, mac = reply[:_NONCE_BYTES], reply[_NONCE_BYTES:]
     if not hmac.compare_digest(mac, _mac(secret, b"client", server_nonce, client_nonce)):
         raise AuthError("peer does not hold the job secret")
     sock.sendall(_mac(secret, b"server", client_nonce, server_nonce))
     _sessions[sock] = _Session(_mac(secret, b"session", server_nonce, client_nonce), b"s2c", b"c2s")
+
+
+def authenticate_server(sock: socket.socket, secret: bytes) -> None:
+    """Server side of the mutual challenge, blocking. Raises AuthError if the client cannot prove
+    the secret."""
+    server_nonce = server_challenge()
+    sock.sendall(server_nonce)
+    finish_server(sock, secret, server_nonce, recv_exact(sock, CLIENT_REPLY_BYTES))
 
 
 def connect(host: str, port: int, secret: bytes, timeout: timedelta) -> socket.socket:

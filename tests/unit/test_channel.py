@@ -93,3 +93,42 @@ async def test_a_handler_that_fails_on_one_frame_is_reported_and_the_rest_still_
     assert all(isinstance(e["exception"], ValueError) for e in errors)
     for got in seen.values():
         assert got == [*(k for k in range(FRAMES) if k != 7), "closed"]
+
+
+async def test_a_flood_of_silent_connections_costs_no_thread_and_a_rank_still_gets_in() -> None:
+    """1,500 connections that never say a word (they once took the coordinator from 18 to 667
+    threads): the handshakes wait on one selector, no thread each, at most `MAX_PENDING` (the oldest
+    dropped), and a rank connecting in the middle of the flood authenticates and is heard."""
+    loop = asyncio.get_running_loop()
+    heard: list[wire.Frame | wire.BadFrame] = []
+    refused: list[str] = []
+    server = ControlServer(
+        SECRET,
+        loop,
+        lambda conn, frame, ts: heard.append(frame),
+        lambda conn, why, ts: refused.append(why),
+        "127.0.0.1",
+    )
+    before = threading.active_count()
+    silent: list[socket.socket] = []
+    try:
+        for _ in range(1500):
+            silent.append(socket.create_connection(("127.0.0.1", server.port)))
+        await asyncio.sleep(0.5)
+        assert threading.active_count() <= before + 2, threading.active_count()
+
+        def rank() -> None:
+            with protocol.connect("127.0.0.1", server.port, SECRET, timedelta(seconds=10)) as s:
+                protocol.send_frame(s, wire.Step(k=1))
+
+        await asyncio.to_thread(rank)
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.02)
+        assert heard == [wire.Step(k=1)]
+        assert sum("handshakes pending: the oldest dropped" in r for r in refused) >= 1500 - 256
+    finally:
+        for s in silent:
+            s.close()
+        server.close()
