@@ -6,12 +6,15 @@ recomputed (measured from the optimizer's own step count) in the result."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
-from tests.integration.conftest import ROOT, run_with, spec
+from job_agent import wire
+from job_agent.coordinator.jobs import request
+from tests.integration.conftest import ROOT, run_with, spec, start_job
 from torchpass.incident.classify import NO_AGENT_REASON
 from torchpass.models import Category, Disposition
 
@@ -74,3 +77,44 @@ async def test_max_restarts_bounds_the_restarts(client: Client, tmp_path: Path) 
     result = await run_with(client, job, [("kill", 1, 8)])
     assert not result.ok and result.restarts == 0
     assert result.error and "--max-restarts" in result.error
+
+
+NO_OPTIMIZER = """
+import sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+w = torch.zeros(4)
+for k in range(int(sys.argv[1])):
+    g = torch.ones(4) * (dist.get_rank() + 1)
+    dist.all_reduce(g)
+    w -= 0.01 * g  # its own update: no torch.optim optimizer to count steps by
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+async def test_a_script_without_an_optimizer_is_restarted_and_its_incident_ends(
+    client: Client, tmp_path: Path
+) -> None:
+    """No step is ever seen of a script that updates its weights by hand. A kill restarts the job
+    once, and the incident ends when the restarted ranks have joined (before, the recovery waited
+    120 s for a step report that never came, then restarted the healthy job a second time, and
+    the incident showed running for minutes before it failed)."""
+    script = tmp_path / "no_optimizer.py"
+    script.write_text(NO_OPTIMIZER)
+    job = spec(
+        tmp_path, "no-optimizer", spares=0, script=script, args=("400",), agent=False, nproc=2
+    )
+    task = await start_job(client, job)
+    await asyncio.sleep(1.5)  # it trains
+    kill = wire.Inject(action=wire.InjectAction.KILL, slot=1)
+    assert isinstance(await asyncio.to_thread(request, job.state_dir, job.job_id, kill), wire.Ok)
+    result = await asyncio.wait_for(task, 90)
+    assert result.ok, result.error
+    assert result.restarts == 1
+    [o] = result.incidents
+    assert o.disposition is Disposition.FALLBACK_RESTART and o.fallback is not None
+    # training again once the restarted ranks joined: not when they finished, 20 s later
+    assert o.recovery_seconds is not None and o.recovery_seconds < 10, o

@@ -216,12 +216,13 @@ class IncidentSteps:
         return inc.rejoined
 
     async def _regroup_and_resume(
-        self, resume: int, inc: Incident | None = None
+        self, resume: int, inc: Incident | None = None, unmeasured: bool = False
     ) -> tuple[int, datetime] | None:
         """Form the next generation with every rank and wait for all to train at `resume`. A rank
         lost as it forms: with `inc` (a migration), the generation is abandoned, the others freeze
         again and None says to supply the lost slot and form the group once more; without, the step
-        fails."""
+        fails. `unmeasured`: the job never reported a step (an unmodified script stepping no
+        `torch.optim` optimizer), so a rank trains again once it joined the new generation."""
         job = self.job
         ranks = job.roster.ranks()
         if len(ranks) != job.world_size:
@@ -231,6 +232,8 @@ class IncidentSteps:
         generation = job.regroup()
 
         def resumed(m: Member) -> bool:
+            if unmeasured and m.state is MemberState.JOINED:
+                return True
             return m.state is MemberState.DONE or (
                 m.state is MemberState.TRAINING and m.step >= resume
             )
@@ -263,6 +266,8 @@ class IncidentSteps:
             raise IncidentError(
                 ErrorType.REJOIN_FAILED, f"ranks {slots} were lost while the group re-formed"
             )
+        if unmeasured:  # no step to take the time from: when they had all joined
+            return generation, datetime.now(UTC)
         return generation, datetime.fromtimestamp(max(m.step_wall for m in ranks), UTC)
 
     async def restart_from_checkpoint(self, ref: IncidentRef, reason: str) -> FallbackResult:
@@ -294,7 +299,11 @@ class IncidentSteps:
             job.startup_timeout,
             "restarted ranks",
         )
-        formed = await self._regroup_and_resume(restored_step + 1)
+        # A script whose steps the job cannot see (no torch.optim optimizer, `--no-agent`): it
+        # trains again once its ranks joined, instead of a step report that never comes (120 s, then
+        # a second restart of a healthy job).
+        unmeasured = not job.spec.agent and failed_at < 0
+        formed = await self._regroup_and_resume(restored_step + 1, unmeasured=unmeasured)
         assert formed is not None  # without an incident, a loss raises
         _, resumed_at = formed
         inc.fallback = FallbackResult(
