@@ -29,7 +29,7 @@ from job_agent.rank.ddp import Wrappers
 from job_agent.rank.fsdp import Sharded
 from job_agent.rank.loop import CollectiveFailure, Step, step_failure
 from job_agent.rank.rngs import GlobalDraws, as_stateful, seed_globals
-from job_agent.rank.state import TrackedState, shard_file
+from job_agent.rank.state import Carried, TrackedState, shard_file
 from job_agent.rank.tensors import (
     GRAD_BUCKET_BYTES,
     bucketize,
@@ -75,6 +75,20 @@ class RankAgent(CoordinatedRank):
             self.completed_step = self._tracked.load_checkpoint(restore)
         # a draw from here to the first step is data drawn outside a step
         self._draws = GlobalDraws()
+
+    def carry(self, name: str, value: Any) -> Carried:
+        """Declare state this rank carries from one step to the next and no other rank holds (an
+        RNN's hidden state, a prefetched batch): read and set it as `.value` in the step. A step
+        done again starts from its value as the step began; a migration that replaces this rank's
+        process cannot bring it along, and its incident is recorded as not live, with why (the
+        run then differs from one that never failed). Call it after `track`."""
+        if self._tracked is None:
+            raise RuntimeError("agent.carry(...) comes after agent.track(...)")
+        if any(c.name == name for c in self._tracked.buffers.carried):
+            raise ValueError(f"carried state {name!r} is declared twice")
+        held = Carried(name, value)
+        self._tracked.buffers.carried.append(held)
+        return held
 
     def all_reduce_gradients(self) -> None:
         """Average gradients over the data-parallel group, in a fixed order (bitwise

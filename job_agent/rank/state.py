@@ -4,6 +4,7 @@ starts from, and its checkpoints. As it travels between ranks it is a `Snapshot`
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -29,6 +30,37 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
 
 
+def _copied(value: Any) -> Any:
+    """A copy nothing the script does next can change: tensors cloned (detached), containers
+    rebuilt."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple | list):
+        return type(value)(_copied(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+class Carried:
+    """State a script carries from one step to the next on this rank alone (an RNN's hidden state,
+    a prefetched batch, an accumulator), declared with `RankAgent.carry`. The script reads and sets
+    `value`; the agent keeps it as each step begins, so a step done again starts from it, not from
+    what the failed try left. No replica holds it: a process that takes a lost rank's slot starts
+    from the value it was declared with, and the incident says the run differs from one that never
+    failed (it is not recorded as live)."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+        self._kept = _copied(value)
+
+    def keep(self) -> None:
+        self._kept = _copied(self.value)
+
+    def restore(self) -> None:
+        self.value = _copied(self._kept)
+
+
 class StepBuffers:
     """The model's persistent buffers as a step began (BatchNorm's running statistics and counter),
     the positions of the script's own random streams, and which parameters had no gradient: a
@@ -45,8 +77,11 @@ class StepBuffers:
         self._positions: list[dict[str, Any]] = []
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._no_grad: list[bool] = []
+        self.carried: list[Carried] = []
 
     def keep(self) -> None:
+        for c in self.carried:
+            c.keep()
         for saved, b in zip(self._saved, self._buffers, strict=True):
             saved.copy_(b)
         self._positions = [s.state_dict() for s in self._streams]
@@ -65,6 +100,8 @@ class StepBuffers:
                     p.grad.zero_()
         for stream, position in zip(self._streams, self._positions, strict=True):
             stream.load_state_dict(position)
+        for c in self.carried:
+            c.restore()
 
 
 class TrackedState:
@@ -165,7 +202,11 @@ class TrackedState:
                 entry += [str(t.placements), [coord[i] for i in shard_dims if i < len(coord)]]
             entries.append(entry)
         key = hashlib.sha256(json.dumps(entries, separators=(",", ":")).encode()).hexdigest()[:16]
-        return wire.ShardLayout(shard=key, parallelism="sharded" if sharded else "data_parallel")
+        return wire.ShardLayout(
+            shard=key,
+            parallelism="sharded" if sharded else "data_parallel",
+            carried=tuple(c.name for c in self.buffers.carried),
+        )
 
     def load(self, header: dict[str, Any], tensors: Mapping[str, torch.Tensor]) -> int:
         """Install a received or restored state; returns its step."""

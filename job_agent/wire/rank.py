@@ -89,6 +89,12 @@ class ShardLayout(FrameModel):
 
     shard: str = Field(min_length=1, max_length=ID, description="digest of the shard's structure")
     parallelism: str = Field(default="data_parallel", max_length=ID)
+    carried: tuple[str, ...] = Field(
+        default=(),
+        max_length=64,
+        description="the names of the state this rank carries from step to step and no replica "
+        "holds (`RankAgent.carry`): a process that takes its slot starts it afresh",
+    )
 
 
 class Ready(FrameModel):

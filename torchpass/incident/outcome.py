@@ -161,6 +161,8 @@ def build_outcome(
     else:
         step_before = ending.fallback.failed_at_step if ending.fallback is not None else None
     lost_during = ending.proof.lost_during if ending.proof is not None else ()
+    # every rank holds the moved state, yet the run differs: per-rank state no replica held
+    inexact = ending.rejoin.inexact if ending.rejoin is not None else None
     detect = PhaseTiming(
         phase=Phase.DETECT, seconds=max(0.0, (started_at - detected).total_seconds())
     )
@@ -173,7 +175,7 @@ def build_outcome(
         classification=classification,
         covered=confirm.covered if confirm else False,
         disposition=ending.disposition,
-        success=ending.disposition is Disposition.MIGRATED and recomputed == 0,
+        success=ending.disposition is Disposition.MIGRATED and recomputed == 0 and not inexact,
         # What confirm found, and what the recovery lost on the way and re-planned around (the
         # proof's).
         lost_slots=tuple(sorted({*(confirm.lost_slots if confirm else ()), *lost_during})),
@@ -183,7 +185,7 @@ def build_outcome(
         phases=(detect, *phases),
         proof=ending.proof,
         fallback=ending.fallback,
-        error=bounded_error(ending.error),
+        error=bounded_error("; ".join(e for e in (ending.error, inexact) if e) or None),
         detected_at=detected,
         recovered_at=recovered,
         recovery_seconds=_seconds(detected, recovered),

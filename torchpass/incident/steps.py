@@ -225,6 +225,13 @@ class RejoinResult(Model):
         description="the transfer's proof re-made: a rank was lost after the state moved",
     )
     work_seconds: float = 0.0
+    inexact: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="why the resumed run differs from one that never failed although every rank "
+        "holds the moved state (per-rank state carried across steps that no replica held): then "
+        "the migration is not live",
+    )
 
 
 class FallbackResult(Model):

@@ -31,11 +31,29 @@ from torchpass.incident.steps import (
     IncidentRef,
     RejoinResult,
     ReserveResult,
+    TransferProof,
     TransferResult,
 )
 from torchpass.models import Disposition, EventSource, Evidence, FailureKind
 
 MAX_REGROUPS = 4  # tries to form the group of a recovery, each after a rank lost as it formed
+
+
+def carried_lost(ranks: list[Member], proof: TransferProof | None) -> str | None:
+    """Why the run now differs from one that never failed, when the ranks that received the state
+    declared per-rank state carried across steps (`RankAgent.carry`): no replica held theirs, so
+    they started it afresh. None when nothing carried was lost."""
+    receivers = set(proof.receiver_slots) if proof is not None else set()
+    carried = sorted(
+        {n for m in ranks if m.slot in receivers and m.layout for n in m.layout.carried}
+    )
+    if not carried:
+        return None
+    return (
+        f"rank(s) {sorted(receivers)} carry state from step to step that no replica holds "
+        f"({', '.join(carried)}): their new processes started it afresh, so the run differs from "
+        "one that never failed"
+    )
 
 
 class IncidentSteps:
@@ -211,6 +229,7 @@ class IncidentSteps:
             steps_recomputed=self.job.progress.recomputed_after(step_before),
             proof=reproof,
             work_seconds=work_seconds(t0),
+            inexact=carried_lost(self.job.roster.ranks(), inc.proof),
         )
         inc.move(IncidentState.TRAINING)
         return inc.rejoined
