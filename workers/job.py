@@ -27,6 +27,7 @@ from torchpass.ids import CONTROL_TASK_QUEUE, IncidentMessage, WorkflowName, job
 from torchpass.incident.outcome import IncidentStatus
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport
+from torchpass.policies import INCIDENT_TASK_TIMEOUT
 
 log = logging.getLogger("torchpass.coordinator")
 QUERY_TIMEOUT = timedelta(seconds=5)
@@ -61,6 +62,7 @@ async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
         rep,
         id=workflow_id,
         task_queue=CONTROL_TASK_QUEUE,
+        task_timeout=INCIDENT_TASK_TIMEOUT,
         start_signal=IncidentMessage.REPORT,
         start_signal_args=[rep],
     )

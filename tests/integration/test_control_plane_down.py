@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -164,13 +165,15 @@ def _worker(address: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.parametrize("when", ["transfer", "start"])
 async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migration_stays_live(
-    tmp_path: Path, reference: JobResult
+    tmp_path: Path, reference: JobResult, when: str
 ) -> None:
     """The only control worker SIGKILLed while it runs an incident's workflow, another started: the
     workflow goes on on the new worker from its history and the rank is migrated live through
     Temporal (the job waits for it: `--control-plane-wait` 60 s). On the previous main the incident
-    waited out the steps' timeouts (21-22 s once)."""
+    waited out the steps' timeouts (21-22 s once); killed 0.5 s into the incident (`start`), a
+    workflow task it held waited out Temporal's 10 s task timeout (9.1 s of recovery)."""
     async with _server(tmp_path / "temporal.db") as server:
         client = await Client.connect(server.address, data_converter=pydantic_data_converter)
         first, second = _worker(server.address), None
@@ -185,8 +188,11 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
             while (status := await _status(tmp_path, job.job_id)).incident is None:
                 assert time.monotonic() < deadline and not task.done(), status
                 await asyncio.sleep(0.01)
-            await _scheduled(client, status.incident, JobActivity.TRANSFER_STATE, deadline)
-            # mid-transfer: the workflow's next task is this worker's (its sticky queue)
+            if when == "transfer":
+                await _scheduled(client, status.incident, JobActivity.TRANSFER_STATE, deadline)
+                # mid-transfer: the workflow's next task is this worker's (its sticky queue)
+            else:
+                await asyncio.sleep(0.5)  # its first steps: a workflow task may be in its hands
             first.kill()
             killed_at = datetime.now(UTC)
             second = _worker(server.address)
@@ -212,6 +218,9 @@ async def test_a_control_worker_killed_mid_incident_costs_seconds_and_the_migrat
         # Temporal's default pickup alone would not fit under this bound.
         assert outcome.recovered_at is not None
         assert outcome.recovered_at - killed_at < TEMPORAL_STICKY_DEFAULT - STICKY_PICKUP
+        # nor a workflow task's default timeout (10 s): `INCIDENT_TASK_TIMEOUT`, and the worker's
+        # start
+        assert outcome.recovery_seconds < 8.0, outcome.recovery_seconds
 
 
 async def test_the_server_restarted_mid_transfer_costs_seconds_and_the_migration_stays_live(
