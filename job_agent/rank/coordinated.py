@@ -72,6 +72,7 @@ class CoordinatedRank:
         self._frozen = False
         self._done: wire.Done | None = None
         self._group_sockets = GroupSockets()
+        self._group_sockets.watch_new_groups()  # a script's own sub-groups are cut by a freeze too
         self._group = JobGroup(store, self.device, self._coll_timeout, self._group_sockets)
         self._link.on_abort = lambda: self._group_sockets.abort(nccl=self.device.type == "cuda")
         self._wrappers: Wrappers | None = None

@@ -8,7 +8,9 @@ cannot kill such a peer (its node does not answer), so the survivors cut their s
 records the sockets its group opened (those that appeared while `init_process_group` ran) and, told
 to abort, shuts its connections down (never its listener: gloo aborts the process when its accept
 fails). The blocked collective then fails at once, as if the peer had died, and the rank freezes as
-after any failure.
+after any failure. Groups the script makes later (`dist.new_group`, a device mesh's sub-groups made
+once the job's group formed) are recorded as they are made (`watch_new_groups`): a collective of
+theirs blocked on a peer fails at a freeze too.
 
 Shutting a socket down does not close its descriptor (gloo still owns and closes it), and a socket
 is matched by its inode, never a descriptor number that may have been reused. Linux only (`/proc`);
@@ -21,6 +23,7 @@ import contextlib
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -55,6 +58,23 @@ class GroupSockets:
     def formed(self) -> None:
         """Call once it is made: the sockets that appeared meanwhile are its own."""
         self.inodes = frozenset(set(socket_inodes().values()) - self._before)
+
+    def watch_new_groups(self) -> None:
+        """From now on, the sockets of every group made in this process (torch makes every group,
+        a device mesh's included, through `_new_group_with_tag`) are this group's too."""
+        make = c10d._new_group_with_tag
+        if getattr(make, "_torchpass_watched", False):
+            return
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            before = set(socket_inodes().values())
+            try:
+                return make(*args, **kwargs)
+            finally:
+                self.inodes = self.inodes | (set(socket_inodes().values()) - before)
+
+        watched._torchpass_watched = True  # type: ignore[attr-defined]
+        c10d._new_group_with_tag = watched
 
     def abort(self, nccl: bool) -> None:
         """From the control thread: make a collective blocked on a peer that will never answer fail
