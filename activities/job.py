@@ -86,10 +86,17 @@ class _BytesSent:
 class JobActivities:
     """Built by the job worker with its coordinator and the incident steps acting on it."""
 
-    def __init__(self, coordinator: Coordinator, steps: IncidentSteps, key: JobKey) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        steps: IncidentSteps,
+        key: JobKey,
+        endorsement: str | None = None,
+    ) -> None:
         self._c = coordinator
         self._a = steps
         self._key = key
+        self._endorsement = endorsement  # the cluster's enrolment key's word for `key`
 
     def _step(self, ref: IncidentRef) -> None:
         """A workflow step reached the job: refused for an incident the job carried out itself while
@@ -180,4 +187,6 @@ class JobActivities:
         if inp.source is None:
             return desc
         proof = self._key.prove(self._c.job_id, inp.source)
-        return desc.model_copy(update={"key": self._key.public, "proof": proof})
+        return desc.model_copy(
+            update={"key": self._key.public, "proof": proof, "endorsement": self._endorsement}
+        )

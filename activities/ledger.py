@@ -42,7 +42,7 @@ class LedgerActivities:
     async def verify_validation(self, inp: ValidationClaim) -> Verdict:
         facts = await self._reader().validation(inp.report.source or "")
         # A genuine validation runs on the control worker's own queue: this one's.
-        return judge_validation(inp.report, facts, activity.info().task_queue)
+        return judge_validation(inp.report, facts, activity.info().task_queue, inp.enrolment_key)
 
     def _reader(self) -> HistoryReader:
         return HistoryReader(self._client or activity.client())

@@ -54,6 +54,11 @@ class JobSpec(Model):
         le=1000,
         description="fallback checkpoints kept while the job runs (the latest)",
     )
+    enrolment_key_file: Path | None = Field(
+        default=None,
+        description="the cluster's enrolment key (its private half, 0600): the job's key is "
+        "vouched for by it, as a contract that names the enrolment key requires (docs/security.md)",
+    )
     keep_checkpoints_after: bool = Field(
         default=False,
         description="keep them once the job finished; by default a finished job's are removed (a "

@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
@@ -24,10 +25,12 @@ from job_agent.coordinator.incident.local import LocalRecovery
 from job_agent.coordinator.incident.tracker import Squatted
 from job_agent.coordinator.jobs import job_key
 from torchpass.ids import CONTROL_TASK_QUEUE, IncidentMessage, WorkflowName, job_task_queue
+from torchpass.incident.attestation import JobKey
 from torchpass.incident.outcome import IncidentStatus
 from torchpass.job import JobResult, JobSpec
 from torchpass.models import FailureReport
 from torchpass.policies import INCIDENT_TASK_TIMEOUT
+from workers.temporal import owner_only
 
 log = logging.getLogger("torchpass.coordinator")
 QUERY_TIMEOUT = timedelta(seconds=5)
@@ -97,11 +100,32 @@ async def _report(client: Client, workflow_id: str, rep: FailureReport) -> None:
         )
 
 
+def enrolment_key(path: Path) -> JobKey:
+    """The cluster's enrolment key from its file: its owner's alone and an Ed25519 key, else a
+    ValueError naming the file and the fix."""
+    owner_only("enrolment key file", path)
+    try:
+        return JobKey.from_hex(path.read_text())
+    except ValueError as e:
+        raise ValueError(
+            f"enrolment key file {path}: not an Ed25519 private key in hex ({e}); make one with "
+            "`torchpass contract enrolment-key --out FILE`"
+        ) from None
+
+
+def endorsement(spec: JobSpec, key: JobKey) -> str | None:
+    """The enrolment key's word for this job's key, where the job was given one."""
+    if spec.enrolment_key_file is None:
+        return None
+    return enrolment_key(spec.enrolment_key_file).endorse(spec.job_id, key.public)
+
+
 async def run_job(spec: JobSpec, client: Client) -> JobResult:
     coordinator = Coordinator(spec, reporter(client))
     steps = IncidentSteps(coordinator)
     LocalRecovery(steps)  # the job goes on by itself when no workflow step comes
-    acts = JobActivities(coordinator, steps, job_key(spec.job_dir))
+    key = job_key(spec.job_dir)
+    acts = JobActivities(coordinator, steps, key, endorsement(spec, key))
     worker = Worker(
         client, task_queue=job_task_queue(spec.job_id), activities=list(_activity_methods(acts))
     )

@@ -61,7 +61,7 @@ class TemporalSettings(BaseSettings):
         for name in ("tls_key", "api_key_file"):
             path = getattr(self, name)
             if path is not None:
-                _owner_only(name, path)
+                owner_only(name, path)
         if self.api_key is not None and self.api_key_file is not None:
             raise ValueError("api_key and api_key_file: give one")
         if not self.encrypted and not self.allow_plaintext and not _on_this_host(self.address):
@@ -83,7 +83,7 @@ class TemporalSettings(BaseSettings):
         return self.api_key.get_secret_value() if self.api_key is not None else None
 
 
-def _owner_only(name: str, path: Path) -> None:
+def owner_only(name: str, path: Path) -> None:
     """`ExposedKeyFile` if users other than its owner can read or write the secret at `path`."""
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:

@@ -63,11 +63,15 @@ async def check_outcomes(book: ContractBook, contract_workflow_id: str) -> bool:
     return True
 
 
-async def check_validation(report: ValidationReport, contract_workflow_id: str) -> Verdict:
+async def check_validation(
+    report: ValidationReport, contract_workflow_id: str, enrolment_key: str | None = None
+) -> Verdict:
     """The verdict on a report; a check that cannot run is a retryable error to the update's
     caller."""
     t = VERIFY_TIMEOUTS[ControlActivity.VERIFY_VALIDATION]
-    claim = ValidationClaim(contract_workflow_id=contract_workflow_id, report=report)
+    claim = ValidationClaim(
+        contract_workflow_id=contract_workflow_id, report=report, enrolment_key=enrolment_key
+    )
     try:
         return await workflow.execute_activity(
             ControlActivity.VERIFY_VALIDATION,

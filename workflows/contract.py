@@ -154,7 +154,8 @@ class ContractWorkflow:
         report = decode(raw, ValidationReport, "record_validation input")
         self._handled += 1
         if workflow.patched(VERIFIED_LEDGER):
-            verdict = await check_validation(report, workflow.info().workflow_id)
+            enrolment = self._terms.enrolment_key
+            verdict = await check_validation(report, workflow.info().workflow_id, enrolment)
             if not verdict.accepted:
                 now = workflow.now()
                 self._book.checks.reject(

@@ -213,3 +213,40 @@ def test_the_quarantine_is_bounded_and_every_refusal_is_counted() -> None:
     assert (
         q.rejected[-1].claim == f"x-{MAX_REJECTED_KEPT + 4}" and len(q.rejected[-1].reason) <= 500
     )
+
+
+def test_on_a_contract_with_an_enrolment_key_only_jobs_it_vouched_for_are_registered() -> None:
+    """Temporal access alone can serve a made-up job to a genuine validation (it runs on the control
+    queue and the job proves a key of its own); the cluster's enrolment key, held only by the job
+    hosts, is what such a job cannot have."""
+    enrolment, other = JobKey.generate(), JobKey.generate()
+    source = f"validate-job-a/{RUN}"
+    proof = KEY.prove("job-a", source)
+    made = report(True, T).model_copy(
+        update={"source": source, "job_key": KEY.public, "job_proof": proof}
+    )
+    request = ValidateInput(contract_id="c-1", customer_id="a", job_id="job-a")
+
+    def judged(endorsement: str | None, enrolment_key: str | None) -> str:
+        r = made.model_copy(update={"job_endorsement": endorsement})
+        facts = ValidationFacts(
+            found=True,
+            workflow_type=WorkflowName.VALIDATION,
+            task_queue=QUEUE,
+            request=request,
+            recorded=(r,),
+        )
+        v = judge_validation(r, facts, QUEUE, enrolment_key)
+        return "accepted" if v.accepted else v.reason
+
+    vouched = enrolment.endorse("job-a", KEY.public)
+    assert judged(vouched, enrolment.public) == "accepted"
+    assert judged(None, None) == "accepted"  # a contract naming no enrolment key
+    for endorsement in (
+        None,
+        other.endorse("job-a", KEY.public),
+        enrolment.endorse("job-b", KEY.public),
+    ):
+        assert "not vouched for by the contract's enrolment key" in judged(
+            endorsement, enrolment.public
+        )

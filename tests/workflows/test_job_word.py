@@ -70,7 +70,7 @@ async def control(env: WorkflowEnvironment) -> AsyncIterator[None]:
         yield
 
 
-async def contract(env: WorkflowEnvironment) -> ContractRef:
+async def contract(env: WorkflowEnvironment, enrolment_key: str | None = None) -> ContractRef:
     ref = ContractRef(customer_id=CUSTOMER, contract_id=f"c-{uuid.uuid4().hex[:8]}")
     today = (await env.get_current_time()).date()
     terms = ContractTerms(
@@ -79,6 +79,7 @@ async def contract(env: WorkflowEnvironment) -> ContractRef:
         start=today,
         renewal_date=add_months(today, 12),
         annual_fee=Money(amount="120000", currency="USD"),
+        enrolment_key=enrolment_key,
     )
     await cc.create_contract(env.client, terms)
     return ref
@@ -193,3 +194,43 @@ async def test_a_validation_run_off_the_control_queue_covers_nothing(
     assert made.job_key is not None and not made.passed  # the report says it was not recorded
     assert "not on the control worker's" in page.rejected[-1].reason, page.rejected
     assert standing.covered_jobs == ()
+
+
+async def test_a_made_up_job_served_to_a_genuine_validation_needs_the_clusters_enrolment_key(
+    env: WorkflowEnvironment,
+) -> None:
+    """What Temporal access alone can still do on a contract that names no enrolment key: serve a
+    job queue of one's own to a genuine validation (on the control queue), the made-up job proving
+    a key of its own. A contract that names the cluster's enrolment key refuses it; the genuine job,
+    its key vouched for by the enrolment key its host holds, is covered."""
+    enrolment = JobKey.generate()  # its private half only on the customer's job hosts
+    made_up, genuine_id = f"job-made-up-{uuid.uuid4().hex[:6]}", f"job-{uuid.uuid4().hex[:6]}"
+    fake_queue, real_queue = f"fake-{uuid.uuid4().hex[:6]}", f"real-{uuid.uuid4().hex[:6]}"
+    fake = Fakes(description=job(job_id=made_up))  # a key and proof of its own, no endorsement
+    vouched = enrolment.endorse(genuine_id, JOB_KEY.public)
+    real = Fakes(description=job(job_id=genuine_id, endorsement=vouched))
+    with env.auto_time_skipping_disabled():
+        async with (
+            control(env),
+            Worker(env.client, task_queue=fake_queue, activities=fake.job_side()),
+            Worker(env.client, task_queue=real_queue, activities=real.job_side()),
+        ):
+            open_ref = await contract(env)
+            closed_ref = await contract(env, enrolment.public)
+            results = []
+            for ref in (open_ref, closed_ref):
+                await cc.opt_in(env.client, CUSTOMER, ref.contract_id, made_up)
+                results.append(
+                    await validate(env.client, ref, made_up, fake_queue, CONTROL_TASK_QUEUE)
+                )
+            await cc.opt_in(env.client, CUSTOMER, closed_ref.contract_id, genuine_id)
+            genuine = await validate(
+                env.client, closed_ref, genuine_id, real_queue, CONTROL_TASK_QUEUE
+            )
+            open_standing = await checked(env, open_ref)
+            closed_standing = await checked(env, closed_ref)
+            page = await cc.get_ledger(env.client, CUSTOMER, closed_ref.contract_id)
+    assert results[0].passed and open_standing.covered_jobs == (made_up,)  # the open row
+    assert not results[1].passed and made_up not in closed_standing.covered_jobs
+    assert "not vouched for by the contract's enrolment key" in page.rejected[-1].reason
+    assert genuine.passed and closed_standing.covered_jobs == (genuine_id,)

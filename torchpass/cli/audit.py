@@ -63,7 +63,9 @@ async def run(args: argparse.Namespace, settings: Any) -> int:
         vfacts = await reader.validation(f"{wf.id}/{wf.run_id}")
         found += [(r, vfacts) for r in vfacts.recorded]
     assert purpose is not None
-    validations = Validations(found, args.contract, purpose, args.control_queue)
+    validations = Validations(
+        found, args.contract, purpose, args.control_queue, standing.enrolment_key
+    )
     result = audit(
         rows, incidents, validations, (standing.window_start, standing.window_end), rolled
     )

@@ -11,9 +11,11 @@ job is covered.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from datetime import date
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
@@ -29,6 +31,7 @@ from torchpass.contract.terms import (
     ExpandInput,
     RenewInput,
 )
+from torchpass.incident.attestation import JobKey
 from torchpass.render import format_check, format_ledger, format_standing
 from torchpass.validation.report import ReportStatus, ValidationReport
 from workers import contract_client as cc
@@ -62,6 +65,11 @@ def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None])
     )
     cr.add_argument("--fee", type=_amount, required=True, help="annual license fee, e.g. 120000")
     cr.add_argument("--currency", default="USD")
+    cr.add_argument(
+        "--enrolment-key",
+        help="the public half of the cluster's enrolment key (hex, from `contract enrolment-key`): "
+        "only jobs whose keys it vouched for are covered",
+    )
     cr.add_argument(
         "--development",
         action="store_true",
@@ -102,9 +110,31 @@ def register(sub: Any, temporal_args: Callable[[argparse.ArgumentParser], None])
     for p in (cr, o, v, s, lg, e, r):
         _ids(p)
         temporal_args(p)
+    ek = csub.add_parser(
+        "enrolment-key",
+        help="make the cluster's enrolment key pair: the private half to a file for the job hosts "
+        "(0600), the public half printed, for `contract create --enrolment-key`",
+    )
+    ek.add_argument("--out", type=Path, required=True, help="where the private half is written")
+    temporal_args(ek)
+
+
+def make_enrolment_key(out: Path) -> int:
+    """`torchpass contract enrolment-key`: a new pair; never over an existing file."""
+    key = JobKey.generate()
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise CliError(f"cannot write the enrolment key to {out}: {e}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(key.private_hex() + "\n")
+    print(key.public)
+    return 0
 
 
 async def run(args: argparse.Namespace, settings: Any) -> int:
+    if args.contract_command == "enrolment-key":
+        return make_enrolment_key(args.out)
     if getattr(args, "fee", None) is not None:
         _money(args)  # a fee no contract can hold is refused before anything else happens
     client = await connect(settings)
@@ -125,6 +155,7 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
             renewal_date=args.renewal or add_months(start, 12),
             annual_fee=Money(amount=args.fee, currency=args.currency),
             purpose=ContractPurpose.DEVELOPMENT if args.development else ContractPurpose.CUSTOMER,
+            enrolment_key=args.enrolment_key,
         )
         h = await cc.create_contract(client, terms)
         if args.development:

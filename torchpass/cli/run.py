@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,13 @@ def register(sub: Any) -> None:
         "--keep-checkpoints-after", action="store_true", help="keep them once the job finished"
     )
     r.add_argument(
+        "--enrolment-key-file",
+        type=Path,
+        default=os.environ.get("TORCHPASS_ENROLMENT_KEY_FILE") or None,
+        help="the cluster's enrolment key (private half, 0600): vouches for this job's key to a "
+        "contract that names the enrolment key (TORCHPASS_ENROLMENT_KEY_FILE)",
+    )
+    r.add_argument(
         "--finish-grace",
         type=float,
         default=60.0,
@@ -166,6 +174,7 @@ async def run(args: argparse.Namespace, settings: Any) -> int:
         "verify_every": args.verify_every,
         "keep_checkpoints": args.keep_checkpoints,
         "keep_checkpoints_after": args.keep_checkpoints_after,
+        "enrolment_key_file": args.enrolment_key_file,
         "fresh": args.fresh,
         "seed": args.seed,
         "threads": args.threads,
@@ -227,6 +236,13 @@ async def run(args: argparse.Namespace, settings: Any) -> int:
             file=sys.stderr,
             flush=True,
         )
+    if spec.enrolment_key_file is not None:
+        from workers.job import enrolment_key
+
+        try:
+            enrolment_key(spec.enrolment_key_file)
+        except (OSError, ValueError) as e:
+            raise CliError(str(e)) from None
     try:
         if spec.nodes and not args.remote:
             nodes = plan(

@@ -63,6 +63,7 @@ class Validations:
         contract_id: str,
         purpose: ContractPurpose,
         control_queue: str,
+        enrolment_key: str | None = None,
     ) -> None:
         self.keys: dict[str, list[str]] = {}
         self.changes: dict[str, list[tuple[datetime, EntryStatus]]] = {}
@@ -70,7 +71,7 @@ class Validations:
         for report, facts in found:
             if report.contract_id != contract_id:
                 continue
-            if not judge_validation(report, facts, control_queue).accepted:
+            if not judge_validation(report, facts, control_queue, enrolment_key).accepted:
                 continue
             self.count += 1
             if report.job_key:

@@ -253,6 +253,7 @@ class ContractBook:
             customer_id=self.terms.customer_id,
             contract_id=self.terms.contract_id,
             purpose=self.terms.purpose,
+            enrolment_key=self.terms.enrolment_key,
             term=term.number,
             term_start=term.start,
             renewal_date=term.renewal_date,

@@ -79,6 +79,9 @@ class Standing(Model):
     customer_id: str
     contract_id: str
     purpose: ContractPurpose = ContractPurpose.CUSTOMER
+    enrolment_key: str | None = Field(
+        default=None, description="the cluster's enrolment key the contract names (see its terms)"
+    )
     term: NonNegativeInt
     term_start: date
     renewal_date: date

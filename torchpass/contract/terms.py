@@ -61,6 +61,13 @@ class ContractTerms(Model):
         le=50_000,
         description="history events handled before a run continues-as-new",
     )
+    enrolment_key: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the public half of the cluster's enrolment key (Ed25519, hex): a validation "
+        "registers a job's key only vouched for by it (torchpass.incident.attestation); none: any "
+        "job that answers a validation on the control queue",
+    )
     renewal_grace_days: int = Field(
         default=60,
         ge=0,

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from torchpass.contract.entries import RejectedClaim
 from torchpass.ids import REKEY_HEX, WorkflowName, incident_workflow_id
-from torchpass.incident.attestation import attested, signed_by, validation_facts
+from torchpass.incident.attestation import attested, endorsed, signed_by, validation_facts
 from torchpass.incident.outcome import MAX_INCIDENT_ID, MigrationOutcome
 from torchpass.models import FailureReport, Model
 from torchpass.validation.report import ValidateInput, ValidationReport
@@ -72,6 +72,9 @@ class OutcomeClaims(Model):
 class ValidationClaim(Model):
     contract_workflow_id: str = Field(min_length=1, max_length=1000)
     report: ValidationReport
+    enrolment_key: str | None = Field(
+        default=None, max_length=64, description="the contract's (`ContractTerms.enrolment_key`)"
+    )
 
 
 class Verdicts(Model):
@@ -182,11 +185,15 @@ def unattested(outcome: MigrationOutcome, keys: Iterable[str]) -> str:
 
 
 def judge_validation(
-    report: ValidationReport, facts: ValidationFacts, control_queue: str
+    report: ValidationReport,
+    facts: ValidationFacts,
+    control_queue: str,
+    enrolment_key: str | None = None,
 ) -> Verdict:
     """Genuine when a validation workflow that ran on the control worker's own queue
     (`control_queue`) made this report for this contract and job, and the job proved it holds the
-    key the report registers."""
+    key the report registers; on a contract with an `enrolment_key`, that key vouched for the
+    job's."""
     claim = report.source or ""
     if not claim or split_run(claim)[1] is None:
         return _refused(claim or "(none)", "the report names no validation workflow run")
@@ -209,6 +216,14 @@ def judge_validation(
         report.job_key, validation_facts(report.job_id, claim, report.job_key), report.job_proof
     ):
         return _refused(claim, "the job did not prove it holds the key the report names")
+    if enrolment_key is not None and not endorsed(
+        enrolment_key, report.job_id, report.job_key, report.job_endorsement
+    ):
+        return _refused(
+            claim,
+            "the job's key is not vouched for by the contract's enrolment key (a job not started "
+            "on the customer's cluster)",
+        )
     return Verdict(claim=claim, accepted=True)
 
 

@@ -8,6 +8,9 @@ with which the job attests what the ledger counts.
   (`job_agent.coordinator.incident.attest`).
 - A validation counts only with the job's proof that it holds the key the validation registers on
   the contract: a signature over the job id and the validation run (`validation_facts`).
+- A contract may name an enrolment key: the public half of a key pair whose private half only the
+  customer's job hosts hold. Its jobs' keys then count only vouched for by it (`enrolment_facts`),
+  so that nobody with Temporal access alone can make up a job of their own and have it validated.
 
 The contract keeps the public keys its genuine validations registered for each job
 (`torchpass.contract.coverage.JobCoverage.keys`) and checks each outcome against them
@@ -28,6 +31,7 @@ KEY_HEX = 64  # an Ed25519 public or private key: 32 bytes
 SIGNATURE_HEX = 128  # an Ed25519 signature: 64 bytes
 _OUTCOME = b"torchpass-outcome-v1\0"
 _VALIDATION = b"torchpass-validation-v1\0"
+_ENROLMENT = b"torchpass-enrolment-v1\0"
 
 
 def outcome_facts(outcome: MigrationOutcome) -> bytes:
@@ -67,6 +71,13 @@ def validation_facts(job_id: str, source: str, public_key: str) -> bytes:
     return _VALIDATION + json.dumps([job_id, source, public_key]).encode()
 
 
+def enrolment_facts(job_id: str, job_key: str) -> bytes:
+    """What a cluster's enrolment key signs when a job starts on it: that job `job_id`, holding
+    `job_key`, is one of the cluster's (a contract that names the enrolment key counts only such
+    jobs)."""
+    return _ENROLMENT + json.dumps([job_id, job_key]).encode()
+
+
 class JobKey:
     """A job's private key, made by its coordinator; never leaves the job's directory."""
 
@@ -95,6 +106,10 @@ class JobKey:
     def prove(self, job_id: str, source: str) -> str:
         return self.sign(validation_facts(job_id, source, self.public))
 
+    def endorse(self, job_id: str, job_key: str) -> str:
+        """As a cluster's enrolment key: vouch for a job started on the cluster."""
+        return self.sign(enrolment_facts(job_id, job_key))
+
 
 def signed_by(public_key: str, facts: bytes, signature: str | None) -> bool:
     """Whether `signature` is `public_key`'s over `facts`; False for anything malformed."""
@@ -106,6 +121,11 @@ def signed_by(public_key: str, facts: bytes, signature: str | None) -> bool:
     except (ValueError, InvalidSignature):
         return False
     return True
+
+
+def endorsed(enrolment_key: str, job_id: str, job_key: str, endorsement: str | None) -> bool:
+    """Whether the cluster's enrolment key vouched for job `job_id` holding `job_key`."""
+    return signed_by(enrolment_key, enrolment_facts(job_id, job_key), endorsement)
 
 
 def attested(outcome: MigrationOutcome, keys: Iterable[str]) -> bool:

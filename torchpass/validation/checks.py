@@ -276,6 +276,7 @@ def build_report(
         source=source,
         job_key=job.key if job else None,
         job_proof=job.proof if job else None,
+        job_endorsement=job.endorsement if job else None,
     )
 
 
@@ -284,6 +285,5 @@ def with_check(report: ValidationReport, check: CheckResult) -> ValidationReport
     rebuilt = build_report(
         report.contract_id, report.job_id, (*report.checks, check), report.validated_at
     )
-    return rebuilt.model_copy(
-        update={"source": report.source, "job_key": report.job_key, "job_proof": report.job_proof}
-    )
+    kept = ("source", "job_key", "job_proof", "job_endorsement")
+    return rebuilt.model_copy(update={k: getattr(report, k) for k in kept})

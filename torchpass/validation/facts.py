@@ -81,6 +81,11 @@ class JobDescription(Model):
         max_length=128,
         description="the job's signature, with that key, over its id and the validation run asking",
     )
+    endorsement: str | None = Field(
+        default=None,
+        max_length=128,
+        description="its cluster's enrolment key's signature over its id and key, where it has one",
+    )
 
     def rank_environments(self) -> tuple[RankEnvironment, ...]:
         """The ranks' environments; for a description from before they were reported, its one

@@ -108,6 +108,11 @@ class ValidationReport(_Verdict):
         max_length=128,
         description="the job's signature with that key over its id and `source`: it holds the key",
     )
+    job_endorsement: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the cluster's enrolment key's signature over the job's id and key",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ValidationReport:
