@@ -33,6 +33,7 @@ from torchpass.contract.credit import Money
 from torchpass.contract.rules import add_months
 from torchpass.contract.terms import ContractPurpose, ContractTerms
 from torchpass.ids import WorkflowName, job_task_queue
+from torchpass.incident.attestation import JobKey
 from torchpass.job import JobResult, JobState
 from torchpass.validation.report import (
     Check,
@@ -89,7 +90,13 @@ async def validate(
 async def test_a_running_job_is_validated_and_recorded_on_its_contract(
     client: Client, tmp_path: Path
 ) -> None:
-    job = spec(tmp_path, "validate-me", args=ARGS)
+    # the cluster's enrolment key, its private half on this "job host"; the development contract
+    # names its public half, so the job is covered there only as the coordinator vouches for its key
+    enrolment = tmp_path / "enrolment.key"
+    key = JobKey.generate()
+    enrolment.write_text(key.private_hex())
+    enrolment.chmod(0o600)
+    job = spec(tmp_path, "validate-me", args=ARGS, enrolment_key_file=enrolment)
     queue, customer = f"validation-{uuid.uuid4()}", f"cust-{uuid.uuid4().hex[:8]}"
     today = datetime.now(UTC).date()
     terms = ContractTerms(
@@ -100,7 +107,11 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
         annual_fee=Money(amount=Decimal("120000.00"), currency="USD"),
     )
     dev_terms = terms.model_copy(
-        update={"contract_id": "c-dev", "purpose": ContractPurpose.DEVELOPMENT}
+        update={
+            "contract_id": "c-dev",
+            "purpose": ContractPurpose.DEVELOPMENT,
+            "enrolment_key": key.public,
+        }
     )
     ledger = LedgerActivities(client)  # the real checks: reports from the real validation workflow
     acts: list[Callable[..., Any]] = [
@@ -146,6 +157,7 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
     # Measured: every rank reported holding the same shard (a digest of its parameters' structure).
     assert re.search(r"replicas per shard \{[0-9a-f]{16}: 4\}", checks[Check.REDUNDANCY].detail)
     assert "gloo: available" in checks[Check.BACKEND].detail
+    assert checks[Check.SAME_STACK].passed, checks[Check.SAME_STACK]
     assert "server 1." in checks[Check.TEMPORAL].detail
     # A customer contract does not accept a waived check; a development contract does.
     assert standing.covered_jobs == ()
@@ -156,6 +168,7 @@ async def test_a_running_job_is_validated_and_recorded_on_its_contract(
         dev_standing.covered_jobs == (job.job_id,)
         and dev_standing.purpose is ContractPurpose.DEVELOPMENT
     )
+    assert dev_report.job_key is not None and dev_report.job_endorsement is not None
 
     assert not unrecorded.passed
     assert [c.name for c in unrecorded.checks if c.status is CheckStatus.FAILED] == [Check.RECORDED]
