@@ -57,6 +57,8 @@ class Handshakes:
         return len(self._pending)
 
     def run(self, closed: Callable[[], bool]) -> None:
+        # A connection reset between the select and the accept must not block the accepts.
+        self._listener.setblocking(False)
         self._sel.register(self._listener, selectors.EVENT_READ)
         try:
             while not closed():
