@@ -45,7 +45,11 @@ class StepTracker:
 
     def recomputed_after(self, step_before: int) -> int:
         """Steps the ranks will run again: every completed step from the lowest first step of this
-        generation up to `step_before` (both measured from the ranks' reports)."""
+        generation up to `step_before` (both measured from the ranks' reports). They count as
+        recomputed in the job's result from now on, run again before the job ends or not (a job
+        stopped first lost that work all the same): one count, the incident's and the result's."""
         if not self.resumed:
             return 0
-        return max(0, step_before + 1 - min(self.resumed.values()))
+        first = min(self.resumed.values())
+        self.recomputed.update(range(first, step_before + 1))
+        return max(0, step_before + 1 - first)

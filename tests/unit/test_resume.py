@@ -171,3 +171,21 @@ def test_a_sharded_checkpoint_is_resumed_from_only_with_every_ranks_shard(tmp_pa
     assert latest_checkpoint(tmp_path) == (19, d / "step-00000019.pt")
     (d / "step-00000039.rank-1.pt").touch()
     assert latest_checkpoint(tmp_path) == (39, d / "step-00000039.pt")
+
+
+def test_steps_an_incident_counts_as_recomputed_count_in_the_result_before_they_are_run_again() -> (
+    None
+):
+    """A restart from step 9's checkpoint after step 15 was completed: the incident counts 6 steps
+    (10 to 15) run again, and so does the job's result, even when the job is stopped after only 4
+    of them re-ran (the incident said 6 where result.json said 4)."""
+    tracker = StepTracker()
+    for k in range(16):
+        tracker.entered(0, k, k - 1)
+    tracker.completed(15)
+    tracker.begin_generation()
+    tracker.entered(0, 10, 9)  # the restarted rank, from the checkpoint
+    assert tracker.recomputed_after(15) == 6
+    for k in range(11, 14):  # stopped after re-running 10..13
+        tracker.entered(0, k, k - 1)
+    assert sorted(tracker.recomputed) == list(range(10, 16))
