@@ -75,6 +75,11 @@ def test_a_stopped_job_resumes_a_finished_one_starts_again_and_leaves_nothing_to
     assert resumed is not None and resumed.previous == "it ended failed: stopped by SIGTERM"
     # no progress file: unknown
     assert resumed.last_completed == -1 and resumed.checkpoint_step == 19
+    # as a stop is recorded now: stopped in order
+    now = stopped.model_copy(update={"status": JobState.STOPPED})
+    (job_dir / "result.json").write_text(now.model_dump_json())
+    resumed = resume_point(job_dir)
+    assert resumed is not None and resumed.previous == "it ended stopped: stopped by SIGTERM"
 
     finished = stopped.model_copy(update={"status": JobState.FINISHED, "error": None})
     (job_dir / "result.json").write_text(finished.model_dump_json())
