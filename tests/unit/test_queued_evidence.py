@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from job_agent.coordinator.incident.lifecycle import IncidentState
+from job_agent.coordinator.incident.tracker import IncidentTracker
 from tests.unit.job_driver import Counts, Job, Migration
 from torchpass.incident.steps import IncidentRef, RejoinResult
 from torchpass.models import Disposition, EventSource, Evidence, FailureKind
@@ -51,3 +52,36 @@ async def test_a_gpu_report_about_a_live_rank_waits_and_is_the_next_incident(
         outcome = await Migration(job, workflow_id, report).run()
         assert outcome.disposition is Disposition.MIGRATED and outcome.lost_slots == (0,)
         await job.finished()
+
+
+def test_a_late_report_of_the_incidents_own_loss_concerns_no_live_process() -> None:
+    """The other side: a report of the lost rank arriving after the spare took its slot is about
+    the process already replaced, not the spare now there (or the spare would be the next
+    incident, fenced healthy)."""
+    tracker = IncidentTracker("job-a", lambda: 0, _never, None)
+    tracker.holders = lambda ev: tuple(f"now-{s}" for s in ev.slots)
+    inc = tracker.add(_lost(2))
+    assert inc is not None
+    inc.lost.add(2)
+    inc.move(IncidentState.FREEZING)
+    inc.move(IncidentState.FROZEN)
+    inc.move(IncidentState.MOVED)
+    inc.move(IncidentState.TRAINING)  # the spare trains in slot 2: the world is decided
+    assert tracker.add(_lost(2)) is None and tracker.add(_lost(0)) is None
+    assert [(e.slots, held) for e, held in tracker.queued] == [((2,), ()), ((0,), ("now-0",))]
+    tracker.cancel()
+
+
+async def _never(workflow_id: str, report: object) -> None:
+    raise ConnectionError("no Temporal in this test")
+
+
+def _lost(slot: int) -> Evidence:
+    return Evidence(
+        kind=FailureKind.PROCESS_EXIT,
+        source=EventSource.COORDINATOR,
+        job_id="job-a",
+        failure_domain=f"vm/rank{slot}",
+        slots=(slot,),
+        observed_at=datetime.now(UTC),
+    )

@@ -124,7 +124,11 @@ class IncidentTracker:
         ):
             # The world of this incident is already decided (or a planned move waits for a calm
             # one): the next incident takes it.
-            self.queued.append((ev, self.holders(ev)))
+            # A late report of this incident's own losses concerns processes already replaced; one
+            # about a rank outside it (a GPU failing under a live rank) concerns the process there
+            # now, and stands while that process holds the slot.
+            ours = set(ev.slots) & (inc.lost | inc.leaving)
+            self.queued.append((ev, () if ours else self.holders(ev)))
             return None
         inc.evidence.append(ev)
         inc.lost.update(ev.slots)
