@@ -162,8 +162,11 @@ class ValidationActivities:
         client = self._client or activity.client()
         version, error = None, None
         try:
+            # retried by the client on a transient error (a busy server is not an unreachable one)
             resp = await client.workflow_service.get_system_info(
-                GetSystemInfoRequest(), timeout=timedelta(seconds=self.settings.api_timeout)
+                GetSystemInfoRequest(),
+                retry=True,
+                timeout=timedelta(seconds=self.settings.api_timeout),
             )
             version = resp.server_version or None
         except RPCError as e:

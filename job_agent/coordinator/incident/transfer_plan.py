@@ -85,9 +85,9 @@ class TransferPlanner:
             ]
             donors += [self._member(s) for s, k in sorted(live.items()) if k == target]
             if not donors:
+                # Retried: survivors still settling after a loss may serve on the next attempt.
                 raise IncidentError(
-                    ErrorType.BEYOND_REDUNDANCY,
-                    f"no healthy replica holding step {target} is left",
+                    ErrorType.TRANSFER_FAILED, f"no healthy replica holding step {target} is left"
                 )
             new = await self._assign_spares(inc)
             need = [
