@@ -54,7 +54,7 @@ async def test_a_gpu_report_about_a_live_rank_waits_and_is_the_next_incident(
         await job.finished()
 
 
-def test_a_late_report_of_the_incidents_own_loss_concerns_no_live_process() -> None:
+async def test_a_late_report_of_the_incidents_own_loss_concerns_no_live_process() -> None:
     """The other side: a report of the lost rank arriving after the spare took its slot is about
     the process already replaced, not the spare now there (or the spare would be the next
     incident, fenced healthy)."""
