@@ -11,7 +11,6 @@ job is covered.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from datetime import date
 from decimal import Decimal, InvalidOperation
@@ -20,6 +19,7 @@ from typing import Any
 
 from temporalio.client import Client
 
+from job_agent.coordinator.private_files import open_private
 from torchpass.cli.common import CliError, connect
 from torchpass.contract.credit import Money
 from torchpass.contract.queries import LedgerRow, Standing
@@ -123,10 +123,10 @@ def make_enrolment_key(out: Path) -> int:
     """`torchpass contract enrolment-key`: a new pair; never over an existing file."""
     key = JobKey.generate()
     try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        f = open_private(out, "x")
     except OSError as e:
         raise CliError(f"cannot write the enrolment key to {out}: {e}") from None
-    with os.fdopen(fd, "w") as f:
+    with f:
         f.write(key.private_hex() + "\n")
     print(key.public)
     return 0
