@@ -6,7 +6,9 @@ a lost one cannot be given it, and the run then differs from one that never fail
 
 Declared with `agent.carry` (the lines marked `torchpass`), a step done again starts from the
 carried value as the step began, and a migration that replaces a rank's process is recorded as not
-live, with why. `--undeclared` leaves it undeclared, as a script written without torchpass in mind.
+live, with why. `--undeclared` leaves it undeclared, as a script written without torchpass in mind:
+the agent then sees the hidden state fed back to the model (and a batch drawn ahead, where a step is
+done again) and records the migration as not live all the same, naming the fix.
 
 Run it with `torchpass run --nproc 4 --spares 1 examples/train_carried.py -- --steps 200`.
 """

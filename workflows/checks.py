@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.ids import ControlActivity
     from torchpass.policies import VERIFY_AGAIN_AFTER, VERIFY_RETRY, VERIFY_TIMEOUTS
     from torchpass.validation.report import ValidationReport
+    from workflows.logs import logger
     from workflows.policy import retry_policy
 
 
@@ -43,20 +44,18 @@ async def check_outcomes(book: ContractBook, contract_workflow_id: str) -> bool:
         if [v.claim for v in verdicts] != [o.incident_id for o in batch]:
             raise ValueError("the verdicts do not answer the claims")
     except (ActivityError, ValueError) as e:
-        workflow.logger.error("outcomes not checked, again in %s: %s", VERIFY_AGAIN_AFTER, e)
+        logger.error("outcomes not checked, again in %s: %s", VERIFY_AGAIN_AFTER, e)
         return False
     del book.checks.unverified[: len(batch)]  # those that arrived meanwhile wait behind
     for outcome, verdict in zip(batch, verdicts, strict=True):
         if verdict.accepted and not verdict.attested:
-            workflow.logger.warning(
-                "outcome %s unconfirmed: %s", outcome.incident_id, verdict.reason
-            )
+            logger.warning("outcome %s unconfirmed: %s", outcome.incident_id, verdict.reason)
         if verdict.accepted and verdict.failure_key:
             book.record_checked(outcome, verdict.failure_key, verdict.attested)
         elif verdict.accepted:
             book.record_outcome(outcome, verdict.attested)
         else:
-            workflow.logger.warning("outcome %s rejected: %s", outcome.incident_id, verdict.reason)
+            logger.warning("outcome %s rejected: %s", outcome.incident_id, verdict.reason)
             book.checks.reject(
                 outcome.incident_id, outcome.job_id, outcome.detected_at, verdict.reason
             )

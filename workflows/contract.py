@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contract_wakeups import Wakeups
     from workflows.credit_delivery import deliver_credits
     from workflows.inputs import decode, decode_start
+    from workflows.logs import logger
 
 R = TypeVar("R")
 
@@ -112,18 +113,16 @@ class ContractWorkflow:
             # The sender cannot hear an error from a signal: count it where an operator looks
             # (standing).
             self._book.rejected_signals += 1
-            workflow.logger.warning("malformed record_outcome signal dropped: %s", e)
+            logger.warning("malformed record_outcome signal dropped: %s", e)
             return
         if workflow.patched(VERIFIED_LEDGER):
             if not self._book.receive(outcome):
                 self._book.rejected_signals += 1
-                workflow.logger.warning(
-                    "outcome %s refused: too many await a check", outcome.incident_id
-                )
+                logger.warning("outcome %s refused: too many await a check", outcome.incident_id)
             return
         entry, duplicate = self._book.record_outcome(outcome)
         if duplicate:
-            workflow.logger.info("duplicate outcome %s counted once", entry.incident_id)
+            logger.info("duplicate outcome %s counted once", entry.incident_id)
 
     @workflow.update(name=ContractMessage.OPT_IN)
     def opt_in(self, raw: RawValue) -> JobCoverage:

@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.contract.evaluation import Evaluations
     from torchpass.ids import ControlActivity
     from torchpass.policies import BILLING_RETRY, BILLING_TIMEOUTS
+    from workflows.logs import logger
     from workflows.policy import retry_policy
 
 # Billing may be down for days; a credit is owed until it says it has it. One delivery is
@@ -51,7 +52,7 @@ async def _deliver(notice: CreditNotice) -> CreditDelivery | None:
             retry_policy=retry_policy(BILLING_RETRY),
         )
     except ActivityError as e:
-        workflow.logger.error(
+        logger.error(
             "credit %s not delivered, offered again in %s: %s",
             notice.idempotency_key,
             REDELIVER_AFTER,

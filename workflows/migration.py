@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.models import Disposition, Evidence, FailureReport
     from workflows import legacy
     from workflows.inputs import decode, decode_start
+    from workflows.logs import logger
     from workflows.recording import file_local_record, record_outcome
     from workflows.recovery import Recovery
     from workflows.search_attributes import JOB_ID, KIND, OUTCOME
@@ -87,18 +88,16 @@ class MigrationWorkflow:
         try:
             rep = decode(raw, FailureReport, "report signal")
         except ApplicationError as e:
-            workflow.logger.warning("%s: dropped", e.message)
+            logger.warning("%s: dropped", e.message)
             return
         ev = rep.evidence
         if (self._outcome is not None and rep.opens) or ev.job_id != self._job_id:
             # Another incident's first report (this one's outcome is recorded), or another job's.
-            workflow.logger.warning("report of job %s ignored by this incident's run", ev.job_id)
+            logger.warning("report of job %s ignored by this incident's run", ev.job_id)
         elif ev in self._evidence:
             return
         elif len(self._evidence) >= MAX_EVIDENCE:
-            workflow.logger.warning(
-                "report ignored: incident already holds %d reports", MAX_EVIDENCE
-            )
+            logger.warning("report ignored: incident already holds %d reports", MAX_EVIDENCE)
         else:
             self._evidence.append(ev)
 

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from torchpass.incident.steps import IncidentRef, LocalRecord
     from torchpass.models import ContractRef, Disposition, Evidence, Phase, PhaseTiming
     from workflows.inputs import decode
+    from workflows.logs import logger
     from workflows.recovery import Recovery
     from workflows.search_attributes import OUTCOME
     from workflows.step_calls import StepCalls, StepFailed
@@ -125,6 +126,6 @@ async def _record_on_contract(c: ContractRef | None, outcome: MigrationOutcome) 
     try:
         await contract.signal(ContractMessage.RECORD_OUTCOME, outcome)
     except FailureError as e:
-        workflow.logger.warning("contract %s did not take the outcome: %s", c.contract_id, e)
+        logger.warning("contract %s did not take the outcome: %s", c.contract_id, e)
         return f"not recorded on contract {c.contract_id} of {c.customer_id}: {e}"
     return None

@@ -12,6 +12,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from torchpass.models import Phase, PhaseTiming
     from torchpass.policies import ACTIVITY_TIMEOUTS, MIGRATION_RETRY
+    from workflows.logs import logger
     from workflows.policy import retry_policy
 
 R = TypeVar("R")
@@ -89,6 +90,6 @@ class StepCalls:
                 retry_policy=RETRY_POLICY,
             )
         except ActivityError as e:
-            workflow.logger.warning("%s failed: %s", name, e.cause or e)
+            logger.warning("%s failed: %s", name, e.cause or e)
             return str(StepFailed(name, e))
         return None

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         ValidationReport,
     )
     from workflows.inputs import decode_start
+    from workflows.logs import logger
     from workflows.policy import retry_policy
 
 F = TypeVar("F")
@@ -131,7 +132,7 @@ async def _facts(
             retry_policy=RETRY_POLICY,
         )
     except ActivityError as e:
-        workflow.logger.warning("%s failed: %s", name, e.cause or e)
+        logger.warning("%s failed: %s", name, e.cause or e)
         return None, f"{name} failed: {e.cause or e}"
     return facts, ""
 
@@ -155,9 +156,7 @@ async def _record(inp: ValidateInput, report: ValidationReport) -> ValidationRep
     if result.recorded:
         return report
     contract = contract_workflow_id(inp.customer_id, inp.contract_id)
-    workflow.logger.warning(
-        "validation of %s not recorded on %s: %s", inp.job_id, contract, result.detail
-    )
+    logger.warning("validation of %s not recorded on %s: %s", inp.job_id, contract, result.detail)
     return with_check(
         report,
         CheckResult(

@@ -8,6 +8,7 @@ so the coordinator's state has one writer.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from typing import Protocol
 
@@ -34,6 +35,7 @@ from torchpass.errors import ErrorType
 from torchpass.job import JobState
 from torchpass.models import Evidence
 
+log = logging.getLogger("torchpass.coordinator")
 ENDED = (JobState.FINISHED, JobState.FAILED, JobState.USER_ERROR, JobState.STOPPED)
 _NOT_FROM_MEMBERS = (
     wire.Hello,
@@ -127,6 +129,13 @@ class Inbound:
                     self.c.spares.started(m)
             case wire.Frozen(completed=step):
                 self.c.progress.completed(step)
+            case wire.Carries(what=what) if m.slot >= 0 and m.slot not in self.c.roster.carries:
+                self.c.roster.carries[m.slot] = what
+                log.warning(
+                    "%s; no replica holds it, so a migration that replaces this rank's process "
+                    "will be recorded as not live: declare it with agent.carry(...)",
+                    what,
+                )
             case wire.Done(step=step):
                 self.c.progress.completed(step)
                 if self.c.roster.finished(self.c.world_size):

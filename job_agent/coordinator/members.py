@@ -55,6 +55,8 @@ class Member:
     device_error: wire.DeviceError | None = None  # the device error it reported, if it did
     answers: TransferAnswers | None = None  # its answers to the transfer it was last commanded in
     bytes_moved: int = 0  # state bytes a transfer has streamed so far, as the donor reports them
+    redo: int | None = None  # the step it said it does again (its in-flight step as it froze)
+    redone: wire.Redone | None = None  # its verdict on the last step it did again
 
     @property
     def alive(self) -> bool:
@@ -94,9 +96,13 @@ class Member:
                 self.busy = what if busy else None
             case wire.Ready(completed=c):
                 self.state, self.completed = MemberState.READY, c
-            case wire.Frozen(completed=c):
+            case wire.Frozen(completed=c, in_flight=k):
                 self.state, self.completed = MemberState.FROZEN, c
                 self.frozen_at = self.frozen_at or now
+                if k is not None:
+                    self.redo, self.redone = k, None
+            case wire.Redone():
+                self.redone = frame
             case wire.Joined():
                 self.state, self.collective_step, self.joined = MemberState.JOINED, -1, frame
             case wire.Done(step=step, digest=digest):
@@ -134,6 +140,8 @@ class Roster:
         self.pending: dict[str, Pending] = {}  # launched, not yet connected
         self._by_conn: dict[socket.socket, Member] = {}
         self.shards: dict[int, str] = {}  # slot -> shard its rank last reported holding
+        # slot -> the state its rank was seen carrying from step to step, undeclared (`Carries`)
+        self.carries: dict[int, str] = {}
         # slot -> the process found holding another state than its replicas
         self.suspects: dict[int, str] = {}
 

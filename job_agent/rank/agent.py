@@ -27,6 +27,7 @@ from job_agent.rank import loop
 from job_agent.rank.coordinated import CoordinatedRank
 from job_agent.rank.ddp import Wrappers
 from job_agent.rank.fsdp import Sharded
+from job_agent.rank.inputs import InputWatch
 from job_agent.rank.loop import CollectiveFailure, Step, step_failure
 from job_agent.rank.rngs import GlobalDraws, as_stateful, seed_globals
 from job_agent.rank.state import Carried, TrackedState, shard_file
@@ -51,6 +52,8 @@ class RankAgent(CoordinatedRank):
             step_failure(-1, e, self._send)
             raise
         self._tracked = TrackedState(model, optimizer, held)
+        carried = self._tracked.buffers.carried
+        self._inputs = InputWatch(model, self._send, lambda: [c.value for c in carried])
         self._grad_buckets = None
         try:
             self._wrappers = Wrappers(model, self._at_collective, optimizer)
@@ -109,6 +112,8 @@ class RankAgent(CoordinatedRank):
     def _at_collective(self) -> None:
         if self._at != (k := self.completed_step + 1):
             self._at = k
+            if self._inputs is not None:
+                self._inputs.settle()
             self._send(wire.Collective(k=k))
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -174,10 +179,14 @@ class RankAgent(CoordinatedRank):
         self._at = -1
         self._tracked.begin_step()
         self._wrappers.begin_step()
+        if self._inputs is not None:
+            self._inputs.begin(step, self.slot)
         seed_globals(step_seed(self.settings.seed, step, self.slot))
 
     def _after_step(self) -> None:
         assert self._wrappers is not None
+        if self._inputs is not None:
+            self._inputs.settle()
         self._wrappers.after_step()
 
     def _complete_step(self, step: int) -> None:

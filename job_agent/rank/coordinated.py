@@ -18,6 +18,7 @@ from job_agent.rank import loop
 from job_agent.rank.ddp import Wrappers, placeholder_group
 from job_agent.rank.fsdp import Sharded
 from job_agent.rank.group import JobGroup, same_start
+from job_agent.rank.inputs import InputWatch
 from job_agent.rank.link import CoordinatorLink, exit_now
 from job_agent.rank.rngs import GlobalDraws
 from job_agent.rank.settings import AgentSettings
@@ -53,6 +54,7 @@ class CoordinatedRank:
         self.generation = -1
         self._secret = s.read_secret()
         self._tracked: TrackedState | None = None
+        self._inputs: InputWatch | None = None
         self._grad_buckets: list[list[torch.Tensor]] | None = None
         self._coll_timeout = timedelta(seconds=s.collective_timeout)
         self._recovery_timeout = timedelta(seconds=s.recovery_timeout)

@@ -6,9 +6,10 @@ kind or raises `BadFrame`, whose `error()` is the typed `Error` frame to answer 
 outside this package reads a frame as a dict, and a malformed or unknown frame never reaches a
 handler. Who sends what, and where each is defined:
 
-- rank or spare <-> coordinator (`rank.py`): Hello, Heartbeat, Step, Collective, Busy, Ready,
-  Frozen, Joined, Done, CheckpointSaved, UserError, DeviceError, Serving, TransferProgress, Served,
-  Received, TransferFailed; Welcome, Reject, Regroup, Freeze, Assign, Serve, Receive, Stop, Exit
+- rank or spare <-> coordinator (`rank.py`): Hello, Heartbeat, Step, Collective, Busy, Carries,
+  Redone, Ready, Frozen, Joined, Done, CheckpointSaved, UserError, DeviceError, Serving,
+  TransferProgress, Served, Received, TransferFailed; Welcome, Reject, Regroup, Freeze, Assign,
+  Serve, Receive, Stop, Exit
 - node agent (`torchpass node`) <-> coordinator (`node.py`): NodeHello, Heartbeat, Exited,
   GpuReport, HostReport; Welcome, Reject, Spawn, Signal, Exit
 - operator (`torchpass inject|drain|status`) or cluster detector -> coordinator (`operator.py`):
@@ -56,6 +57,7 @@ from job_agent.wire.operator import (
 from job_agent.wire.rank import (
     Assign,
     Busy,
+    Carries,
     CheckpointSaved,
     Collective,
     DeviceError,
@@ -70,6 +72,7 @@ from job_agent.wire.rank import (
     Ready,
     Receive,
     Received,
+    Redone,
     Regroup,
     Reject,
     Role,
@@ -106,6 +109,7 @@ __all__ = [
     "Assign",
     "BadFrame",
     "Busy",
+    "Carries",
     "CheckpointSaved",
     "Collective",
     "DeviceError",
@@ -136,6 +140,7 @@ __all__ = [
     "Ready",
     "Receive",
     "Received",
+    "Redone",
     "Regroup",
     "Reject",
     "Role",
@@ -170,6 +175,8 @@ Frame = Annotated[
     | Step
     | Collective
     | Busy
+    | Carries
+    | Redone
     | Ready
     | Frozen
     | Joined

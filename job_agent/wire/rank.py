@@ -83,6 +83,26 @@ class Busy(FrameModel):
     busy: bool
 
 
+class Carries(FrameModel):
+    """The rank fed its model a tensor the model had returned in an earlier step: state carried from
+    step to step that it never declared (`job_agent.rank.inputs`). Said once per process."""
+
+    t: Literal["carries"] = "carries"
+    step: NonNegativeInt
+    what: str = Field(min_length=1, max_length=500)
+
+
+class Redone(FrameModel):
+    """The rank's verdict on a step it does again after a peer's loss, given at the redone step's
+    first forward of its model (or, where none comes first, its first collective or its end): did
+    the model get the inputs it got in the step's first try?"""
+
+    t: Literal["redone"] = "redone"
+    k: NonNegativeInt
+    checked: bool = Field(description="False: no forward of its first try to compare with")
+    differs: str | None = Field(default=None, max_length=500)
+
+
 class ShardLayout(FrameModel):
     """What part of the model a rank holds: ranks with the same `shard` are replicas of each
     other."""

@@ -188,8 +188,9 @@ async def test_the_scripts_own_random_streams_are_tracked_and_seeded(
     """Input noise drawn from a `torch.Generator` the script keeps (tracked as an extra: its
     position moves with the state) and a flip drawn from Python's `random` (seeded by the agent each
     step): a kill and a hang, live and bitwise. Left untracked, the generator restarts on the spare
-    and the result is other bits, the same on every replica, so nothing but the comparison with a
-    run that never failed shows it: why the rules say to track it."""
+    and the result is other bits, the same on every replica: no replica check sees it, but the
+    survivors doing step 8 again draw other noise than their first try did, so the incident says it
+    is not live (it once said "success")."""
     ref = spec(tmp_path / "ref", "ddp-noise-ref", spares=0, script=DDP_SCRIPT, args=NOISE)
     reference = await run_with(client, ref)
     assert reference.ok and reference.final_digest and not reference.incidents, reference.error
@@ -200,7 +201,9 @@ async def test_the_scripts_own_random_streams_are_tracked_and_seeded(
     args = (*NOISE, "--noise-untracked")
     untracked = spec(tmp_path / "untracked", "ddp-noise-untracked", script=DDP_SCRIPT, args=args)
     result = await run_with(client, untracked, [("kill", 1, 8)])
-    assert result.ok and result.incidents[0].success, result.error
+    assert result.ok, result.error
+    (o,) = result.incidents
+    assert not o.success and o.error and "did step 8 again from other inputs" in o.error, o
     assert result.final_digest != reference.final_digest
 
 

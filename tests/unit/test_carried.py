@@ -8,9 +8,11 @@ from __future__ import annotations
 import torch
 
 from job_agent import wire
-from job_agent.coordinator.incident.executor import carried_lost
-from job_agent.coordinator.members import Member
+from job_agent.coordinator.incident.exactness import carried_lost, inexact
+from job_agent.coordinator.members import Member, Roster
 from job_agent.rank.state import Carried, StepBuffers
+from job_agent.wire.operator import MemberState
+from job_agent.wire.rank import Role
 from tests.workflows.fake_job import proof_of
 
 
@@ -46,3 +48,37 @@ def test_the_rejoin_names_the_ranks_that_started_their_carried_state_afresh() ->
     why = carried_lost(ranks, proof)
     assert why is not None and "rank(s) [2]" in why and "(hidden)" in why
     assert carried_lost(ranks, None) is None  # nothing moved: nothing started afresh
+
+
+def _roster(ranks: list[Member]) -> Roster:
+    roster = Roster()
+    for m in ranks:
+        m.agent_id, m.role, m.fenced, m.leaving = f"a{m.slot}", Role.RANK, False, False
+        m.state = MemberState.TRAINING
+        m.redo = m.redone = None
+        roster.members[m.agent_id] = m
+    return roster
+
+
+def test_undeclared_state_seen_on_a_replaced_rank_makes_the_recovery_inexact() -> None:
+    proof = proof_of()  # rank 2 received the state
+    roster = _roster([_member(s, ()) for s in range(4)])
+    assert inexact(roster, proof, resume=7) is None
+    roster.carries[1] = "rank 1 fed its model ..."  # a survivor carries it: its own, kept
+    assert inexact(roster, proof, resume=7) is None
+    roster.carries[2] = "rank 2 fed its model at step 1 a tensor its forward returned"
+    why = inexact(roster, proof, resume=7)
+    assert why and "rank(s) [2] carried state" in why and "not told of" in why, why
+    assert "agent.carry" in why
+
+
+def test_a_step_redone_from_other_inputs_makes_the_recovery_inexact() -> None:
+    ranks = [_member(s, ()) for s in range(4)]
+    roster = _roster(ranks)
+    ranks[0].redo, ranks[3].redo = 7, 7
+    ranks[0].redone = wire.Redone(k=7, checked=True)
+    ranks[3].redone = wire.Redone(k=6, checked=True, differs="rank 3 did step 6 again ...")
+    assert inexact(roster, None, resume=7) is None  # an earlier step's verdict is not this one's
+    ranks[3].redone = wire.Redone(k=7, checked=True, differs="rank 3 did step 7 again from other")
+    why = inexact(roster, None, resume=7)
+    assert why and why.startswith("rank 3 did step 7 again") and "agent.steps(data=" in why, why

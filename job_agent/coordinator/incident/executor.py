@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from job_agent.coordinator.incident.confirm import FENCE_TIMEOUT, confirm, incident_of, is_current
 from job_agent.coordinator.incident.donors import choose_donor
+from job_agent.coordinator.incident.exactness import inexact, verdicts
 from job_agent.coordinator.incident.job_control import JobControl, Tick, work_seconds
 from job_agent.coordinator.incident.lifecycle import Incident, IncidentError, IncidentState
 from job_agent.coordinator.incident.transfer_plan import TransferPlanner, mismatch
@@ -31,29 +32,11 @@ from torchpass.incident.steps import (
     IncidentRef,
     RejoinResult,
     ReserveResult,
-    TransferProof,
     TransferResult,
 )
 from torchpass.models import Disposition, EventSource, Evidence, FailureKind
 
 MAX_REGROUPS = 4  # tries to form the group of a recovery, each after a rank lost as it formed
-
-
-def carried_lost(ranks: list[Member], proof: TransferProof | None) -> str | None:
-    """Why the run now differs from one that never failed, when the ranks that received the state
-    declared per-rank state carried across steps (`RankAgent.carry`): no replica held theirs, so
-    they started it afresh. None when nothing carried was lost."""
-    receivers = set(proof.receiver_slots) if proof is not None else set()
-    carried = sorted(
-        {n for m in ranks if m.slot in receivers and m.layout for n in m.layout.carried}
-    )
-    if not carried:
-        return None
-    return (
-        f"rank(s) {sorted(receivers)} carry state from step to step that no replica holds "
-        f"({', '.join(carried)}): their new processes started it afresh, so the run differs from "
-        "one that never failed"
-    )
 
 
 class IncidentSteps:
@@ -215,6 +198,7 @@ class IncidentSteps:
                 ErrorType.REJOIN_FAILED, f"the group did not form in {MAX_REGROUPS} tries"
             )
         generation, resumed_at = formed
+        await verdicts(self.job.changes, self.job.roster.ranks(), resume)
         step_before = inc.frozen.step_before if inc.frozen.step_before is not None else resume - 1
         resumed = dict(self.job.progress.resumed)
         problems = resume_problems(resumed, resume)
@@ -229,7 +213,7 @@ class IncidentSteps:
             steps_recomputed=self.job.progress.recomputed_after(step_before),
             proof=reproof,
             work_seconds=work_seconds(t0),
-            inexact=carried_lost(self.job.roster.ranks(), inc.proof),
+            inexact=inexact(self.job.roster, inc.proof, resume),
         )
         inc.move(IncidentState.TRAINING)
         return inc.rejoined
