@@ -52,8 +52,27 @@ def agent_env(
     }
     if restore:
         env["TORCHPASS_RESTORE"] = restore
-    if not spec.agent:
-        env |= torchrun_env(spec, slot, *launch)
+    env |= torchrun_env(spec, slot, *launch) if not spec.agent else agent_torchrun_env(spec, slot)
+    return env
+
+
+def agent_torchrun_env(spec: JobSpec, slot: int) -> dict[str, str]:
+    """What torchrun gives each worker, as far as it holds under the agent, for the libraries that
+    read it (accelerate decides from it that the job is distributed): the world's size and each
+    rank's own rank. A warm spare has no rank until it takes a slot, so it has no RANK (the agent
+    sets it then). No MASTER_PORT: the agent forms the group itself (`RankAgent()` first)."""
+    n = str(spec.nproc)
+    per_node = str(max(1, spec.nproc // max(1, spec.nodes)))
+    env = {
+        "WORLD_SIZE": n,
+        "ROLE_WORLD_SIZE": n,
+        "LOCAL_WORLD_SIZE": per_node,
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": spec.host,
+        "TORCHELASTIC_RUN_ID": spec.job_id,
+    }
+    if slot >= 0:
+        env |= {"RANK": str(slot), "ROLE_RANK": str(slot)}
     return env
 
 

@@ -69,7 +69,7 @@ class RankAgent(CoordinatedRank):
         if self.is_spare:
             self._tracked.warm()  # touch the memory now, receive into it in place later
         # a sharded job's ranks each restore their own shard
-        elif self.settings.restore is not None:
+        elif self.settings.restore is not None and not self.checkpoints_by_framework:
             sharded = bool(self._sharded.modules)
             # its optimizer's state made now, as the DTensors the checkpoint's shards go into
             if sharded:
@@ -194,6 +194,8 @@ class RankAgent(CoordinatedRank):
         self._maybe_checkpoint(step)
 
     def _maybe_checkpoint(self, step: int) -> None:
+        if self.checkpoints_by_framework:
+            return
         s, every = self.settings, self.settings.checkpoint_every
         # each rank saves its shard
         sharded = self._sharded is not None and bool(self._sharded.modules)

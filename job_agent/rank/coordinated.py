@@ -5,6 +5,7 @@ training script calls."""
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import threading
@@ -55,6 +56,9 @@ class CoordinatedRank:
         self._secret = s.read_secret()
         self._tracked: TrackedState | None = None
         self._inputs: InputWatch | None = None
+        # A framework that saves and restores its own checkpoints (`job_agent.frameworks`): the
+        # agent's restart loads none of its own.
+        self.checkpoints_by_framework = False
         self._grad_buckets: list[list[torch.Tensor]] | None = None
         self._coll_timeout = timedelta(seconds=s.collective_timeout)
         self._recovery_timeout = timedelta(seconds=s.recovery_timeout)
@@ -150,6 +154,7 @@ class CoordinatedRank:
                 self._send(wire.Frozen(completed=self.completed_step, reason="freeze"))
             case wire.Assign(slot=slot):
                 self.slot = slot
+                os.environ["RANK"] = os.environ["ROLE_RANK"] = str(slot)  # torchrun's names
             case wire.Serve():
                 assert self._tracked is not None
                 host, stop = self.settings.advertise_host, lambda: not self._link.inbox.empty()

@@ -46,9 +46,31 @@ class NodeHello(FrameModel):
     processes: tuple[NodeProcess, ...] = Field(default=(), max_length=4096)
 
 
+# torchrun's names for what a worker is, which a rank is given beside the agent's settings
+TORCHRUN_NAMES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_USE_AGENT_STORE",
+    }
+)
+
+
 class Spawn(FrameModel):
-    """Start one rank or spare of the node's own command, with these agent settings (TORCHPASS_*
-    only)."""
+    """Start one rank or spare of the node's own command, with these agent settings (TORCHPASS_*)
+    and torchrun's names for the worker (`TORCHRUN_NAMES`), nothing else (no LD_PRELOAD, no
+    PATH)."""
 
     t: Literal["spawn"] = "spawn"
     agent_id: str = Field(min_length=1, max_length=ID)
@@ -57,7 +79,8 @@ class Spawn(FrameModel):
     @model_validator(mode="after")
     def _agent_settings_only(self) -> Spawn:
         for k, v in self.env.items():
-            if not k.startswith("TORCHPASS_") or len(k) > ID or len(v) > TEXT:
+            named = k.startswith("TORCHPASS_") or k in TORCHRUN_NAMES
+            if not named or len(k) > ID or len(v) > TEXT:
                 raise ValueError(f"not an agent setting: {k[:ID]!r}")
         return self
 

@@ -243,3 +243,14 @@ def test_a_nodes_gpu_report_counts_only_for_its_own_ranks(nodes: Nodes) -> None:
     assert detect.gpu("a", warning) == (None, [])  # node a cannot speak for node b's ranks
     ev, _ = detect.gpu("b", warning)
     assert ev is not None and ev.kind is FailureKind.NODE_DRAIN and "pre-emptively" in ev.detail
+
+
+def test_a_spawn_sets_the_agents_settings_and_torchruns_names_and_nothing_else() -> None:
+    """A coordinator's spawn is a node agent's environment for a process it starts: the agent's
+    settings and torchrun's names for the worker (libraries such as accelerate read them), never
+    what would change what the process runs."""
+    ok = wire.Spawn(agent_id="rank1-2", env={"TORCHPASS_SLOT": "1", "RANK": "1", "WORLD_SIZE": "4"})
+    assert ok.env["RANK"] == "1"
+    for name in ("LD_PRELOAD", "PATH", "PYTHONPATH", "RANKS"):
+        with pytest.raises(ValueError, match="not an agent setting"):
+            wire.Spawn(agent_id="rank1-2", env={"TORCHPASS_SLOT": "1", name: "x"})
