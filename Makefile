@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch: an unpinned torch pulls a multi-GB CUDA build (docs/testing.md).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,hf]'
+	$(BIN)/pip install -q -e '.[dev,hf,lightning]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,66 @@
+"""Lightning under the agent. `AgentEnvironment` is the cluster environment a Lightning `Fabric` (or
+`Trainer`) is given so that it takes the job's processes as they are: the agent started them
+(Lightning launches none), the agent forms their group, and a process's rank is the agent's, a warm
+spare's once it holds a slot (rank 0's view until then, as the placeholder group gives it).
+
+    agent = RankAgent()                                        # torchpass: first
+    fabric = Fabric(accelerator="cpu", devices=agent.world_size, strategy="ddp",
+                    plugins=[AgentEnvironment(agent)])         # torchpass
+    fabric.launch()
+    model, opt = fabric.setup(model, opt)
+    loader = fabric.setup_dataloaders(loader)
+    agent.track(model, opt.optimizer, sched=sched)             # torchpass
+    for step in agent.steps(n, data=loader):                   # torchpass: the agent's loop form
+        with step:
+            ...fabric.backward(loss)...
+"""
+
+from __future__ import annotations
+
+import os
+
+from lightning.fabric.plugins.environments import ClusterEnvironment
+
+from job_agent.rank.agent import RankAgent
+
+
+class AgentEnvironment(ClusterEnvironment):
+    """The job's processes as the agent runs them, for Lightning."""
+
+    def __init__(self, agent: RankAgent) -> None:
+        super().__init__()
+        self.agent = agent
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True  # the job started them: Lightning launches none
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")  # unused: the agent forms the group
+
+    @property
+    def main_port(self) -> int:
+        return 0
+
+    @staticmethod
+    def detect() -> bool:
+        return "TORCHPASS_AGENT_ID" in os.environ
+
+    def world_size(self) -> int:
+        return self.agent.world_size
+
+    def set_world_size(self, size: int) -> None:
+        pass  # the job's, fixed
+
+    def global_rank(self) -> int:
+        return max(self.agent.rank, 0)
+
+    def set_global_rank(self, rank: int) -> None:
+        pass  # the agent's: a spare's changes as it takes a slot
+
+    def local_rank(self) -> int:
+        return self.agent.settings.local_rank
+
+    def node_rank(self) -> int:
+        return int(os.environ.get("GROUP_RANK", "0"))
