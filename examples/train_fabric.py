@@ -14,7 +14,7 @@ from lightning.fabric import Fabric
 from torch.utils.data import DataLoader, TensorDataset
 
 from job_agent import RankAgent  # torchpass
-from job_agent.frameworks.lightning import AgentEnvironment  # torchpass
+from job_agent.frameworks.lightning import LiveFabricStrategy  # torchpass
 
 
 def main() -> None:
@@ -27,8 +27,7 @@ def main() -> None:
     fabric = Fabric(
         accelerator="cpu",
         devices=agent.world_size,
-        strategy="ddp",
-        plugins=[AgentEnvironment(agent)],  # torchpass: the agent's processes and ranks
+        strategy=LiveFabricStrategy(agent),  # torchpass: the agent's processes, ranks and devices
     )
     fabric.launch()
     torch.manual_seed(1234)  # the same initial weights on every rank

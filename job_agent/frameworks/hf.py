@@ -68,6 +68,8 @@ class _TrainerState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.received = {name: state.get(name) for name in _KEPT}
+        for name, value in self.received.items():  # held now, as the donor holds it
+            setattr(self.trainer.state, name, value)
 
 
 @dataclass

@@ -1,11 +1,14 @@
-"""Lightning under the agent. `AgentEnvironment` is the cluster environment a Lightning `Fabric` (or
-`Trainer`) is given so that it takes the job's processes as they are: the agent started them
-(Lightning launches none), the agent forms their group, and a process's rank is the agent's, a warm
-spare's once it holds a slot (rank 0's view until then, as the placeholder group gives it).
+"""Lightning under the agent.
+
+`AgentEnvironment` is the cluster environment Lightning is given so that it takes the job's
+processes as they are: the agent started them (Lightning launches none), the agent forms their
+group, and a process's rank is the agent's, a warm spare's once it holds a slot (rank 0's view until
+then, as the placeholder group gives it). `LiveFabricStrategy` is Fabric's DDP strategy on it, each
+process on the agent's device for it. Fabric's script runs the agent's loop form:
 
     agent = RankAgent()                                        # torchpass: first
-    fabric = Fabric(accelerator="cpu", devices=agent.world_size, strategy="ddp",
-                    plugins=[AgentEnvironment(agent)])         # torchpass
+    fabric = Fabric(accelerator="cpu", devices=agent.world_size,
+                    strategy=LiveFabricStrategy(agent))        # torchpass
     fabric.launch()
     model, opt = fabric.setup(model, opt)
     loader = fabric.setup_dataloaders(loader)
@@ -13,13 +16,19 @@ spare's once it holds a slot (rank 0's view until then, as the placeholder group
     for step in agent.steps(n, data=loader):                   # torchpass: the agent's loop form
         with step:
             ...fabric.backward(loss)...
+
+Lightning's `Trainer` runs its own loop: `LiveDDPStrategy` (`lightning_trainer.py`) puts the agent's
+step boundary in it.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import torch
 from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.strategies import DDPStrategy
 
 from job_agent.rank.agent import RankAgent
 
@@ -64,3 +73,17 @@ class AgentEnvironment(ClusterEnvironment):
 
     def node_rank(self) -> int:
         return int(os.environ.get("GROUP_RANK", "0"))
+
+
+class LiveFabricStrategy(DDPStrategy):
+    """Fabric's DDP strategy on the agent's processes (`AgentEnvironment`), each on the device the
+    agent gives it: a warm spare's is its own (a GPU past the job's ranks' on its node), which
+    Fabric's list of the job's devices does not hold."""
+
+    def __init__(self, agent: RankAgent, **kwargs: Any) -> None:
+        super().__init__(cluster_environment=AgentEnvironment(agent), **kwargs)
+        self.agent = agent
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.agent.device

@@ -211,6 +211,10 @@ class Batches:
             if isinstance(generator, torch.Generator):
                 generator.manual_seed(seed)
         torch.manual_seed(seed)  # a sampler or loader drawing its order from the global RNG
+        if isinstance(getattr(self.data, "_num_iter_calls", None), int):
+            # Lightning Fabric's loader sets its sampler's epoch to the passes it has started: a
+            # spare's, or a pass opened again, would count others than the epoch
+            self.data._num_iter_calls = epoch  # type: ignore[attr-defined]
         self._epoch = epoch
         return iter(self.data)
 

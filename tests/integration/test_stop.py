@@ -91,8 +91,9 @@ async def test_ctrl_c_stops_the_job_in_order_and_records_it(client: Client, tmp_
     assert proc.returncode != 0, out
     result = json.loads((job_dir / "result.json").read_text())
     assert result["status"] == "stopped" and "stopped by SIGINT" in result["error"], result
-    # the steps really completed, and the digest of the state the ranks really held at the stop
-    assert result["steps_completed"] > before, (before, result)
+    # the steps really completed (at least those before the one in flight as it was read: a step
+    # in flight at the stop may be left undone), and the digest of the state really held
+    assert result["steps_completed"] >= before > 0, (before, result)
     digest = result["final_digest"]
     assert digest and digest != hashlib.sha256(b"").hexdigest(), result
     assert out.count("stopped by SIGINT") == 1, out  # said once, not once per process

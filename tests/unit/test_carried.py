@@ -5,11 +5,16 @@ the coordinator's rejoin says which ranks started it afresh (`carried_lost`)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import pytest
 import torch
 
 from job_agent import wire
-from job_agent.coordinator.incident.exactness import carried_lost, inexact
+from job_agent.coordinator.incident.exactness import carried_lost, inexact, verdicts
 from job_agent.coordinator.members import Member, Roster
+from job_agent.coordinator.waiting import Changes
 from job_agent.rank.state import Carried, StepBuffers
 from job_agent.wire.operator import MemberState
 from job_agent.wire.rank import Role
@@ -82,3 +87,21 @@ def test_a_step_redone_from_other_inputs_makes_the_recovery_inexact() -> None:
     ranks[3].redone = wire.Redone(k=7, checked=True, differs="rank 3 did step 7 again from other")
     why = inexact(roster, None, resume=7)
     assert why and why.startswith("rank 3 did step 7 again") and "agent.steps(data=" in why, why
+
+
+async def test_the_recovery_waits_for_the_verdicts_of_the_ranks_redoing_its_step_only() -> None:
+    """Bounded, and not at all for a rank frozen again (a peer lost in the redone step: the next
+    recovery's), lost, or past the step."""
+    ranks = [_member(s, ()) for s in range(3)]
+    _roster(ranks)
+    for m in ranks:
+        m.redo, m.step = 7, 7
+    ranks[0].redone = wire.Redone(k=7, checked=True)
+    ranks[1].state = MemberState.FROZEN
+    ranks[2].step = 8
+    t0 = time.monotonic()
+    await asyncio.wait_for(verdicts(Changes(), ranks, resume=7), timeout=5)
+    assert time.monotonic() - t0 < 1
+    ranks[1].state = MemberState.TRAINING  # a verdict still to come: waited for
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(verdicts(Changes(), ranks, resume=7), timeout=0.5)

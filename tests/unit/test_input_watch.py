@@ -120,3 +120,14 @@ def test_a_redo_whose_first_try_never_reached_the_model_is_unchecked() -> None:
     watch.settle()
     model(torch.randn(2, 4))
     assert sent == [wire.Redone(k=4, checked=False)]
+
+
+def test_a_redone_step_fed_the_same_nan_is_exact() -> None:
+    model = PassThrough()
+    watch, sent = _watch(model)
+    batch = torch.tensor([[float("nan"), 1.0, 2.0, 3.0]] * 2)
+    watch.begin(3, slot=0)
+    model(batch)
+    watch.begin(3, slot=0)
+    model(batch.clone())
+    assert sent == [wire.Redone(k=3, checked=True)]

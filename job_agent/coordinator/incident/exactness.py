@@ -31,13 +31,15 @@ def redoing(ranks: list[Member], resume: int) -> list[Member]:
 
 async def verdicts(changes: Changes, ranks: list[Member], resume: int) -> None:
     """Wait, bounded, for every rank doing step `resume` again to give its verdict. A rank lost
-    meanwhile gives none (what it would have said is moot: the recovery goes on without it), nor
-    one past the step without a word (the verdict comes before the step's end, if at all)."""
+    meanwhile gives none, nor one frozen again (a peer lost in the redone step: that is the next
+    recovery's), nor one past the step without a word (the verdict comes before the step's end, if
+    at all)."""
 
     def given(m: Member) -> bool:
         if m.redone is not None and m.redone.k == resume:
             return True
-        return not m.alive or m.state is MemberState.DONE or m.step > resume
+        done = (MemberState.DONE, MemberState.FROZEN)
+        return not m.alive or m.state in done or m.step > resume
 
     with contextlib.suppress(TimeoutError):
         await changes.wait_for(
