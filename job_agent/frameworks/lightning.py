@@ -46,7 +46,7 @@ class AgentEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR", "127.0.0.1")  # unused: the agent forms the group
+        return self.agent.settings.store_addr[0]  # the job's store: the agent forms the group
 
     @property
     def main_port(self) -> int:

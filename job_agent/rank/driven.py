@@ -18,36 +18,15 @@ sees the failure.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from job_agent import wire
-from job_agent.rank.loop import step_failure
+from job_agent.rank.loop import LoopAgent, step_failure
 from job_agent.rank.rngs import seed_globals
-from job_agent.rank.settings import AgentSettings
 from job_agent.rank.tensors import step_seed
-
-
-class Driven(Protocol):
-    """What a framework's loop needs of the rank agent (`RankAgent`)."""
-
-    completed_step: int
-    settings: AgentSettings
-    slot: int
-
-    def _begin(self, steps: int) -> None: ...
-    def _check_inbox(self) -> None: ...
-    def _enter_step(self, step: int) -> None: ...
-    def _after_step(self) -> None: ...
-    def _complete_step(self, step: int) -> None: ...
-    def _freeze(self, in_flight: int | None, reason: str) -> None: ...
-    def _finish(self) -> None: ...
-    def _send(self, frame: wire.Frame) -> None: ...
 
 
 class DrivenSteps:
     """The step boundary of a rank whose loop a framework runs."""
 
-    def __init__(self, agent: Driven) -> None:
+    def __init__(self, agent: LoopAgent) -> None:
         self.agent = agent
 
     def begin(self, total: int) -> None:
@@ -65,7 +44,7 @@ class DrivenSteps:
         """Seed the global random streams as step `k` began, again: where the framework draws
         between the step's start and its model's first forward (a data loader starting an
         iterator draws its seed), the forward then draws the same on every try and on a spare."""
-        seed_globals(step_seed(self.agent.settings.seed, k, self.agent.slot))
+        seed_globals(step_seed(self.agent.settings.seed, k, self.agent.rank))
 
     def failed(self, k: int | None, e: BaseException) -> bool:
         """What an exception raised in step `k` means: True when a peer's loss failed a collective

@@ -109,9 +109,10 @@ class InputWatch:
             self.step, self._redo, self._tried = k, None, None
             self._returned, self._returning = self._returning, {}
         self._inputs_seen = False
-        self._skip = {
-            s for v in self._declared() for t in tensors_in(v) if (s := _storage(t)) is not None
-        }
+        if self.found is None:  # once reported, what a forward returns is no longer looked at
+            self._skip = {
+                s for v in self._declared() for t in tensors_in(v) if (s := _storage(t)) is not None
+            }
 
     def settle(self) -> None:
         """The step reached its first collective, or its end, with its redo's verdict not yet
@@ -146,6 +147,8 @@ class InputWatch:
     def _after(
         self, module: object, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
+        if self.found is not None:
+            return
         # an input handed back (a pass-through) is not made by the model: the data's own buffer
         given = {_storage(t) for t in _first((args, kwargs))}
         for t in _first(output):
